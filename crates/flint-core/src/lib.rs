@@ -1,0 +1,11 @@
+//! Flint's GPU-free core: model files, quantization formats, tokenizer, architectures,
+//! sampling and the CPU reference forward pass that every GPU kernel is tested against.
+
+pub mod arch;
+pub mod backend;
+pub mod generate;
+pub mod gguf;
+pub mod quant;
+pub mod reference;
+pub mod sampling;
+pub mod tokenizer;
