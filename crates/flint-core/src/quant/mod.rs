@@ -1,0 +1,263 @@
+//! GGUF/ggml tensor formats: type ids and block sizes, and bit-exact CPU dequantization.
+
+mod blocks;
+mod float;
+mod rows;
+
+use core::fmt;
+
+pub use blocks::{
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+    QuantBlock, K_SCALE_SIZE, QK, QK_K,
+};
+pub use float::{bf16_to_f32, f16_to_f32};
+
+/// A tensor storage format Flint can read, named and numbered as ggml does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+impl QuantType {
+    pub const ALL: [QuantType; 11] = [
+        Self::F32,
+        Self::F16,
+        Self::BF16,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+    ];
+
+    /// The format for a GGUF tensor's `ggml_type`; None for ids Flint does not read
+    /// (Q8_1, Q2_K, Q3_K, Q8_K, the IQ formats, ...).
+    pub fn from_ggml_id(id: u32) -> Option<QuantType> {
+        Self::ALL.into_iter().find(|ty| ty.ggml_id() == id)
+    }
+
+    /// The `ggml_type` enum value stored in GGUF tensor infos.
+    pub fn ggml_id(self) -> u32 {
+        match self {
+            Self::F32 => 0,
+            Self::F16 => 1,
+            Self::Q4_0 => 2,
+            Self::Q4_1 => 3,
+            Self::Q5_0 => 6,
+            Self::Q5_1 => 7,
+            Self::Q8_0 => 8,
+            Self::Q4K => 12,
+            Self::Q5K => 13,
+            Self::Q6K => 14,
+            Self::BF16 => 30,
+        }
+    }
+
+    /// The name ggml and gguf-py use ("Q4_K", not "Q4K").
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "F32",
+            Self::F16 => "F16",
+            Self::BF16 => "BF16",
+            Self::Q4_0 => "Q4_0",
+            Self::Q4_1 => "Q4_1",
+            Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
+            Self::Q8_0 => "Q8_0",
+            Self::Q4K => "Q4_K",
+            Self::Q5K => "Q5_K",
+            Self::Q6K => "Q6_K",
+        }
+    }
+
+    /// Elements per block: 1 for plain floats, 32 for legacy quants, 256 for K-quants.
+    pub fn block_elems(self) -> usize {
+        match self {
+            Self::F32 | Self::F16 | Self::BF16 => 1,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => QK,
+            Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        use core::mem::size_of;
+        match self {
+            Self::F32 => 4,
+            Self::F16 | Self::BF16 => 2,
+            Self::Q4_0 => size_of::<BlockQ4_0>(),
+            Self::Q4_1 => size_of::<BlockQ4_1>(),
+            Self::Q5_0 => size_of::<BlockQ5_0>(),
+            Self::Q5_1 => size_of::<BlockQ5_1>(),
+            Self::Q8_0 => size_of::<BlockQ8_0>(),
+            Self::Q4K => size_of::<BlockQ4K>(),
+            Self::Q5K => size_of::<BlockQ5K>(),
+            Self::Q6K => size_of::<BlockQ6K>(),
+        }
+    }
+
+    /// Bytes for `n_elems` elements; None if n_elems is not a multiple of block_elems or on overflow.
+    pub fn bytes_for(self, n_elems: u64) -> Option<u64> {
+        let block_elems = self.block_elems() as u64;
+        if n_elems % block_elems != 0 {
+            return None;
+        }
+        (n_elems / block_elems).checked_mul(self.block_bytes() as u64)
+    }
+}
+
+impl fmt::Display for QuantType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A byte buffer and an element count that do not agree for a format.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    #[error(
+        "{op}: {elems} elements of {ty} is not a whole number of {block_elems}-element blocks"
+    )]
+    PartialBlock {
+        op: &'static str,
+        ty: QuantType,
+        elems: usize,
+        block_elems: usize,
+    },
+    #[error("{op}: {bytes} bytes of {ty} do not hold {elems} elements ({block_bytes} bytes per {block_elems})")]
+    LengthMismatch {
+        op: &'static str,
+        ty: QuantType,
+        bytes: usize,
+        elems: usize,
+        block_bytes: usize,
+        block_elems: usize,
+    },
+}
+
+/// Checks that `bytes` of `ty` hold exactly `elems` elements in whole blocks.
+fn check_lengths(
+    op: &'static str,
+    ty: QuantType,
+    bytes: usize,
+    elems: usize,
+) -> Result<(), QuantError> {
+    let block_elems = ty.block_elems();
+    if elems % block_elems != 0 {
+        return Err(QuantError::PartialBlock {
+            op,
+            ty,
+            elems,
+            block_elems,
+        });
+    }
+    if ty.bytes_for(elems as u64) != Some(bytes as u64) {
+        let block_bytes = ty.block_bytes();
+        return Err(QuantError::LengthMismatch {
+            op,
+            ty,
+            bytes,
+            elems,
+            block_bytes,
+            block_elems,
+        });
+    }
+    Ok(())
+}
+
+// Float elements are little-endian in GGUF; `from_le` is free on little-endian targets.
+#[inline(always)]
+fn read_f32(bits: u32) -> f32 {
+    f32::from_bits(u32::from_le(bits))
+}
+
+#[inline(always)]
+fn read_f16(bits: u16) -> f32 {
+    f16_to_f32(u16::from_le(bits))
+}
+
+#[inline(always)]
+fn read_bf16(bits: u16) -> f32 {
+    bf16_to_f32(u16::from_le(bits))
+}
+
+/// Dequantize `src` (whole blocks of `ty`) into `dst`; dst.len() must equal the element count.
+pub fn dequantize(ty: QuantType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    use rows::{dequantize_blocks as blocks, dequantize_elems as elems};
+    check_lengths("dequantize", ty, src.len(), dst.len())?;
+    match ty {
+        QuantType::F32 => elems(src, dst, read_f32),
+        QuantType::F16 => elems(src, dst, read_f16),
+        QuantType::BF16 => elems(src, dst, read_bf16),
+        QuantType::Q4_0 => blocks::<QK, BlockQ4_0>(src, dst),
+        QuantType::Q4_1 => blocks::<QK, BlockQ4_1>(src, dst),
+        QuantType::Q5_0 => blocks::<QK, BlockQ5_0>(src, dst),
+        QuantType::Q5_1 => blocks::<QK, BlockQ5_1>(src, dst),
+        QuantType::Q8_0 => blocks::<QK, BlockQ8_0>(src, dst),
+        QuantType::Q4K => blocks::<QK_K, BlockQ4K>(src, dst),
+        QuantType::Q5K => blocks::<QK_K, BlockQ5K>(src, dst),
+        QuantType::Q6K => blocks::<QK_K, BlockQ6K>(src, dst),
+    }
+    Ok(())
+}
+
+/// dot(dequantize(row), x) without allocating: the CPU reference forward pass's inner loop.
+/// `row` holds `x.len()` elements of `ty`. The sum is taken in a fixed order (16 lanes, then
+/// pairwise), so it is deterministic across targets but not bit-equal to a sequential sum.
+pub fn dot_row(ty: QuantType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
+    use rows::{dot_blocks as blocks, dot_elems as elems};
+    check_lengths("dot_row", ty, row.len(), x.len())?;
+    Ok(match ty {
+        QuantType::F32 => elems(row, x, read_f32),
+        QuantType::F16 => elems(row, x, read_f16),
+        QuantType::BF16 => elems(row, x, read_bf16),
+        QuantType::Q4_0 => blocks::<QK, BlockQ4_0>(row, x),
+        QuantType::Q4_1 => blocks::<QK, BlockQ4_1>(row, x),
+        QuantType::Q5_0 => blocks::<QK, BlockQ5_0>(row, x),
+        QuantType::Q5_1 => blocks::<QK, BlockQ5_1>(row, x),
+        QuantType::Q8_0 => blocks::<QK, BlockQ8_0>(row, x),
+        QuantType::Q4K => blocks::<QK_K, BlockQ4K>(row, x),
+        QuantType::Q5K => blocks::<QK_K, BlockQ5K>(row, x),
+        QuantType::Q6K => blocks::<QK_K, BlockQ6K>(row, x),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_block<const N: usize, B: QuantBlock<N>>() {
+        assert_eq!(B::TYPE.block_elems(), N, "{}", B::TYPE);
+        assert_eq!(
+            B::TYPE.block_bytes(),
+            core::mem::size_of::<B>(),
+            "{}",
+            B::TYPE
+        );
+    }
+
+    #[test]
+    fn block_structs_agree_with_quant_type() {
+        check_block::<QK, BlockQ4_0>();
+        check_block::<QK, BlockQ4_1>();
+        check_block::<QK, BlockQ5_0>();
+        check_block::<QK, BlockQ5_1>();
+        check_block::<QK, BlockQ8_0>();
+        check_block::<QK_K, BlockQ4K>();
+        check_block::<QK_K, BlockQ5K>();
+        check_block::<QK_K, BlockQ6K>();
+    }
+}
