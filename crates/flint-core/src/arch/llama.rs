@@ -1,0 +1,64 @@
+//! The llama family: llama, mistral and qwen2 (Q/K/V biases, NeoX RoPE).
+
+use super::{count, opt_count, positive_f32, rope_freq_scale, Activation, ArchError, LayerConfig, ModelConfig, RopeStyle};
+use super::{MAX_CTX, MAX_EMBD, MAX_FF, MAX_HEADS, MAX_LAYERS};
+use crate::gguf::Metadata;
+
+/// llama.cpp's default RoPE base when the file has none.
+const DEFAULT_ROPE_BASE: f32 = 10_000.0;
+const DEFAULT_RMS_EPS: f32 = 1e-5;
+
+pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: bool) -> Result<ModelConfig, ArchError> {
+    let n_embd = count(md, arch, "embedding_length", MAX_EMBD)?;
+    let n_layer = count(md, arch, "block_count", MAX_LAYERS)?;
+    let n_head = count(md, arch, "attention.head_count", MAX_HEADS)?;
+    let n_head_kv = opt_count(md, arch, "attention.head_count_kv", MAX_HEADS)?.unwrap_or(n_head);
+    if n_head % n_head_kv != 0 {
+        return Err(ArchError::Invalid {
+            key: format!("{arch}.attention.head_count_kv"),
+            reason: format!("{n_head} query heads are not a multiple of {n_head_kv} KV heads"),
+        });
+    }
+    if n_embd % n_head != 0 {
+        return Err(ArchError::Invalid {
+            key: format!("{arch}.attention.head_count"),
+            reason: format!("embedding length {n_embd} is not a multiple of {n_head} heads"),
+        });
+    }
+    let head_dim = opt_count(md, arch, "attention.key_length", MAX_EMBD)?.unwrap_or(n_embd / n_head);
+    let head_dim_v = opt_count(md, arch, "attention.value_length", MAX_EMBD)?.unwrap_or(head_dim);
+    let rope_dim = opt_count(md, arch, "rope.dimension_count", MAX_EMBD)?.unwrap_or(head_dim);
+    if rope_dim > head_dim || rope_dim % 2 != 0 {
+        return Err(ArchError::Invalid {
+            key: format!("{arch}.rope.dimension_count"),
+            reason: format!("{rope_dim} must be even and at most the head size {head_dim}"),
+        });
+    }
+    let rope_base = positive_f32(md, arch, "rope.freq_base", Some(DEFAULT_ROPE_BASE))?;
+    let rope_freq_scale = rope_freq_scale(md, arch)?;
+    let is_qwen2 = arch == "qwen2";
+    Ok(ModelConfig {
+        arch: arch.to_string(),
+        n_vocab,
+        n_embd,
+        n_layer,
+        n_head,
+        n_head_kv,
+        head_dim,
+        head_dim_v,
+        n_ff: count(md, arch, "feed_forward_length", MAX_FF)?,
+        n_ctx_train: count(md, arch, "context_length", MAX_CTX)?,
+        rms_eps: positive_f32(md, arch, "attention.layer_norm_rms_epsilon", Some(DEFAULT_RMS_EPS))?,
+        // llama's GGUF conversion permutes Q/K so adjacent pairs rotate; qwen2 keeps HF's halves.
+        rope_style: if is_qwen2 { RopeStyle::Neox } else { RopeStyle::Normal },
+        rope_dim,
+        layers: vec![LayerConfig { sliding_window: None, rope_base, rope_freq_scale }; n_layer],
+        qkv_bias: is_qwen2,
+        qk_norm: false,
+        post_norms: false,
+        embed_scale: None,
+        activation: Activation::Silu,
+        attn_scale: 1.0 / (head_dim as f32).sqrt(),
+        tied_output,
+    })
+}

@@ -1,0 +1,230 @@
+//! Model architectures: a config per family derived from GGUF metadata, and the tensor
+//! shapes it implies, checked against the file before any weight is touched.
+
+mod gemma3;
+mod llama;
+
+use thiserror::Error;
+
+use crate::gguf::{GgufError, GgufFile, Metadata};
+
+#[derive(Debug, Error)]
+pub enum ArchError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, gemma3)")]
+    Unsupported(String),
+    #[error("tensor {0:?} is missing")]
+    MissingTensor(String),
+    #[error("tensor {tensor:?} has shape {got:?}, the architecture expects {expected:?}")]
+    ShapeMismatch { tensor: String, expected: Vec<u64>, got: Vec<u64> },
+    #[error("{key}: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+/// How RoPE pairs up dimensions: adjacent pairs (llama's GGUF layout) or two halves (NeoX, HF).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    Normal,
+    Neox,
+}
+
+/// The gate activation of the gated feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    GeluTanh,
+}
+
+/// What differs between the layers of one model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerConfig {
+    /// Keys at distance ≥ this from the query are masked (local attention); None = global.
+    pub sliding_window: Option<u32>,
+    pub rope_base: f32,
+    /// Multiplies positions before RoPE (1 / linear scaling factor).
+    pub rope_freq_scale: f32,
+}
+
+/// Everything the forward pass needs to know about a model, with every quirk explicit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// `general.architecture` as written in the file.
+    pub arch: String,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub head_dim_v: usize,
+    pub n_ff: usize,
+    pub n_ctx_train: usize,
+    pub rms_eps: f32,
+    pub rope_style: RopeStyle,
+    /// Dimensions of each head that RoPE rotates (the first `rope_dim`).
+    pub rope_dim: usize,
+    pub layers: Vec<LayerConfig>,
+    /// Q, K and V projections carry biases (qwen2).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm of Q and K before RoPE (gemma3).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention and FFN outputs before the residual add (gemma3).
+    pub post_norms: bool,
+    /// Token embeddings are multiplied by this (gemma: sqrt(n_embd)).
+    pub embed_scale: Option<f32>,
+    pub activation: Activation,
+    /// Multiplies q·k before the softmax.
+    pub attn_scale: f32,
+    /// The output projection is the token embedding matrix.
+    pub tied_output: bool,
+}
+
+impl ModelConfig {
+    /// Derives the config from metadata and checks every tensor's shape against it.
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ArchError> {
+        let md = &file.metadata;
+        let arch = md.str("general.architecture")?.to_string();
+        let n_vocab = vocab_size(file)?;
+        let tied_output = file.tensor("output.weight").is_none();
+        let config = match arch.as_str() {
+            "llama" | "mistral" | "qwen2" => llama::config(md, &arch, n_vocab, tied_output)?,
+            "gemma3" => gemma3::config(md, n_vocab, tied_output)?,
+            other => return Err(ArchError::Unsupported(other.to_string())),
+        };
+        config.check_tensors(file)?;
+        Ok(config)
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+    pub fn v_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim_v
+    }
+
+    /// Every tensor the forward pass reads, with its ggml shape.
+    pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
+        let (e, v, ff) = (self.n_embd as u64, self.n_vocab as u64, self.n_ff as u64);
+        let (q, kv, vd) = (self.q_dim() as u64, self.kv_dim() as u64, self.v_dim() as u64);
+        let o_in = (self.n_head * self.head_dim_v) as u64;
+        let mut t = vec![("token_embd.weight".to_string(), vec![e, v]), ("output_norm.weight".to_string(), vec![e])];
+        if !self.tied_output {
+            t.push(("output.weight".to_string(), vec![e, v]));
+        }
+        for i in 0..self.n_layer {
+            let mut add = |name: &str, shape: Vec<u64>| t.push((format!("blk.{i}.{name}"), shape));
+            add("attn_norm.weight", vec![e]);
+            add("attn_q.weight", vec![e, q]);
+            add("attn_k.weight", vec![e, kv]);
+            add("attn_v.weight", vec![e, vd]);
+            add("attn_output.weight", vec![o_in, e]);
+            add("ffn_norm.weight", vec![e]);
+            add("ffn_gate.weight", vec![e, ff]);
+            add("ffn_up.weight", vec![e, ff]);
+            add("ffn_down.weight", vec![ff, e]);
+            if self.qkv_bias {
+                add("attn_q.bias", vec![q]);
+                add("attn_k.bias", vec![kv]);
+                add("attn_v.bias", vec![vd]);
+            }
+            if self.qk_norm {
+                add("attn_q_norm.weight", vec![self.head_dim as u64]);
+                add("attn_k_norm.weight", vec![self.head_dim as u64]);
+            }
+            if self.post_norms {
+                add("post_attention_norm.weight", vec![e]);
+                add("post_ffw_norm.weight", vec![e]);
+            }
+        }
+        t
+    }
+
+    fn check_tensors(&self, file: &GgufFile) -> Result<(), ArchError> {
+        for (name, shape) in self.expected_tensors() {
+            let t = file.tensor(&name).ok_or_else(|| ArchError::MissingTensor(name.clone()))?;
+            if t.dims != shape {
+                return Err(ArchError::ShapeMismatch { tensor: name, expected: shape, got: t.dims.clone() });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The vocabulary size: the embedding's row count, which must agree with the tokenizer's list.
+fn vocab_size(file: &GgufFile) -> Result<usize, ArchError> {
+    let embd = file.tensor("token_embd.weight").ok_or_else(|| ArchError::MissingTensor("token_embd.weight".into()))?;
+    if embd.dims.len() != 2 {
+        return Err(ArchError::ShapeMismatch { tensor: embd.name.clone(), expected: vec![0, 0], got: embd.dims.clone() });
+    }
+    let n_vocab = embd.dims[1];
+    if let Some(tokens) = file.metadata.opt_str_array("tokenizer.ggml.tokens")? {
+        if tokens.len() as u64 != n_vocab {
+            return Err(ArchError::Invalid {
+                key: "tokenizer.ggml.tokens".into(),
+                reason: format!("{} tokens but token_embd.weight has {n_vocab} rows", tokens.len()),
+            });
+        }
+    }
+    if n_vocab > MAX_VOCAB {
+        return Err(ArchError::Invalid { key: "token_embd.weight".into(), reason: format!("{n_vocab} rows is too many") });
+    }
+    Ok(n_vocab as usize)
+}
+
+/// Reads `<arch>.<name>` as a positive count no larger than `max`.
+pub(crate) fn count(md: &Metadata, arch: &str, name: &str, max: u32) -> Result<usize, ArchError> {
+    let key = format!("{arch}.{name}");
+    let v = md.u32(&key)?;
+    if v == 0 || v > max {
+        return Err(ArchError::Invalid { key, reason: format!("{v} is outside 1..={max}") });
+    }
+    Ok(v as usize)
+}
+
+pub(crate) fn opt_count(md: &Metadata, arch: &str, name: &str, max: u32) -> Result<Option<usize>, ArchError> {
+    let key = format!("{arch}.{name}");
+    match md.opt_u32(&key)? {
+        None => Ok(None),
+        Some(_) => count(md, arch, name, max).map(Some),
+    }
+}
+
+/// Reads `<arch>.<name>` as a finite positive float, or `default` when absent.
+pub(crate) fn positive_f32(md: &Metadata, arch: &str, name: &str, default: Option<f32>) -> Result<f32, ArchError> {
+    let key = format!("{arch}.{name}");
+    let v = match (md.opt_f32(&key)?, default) {
+        (Some(v), _) => v,
+        (None, Some(d)) => d,
+        (None, None) => return Err(GgufError::MissingKey(key).into()),
+    };
+    if !(v.is_finite() && v > 0.0) {
+        return Err(ArchError::Invalid { key, reason: format!("{v} must be finite and positive") });
+    }
+    Ok(v)
+}
+
+/// Linear RoPE scaling (`rope.scaling.type = linear`, `rope.scaling.factor`) as a position multiplier.
+pub(crate) fn rope_freq_scale(md: &Metadata, arch: &str) -> Result<f32, ArchError> {
+    let ty = md.opt_str(&format!("{arch}.rope.scaling.type"))?;
+    let factor = md.opt_f32(&format!("{arch}.rope.scaling.factor"))?;
+    match (ty, factor) {
+        (Some("none") | None, _) | (_, None) => Ok(1.0),
+        (Some("linear"), Some(f)) if f.is_finite() && f >= 1.0 => Ok(1.0 / f),
+        (Some(t), Some(f)) => Err(ArchError::Invalid {
+            key: format!("{arch}.rope.scaling"),
+            reason: format!("unsupported RoPE scaling {t:?} with factor {f}"),
+        }),
+    }
+}
+
+/// Upper bounds that keep a hostile file from sizing allocations (far above any real model).
+pub(crate) const MAX_EMBD: u32 = 1 << 16;
+pub(crate) const MAX_LAYERS: u32 = 1024;
+pub(crate) const MAX_HEADS: u32 = 1024;
+pub(crate) const MAX_FF: u32 = 1 << 20;
+pub(crate) const MAX_CTX: u32 = 1 << 24;
+pub(crate) const MAX_VOCAB: u64 = 1 << 24;

@@ -1,0 +1,58 @@
+//! The interface every compute backend implements (the CPU reference here, the GPU next),
+//! so the generation loop and every front end are written once.
+
+use futures::future::LocalBoxFuture;
+use thiserror::Error;
+
+use crate::arch::{ArchError, ModelConfig};
+use crate::gguf::GgufError;
+
+#[derive(Debug, Error)]
+pub enum BackendError {
+    #[error("the context is full: {needed} tokens needed, the context holds {n_ctx}")]
+    ContextFull { needed: usize, n_ctx: usize },
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    BadToken { id: u32, n_vocab: usize },
+    #[error("nothing to run: the batch is empty")]
+    EmptyBatch,
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Arch(#[from] ArchError),
+    #[error("{0}")]
+    Device(String),
+}
+
+/// A model instance with one sequence's KV cache.
+///
+/// `forward` is async on every target: the GPU backend awaits its readback, the browser
+/// cannot block, and the CPU reference simply completes at once.
+pub trait Backend {
+    fn config(&self) -> &ModelConfig;
+    /// The most positions the KV cache holds.
+    fn n_ctx(&self) -> usize;
+    /// Positions already in the KV cache.
+    fn n_past(&self) -> usize;
+    /// Runs `tokens` at positions `n_past()..`, appends them to the KV cache and returns
+    /// the logits of the last one (`n_vocab` values).
+    fn forward<'a>(&'a mut self, tokens: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>, BackendError>>;
+    /// Drops cached positions from `n` on (0 clears the cache).
+    fn truncate(&mut self, n: usize);
+    /// A short name for reports: `cpu`, `gpu (llvmpipe)`.
+    fn name(&self) -> String;
+}
+
+/// Checks a batch against the context and vocabulary before any work is done.
+pub fn check_batch(tokens: &[u32], n_past: usize, n_ctx: usize, n_vocab: usize) -> Result<(), BackendError> {
+    if tokens.is_empty() {
+        return Err(BackendError::EmptyBatch);
+    }
+    let needed = n_past + tokens.len();
+    if needed > n_ctx {
+        return Err(BackendError::ContextFull { needed, n_ctx });
+    }
+    if let Some(&id) = tokens.iter().find(|&&id| id as usize >= n_vocab) {
+        return Err(BackendError::BadToken { id, n_vocab });
+    }
+    Ok(())
+}
