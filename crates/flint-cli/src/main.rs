@@ -1,0 +1,111 @@
+//! The `flint` binary: run a model, inspect it, fetch it.
+
+mod catalog;
+mod info;
+mod pull;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit status for bad flags, bad values and unreadable or malformed models.
+pub const EXIT_USAGE: u8 = 2;
+
+#[derive(Parser)]
+#[command(name = "flint", version, about = "Run GGUF language models on the GPU (WebGPU) or the CPU reference path")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Complete a prompt and stream the tokens.
+    Run(run::RunArgs),
+    /// Print a model's architecture, hyperparameters, tensor types and tokenizer.
+    Info(info::InfoArgs),
+    /// Download catalog models into the local cache.
+    Pull {
+        /// Catalog names (see `flint list`).
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// List catalog models and what is cached locally.
+    List,
+}
+
+/// An error with the exit status it should produce.
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn usage(message: impl std::fmt::Display) -> Failure {
+        Failure { code: EXIT_USAGE, message: message.to_string() }
+    }
+    pub fn runtime(message: impl std::fmt::Display) -> Failure {
+        Failure { code: 1, message: message.to_string() }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // One clear line, as the CLI contract asks, instead of clap's usage block.
+            let text = e.render().to_string();
+            let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+            eprintln!("{line}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let result = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Info(args) => info::info(args),
+        Command::Pull { names } => pull_all(&names),
+        Command::List => {
+            list();
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn pull_all(names: &[String]) -> Result<(), Failure> {
+    for name in names {
+        let entry = catalog::find(name).ok_or_else(|| {
+            let known: Vec<&str> = catalog::catalog().iter().map(|e| e.name).collect();
+            Failure::usage(format!("unknown model {name:?} (catalog: {})", known.join(", ")))
+        })?;
+        let path = pull::pull(entry).map_err(|e| Failure::runtime(format!("{e:#}")))?;
+        eprintln!("{name}: {}", path.display());
+    }
+    Ok(())
+}
+
+fn list() {
+    for (name, size) in catalog::list() {
+        match size {
+            Some(bytes) => println!("{name}\t{:.0} MB\tcached", bytes as f64 / 1e6),
+            None => println!("{name}\t-\tnot downloaded"),
+        }
+    }
+}
+
+/// Resolves a MODEL argument to a local file; a missing or unknown model is a usage error.
+pub fn resolve(model: &str) -> Result<std::path::PathBuf, Failure> {
+    catalog::resolve_model(model).map_err(|e| Failure::usage(format!("{e:#}")))
+}
