@@ -4,7 +4,7 @@
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use futures::Stream;
+use futures::stream::{LocalBoxStream, StreamExt};
 use thiserror::Error;
 
 pub use flint_core::arch::{ArchError, ModelConfig};
@@ -120,8 +120,8 @@ impl Engine {
         prompt: Vec<u32>,
         params: GenerateParams,
         abort: Arc<AtomicBool>,
-    ) -> Result<impl Stream<Item = Result<Event, GenerateError>> + '_, EngineError> {
+    ) -> Result<LocalBoxStream<'_, Result<Event, GenerateError>>, EngineError> {
         let generation = Generation::new(self.backend.as_mut(), &self.tokenizer, prompt, params, abort, self.clock)?;
-        Ok(futures::stream::unfold(generation, |mut g| async move { g.next_event().await.map(|e| (e, g)) }))
+        Ok(futures::stream::unfold(generation, |mut g| async move { g.next_event().await.map(|e| (e, g)) }).boxed_local())
     }
 }

@@ -260,10 +260,10 @@ impl GgufFile {
 
     /// Reads a range of one tensor's bytes (relative to the tensor's start) into `buf`.
     pub async fn read_tensor_range(&self, t: &TensorInfo, start: u64, buf: &mut [u8]) -> Result<()> {
-        let end = start.checked_add(buf.len() as u64).filter(|&e| e <= t.n_bytes).ok_or_else(|| {
-            GgufError::TensorOutOfBounds { tensor: t.name.clone(), start, end: start + buf.len() as u64, len: t.n_bytes }
-        })?;
-        let _ = end;
+        let end = start.saturating_add(buf.len() as u64);
+        if end > t.n_bytes {
+            return Err(GgufError::TensorOutOfBounds { tensor: t.name.clone(), start, end, len: t.n_bytes });
+        }
         self.source.read_at(self.data_offset + t.offset + start, buf).await
     }
 }

@@ -1,0 +1,251 @@
+//! Tokenizer built from `tokenizer.ggml.*` metadata on top of the `tokenizers` crate,
+//! reproducing llama.cpp's token ids: SPM vocabularies (`llama`) become a byte-fallback BPE
+//! ranked by piece scores, GPT-2 vocabularies (`gpt2`) a byte-level BPE behind the regex
+//! pre-tokenizer named by `tokenizer.ggml.pre`. Special tokens are split out first, as
+//! llama.cpp does, then each raw fragment goes through the `tokenizers` pipeline.
+
+mod bpe;
+mod special;
+mod spm;
+mod stream;
+mod vocab;
+
+use thiserror::Error;
+
+use crate::gguf::{GgufError, Metadata};
+use special::{Fragment, SpecialMatcher};
+use vocab::{Attr, ModelKind, Vocab};
+
+pub use stream::StreamDecoder;
+
+#[derive(Debug, Error)]
+pub enum TokenizerError {
+    #[error("tokenizer metadata: {0}")]
+    Gguf(#[from] GgufError),
+    #[error("unsupported tokenizer.ggml.model {0:?} (supported: \"llama\", \"gpt2\")")]
+    UnsupportedModel(String),
+    #[error("unsupported tokenizer.ggml.pre {0:?} for a gpt2 vocabulary (supported: {list})", list = supported_pre_list())]
+    UnsupportedPre(String),
+    #[error("tokenizer.ggml.tokens is empty")]
+    EmptyVocab,
+    #[error("{key} has {len} entries but the vocabulary has {vocab} tokens")]
+    LengthMismatch { key: &'static str, len: usize, vocab: usize },
+    #[error("token {text:?} appears twice in the vocabulary (ids {first} and {second})")]
+    DuplicateToken { text: String, first: u32, second: u32 },
+    #[error("{key} = {id} is outside the vocabulary of {vocab} tokens")]
+    SpecialTokenOutOfRange { key: String, id: u32, vocab: usize },
+    #[error("a BOS token was requested but the vocabulary has none")]
+    NoBosToken,
+    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
+    IdOutOfRange { id: u32, vocab: usize },
+    #[error("cannot build the tokenizer: {0}")]
+    Build(String),
+    #[error("cannot encode text: {0}")]
+    Encode(String),
+}
+
+fn supported_pre_list() -> String {
+    bpe::supported_pre_names().collect::<Vec<_>>().join(", ")
+}
+
+/// A vocabulary and its encoder; cheap to share (`Send + Sync`), immutable after building.
+pub struct Tokenizer {
+    kind: ModelKind,
+    /// The `tokenizers` pipeline that encodes one raw-text fragment.
+    inner: tokenizers::Tokenizer,
+    specials: SpecialMatcher,
+    tokens: Vec<String>,
+    attrs: Vec<Attr>,
+    /// Bytes each token contributes to output, control tokens as their text (llama.cpp's
+    /// token-to-piece cache with `special = true`).
+    pieces: Vec<Box<[u8]>>,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    eog: Vec<u32>,
+    add_bos: bool,
+    add_space_prefix: bool,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("kind", &self.kind)
+            .field("vocab_size", &self.tokens.len())
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("eog", &self.eog)
+            .field("add_bos", &self.add_bos)
+            .finish()
+    }
+}
+
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+};
+
+impl Tokenizer {
+    /// Builds the tokenizer from a model file's metadata; every malformed case is an error.
+    pub fn from_metadata(md: &Metadata) -> Result<Tokenizer, TokenizerError> {
+        let mut vocab = Vocab::read(md)?;
+        let specials = SpecialMatcher::new(&vocab);
+        let pieces = token_pieces(&vocab);
+        let inner = match (vocab.kind, vocab.pre) {
+            (ModelKind::Spm, _) => spm::build(&mut vocab)?,
+            (ModelKind::Bpe, Some(pre)) => bpe::build(&mut vocab, pre)?,
+            (ModelKind::Bpe, None) => return Err(TokenizerError::UnsupportedPre(String::new())),
+        };
+        Ok(Tokenizer {
+            kind: vocab.kind,
+            inner,
+            specials,
+            tokens: vocab.tokens,
+            attrs: vocab.attrs,
+            pieces,
+            bos: vocab.bos,
+            eos: vocab.eos,
+            eog: vocab.eog,
+            add_bos: vocab.add_bos,
+            add_space_prefix: vocab.add_space_prefix,
+        })
+    }
+
+    /// Token ids for `text`, as llama.cpp's `llama_tokenize(text, add_special = add_bos,
+    /// parse_special)` (EOS is never appended).
+    pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        if add_bos {
+            out.push(self.bos.ok_or(TokenizerError::NoBosToken)?);
+        }
+        // SPM prefixes a space to raw text at the start and after every special token.
+        let mut after_special = true;
+        for fragment in self.specials.partition(text, parse_special) {
+            match fragment {
+                Fragment::Token(id) => {
+                    out.push(id);
+                    after_special = true;
+                }
+                Fragment::Text(t) => {
+                    let encoding = if self.add_space_prefix && after_special {
+                        self.inner.encode_fast(format!(" {t}"), false)
+                    } else {
+                        self.inner.encode_fast(t, false)
+                    };
+                    let encoding = encoding.map_err(|e| TokenizerError::Encode(e.to_string()))?;
+                    out.extend_from_slice(encoding.get_ids());
+                    after_special = false;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `tokenizer.ggml.add_bos_token`, or llama.cpp's default for the vocabulary type.
+    pub fn add_bos_default(&self) -> bool {
+        self.add_bos
+    }
+
+    /// The text of `ids`: the concatenated [`token_bytes`](Self::token_bytes), decoded as UTF-8
+    /// with invalid sequences replaced. `skip_special` leaves out control and unknown tokens.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
+        let mut bytes = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            if id as usize >= self.tokens.len() {
+                return Err(TokenizerError::IdOutOfRange { id, vocab: self.tokens.len() });
+            }
+            if skip_special && self.is_hidden_when_skipping(id) {
+                continue;
+            }
+            bytes.extend_from_slice(self.piece(id));
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Raw bytes this token contributes to output: `<0xNN>` → that byte, '▁' → ' ' (SPM),
+    /// byte-level characters → their bytes (GPT-2), control and user-defined tokens → their
+    /// text, unused tokens → nothing. Empty for ids outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.piece(id).to_vec()
+    }
+
+    pub(crate) fn piece(&self, id: u32) -> &[u8] {
+        self.pieces.get(id as usize).map_or(&[], |p| p)
+    }
+
+    /// Control and unknown tokens, which llama.cpp renders only when asked to.
+    pub(crate) fn is_hidden_when_skipping(&self, id: u32) -> bool {
+        self.attrs.get(id as usize).is_some_and(|a| a.has(Attr::CONTROL.with(Attr::UNKNOWN)))
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos
+    }
+
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// The token's text as stored in the vocabulary (`▁` and byte-level characters included).
+    pub fn token_text(&self, id: u32) -> Option<&str> {
+        self.tokens.get(id as usize).map(String::as_str)
+    }
+
+    pub fn is_control(&self, id: u32) -> bool {
+        self.attrs.get(id as usize).is_some_and(|a| a.has(Attr::CONTROL))
+    }
+
+    /// End-of-generation ids, sorted: metadata EOS/EOT/EOM plus the tokens llama.cpp treats as
+    /// EOG by their text (`<end_of_turn>`, `<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, ...)
+    /// and the FIM pad/repo/file-separator tokens.
+    pub fn eog_ids(&self) -> &[u32] {
+        &self.eog
+    }
+
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.binary_search(&id).is_ok()
+    }
+}
+
+/// What each token prints (llama.cpp's `token_to_piece` with `special = true`).
+fn token_pieces(vocab: &Vocab) -> Vec<Box<[u8]>> {
+    let bytes = bpe::ByteDecoder::new();
+    let raw = Attr::CONTROL.with(Attr::UNKNOWN).with(Attr::USER_DEFINED);
+    vocab
+        .tokens
+        .iter()
+        .zip(&vocab.attrs)
+        .map(|(text, &attr)| {
+            let mut out = Vec::new();
+            if attr.has(raw) {
+                out.extend_from_slice(text.as_bytes());
+            } else if attr.has(Attr::NORMAL) {
+                match vocab.kind {
+                    ModelKind::Spm if text.contains(spm::SPACE_MARK) => {
+                        out.extend_from_slice(text.replace(spm::SPACE_MARK, " ").as_bytes())
+                    }
+                    ModelKind::Spm => out.extend_from_slice(text.as_bytes()),
+                    ModelKind::Bpe => bytes.decode(text, &mut out),
+                }
+            } else if attr.has(Attr::BYTE) {
+                match parse_byte_token(text) {
+                    Some(b) => out.push(b),
+                    None => out.extend_from_slice(text.as_bytes()),
+                }
+            }
+            out.into_boxed_slice()
+        })
+        .collect()
+}
+
+/// `<0xNN>` → NN.
+fn parse_byte_token(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
