@@ -1,0 +1,173 @@
+//! The wgpu device: adapter choice (best available, `FLINT_ADAPTER` overrides), the adapter's
+//! own limits, optional features, and errors captured instead of panicking.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::{GpuError, Result};
+
+/// Optional capabilities the kernels may use; every kernel has a path without them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Caps {
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub timestamps: bool,
+}
+
+/// Errors reported by wgpu outside error scopes, collected until the next check.
+#[derive(Default)]
+struct ErrorSink {
+    errors: Vec<GpuError>,
+    lost: Option<String>,
+}
+
+pub struct GpuContext {
+    pub adapter: wgpu::Adapter,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub limits: wgpu::Limits,
+    pub caps: Caps,
+    pub info: wgpu::AdapterInfo,
+    sink: Arc<Mutex<ErrorSink>>,
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuContext").field("adapter", &self.info.name).field("caps", &self.caps).finish()
+    }
+}
+
+fn rank(ty: wgpu::DeviceType) -> u32 {
+    match ty {
+        wgpu::DeviceType::DiscreteGpu => 4,
+        wgpu::DeviceType::IntegratedGpu => 3,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 1,
+        wgpu::DeviceType::Other => 0,
+    }
+}
+
+impl GpuContext {
+    /// Opens the best adapter, or the first whose name contains `FLINT_ADAPTER`.
+    pub async fn new() -> Result<GpuContext> {
+        let wanted = std::env::var("FLINT_ADAPTER").ok().filter(|s| !s.is_empty());
+        Self::with_adapter(wanted.as_deref()).await
+    }
+
+    pub async fn with_adapter(wanted: Option<&str>) -> Result<GpuContext> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = pick_adapter(&instance, wanted).await?;
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let features = adapter.features();
+        let mut required = wgpu::Features::empty();
+        let caps = Caps {
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        };
+        for (on, f) in [
+            (caps.shader_f16, wgpu::Features::SHADER_F16),
+            (caps.subgroups, wgpu::Features::SUBGROUP),
+            (caps.timestamps, wgpu::Features::TIMESTAMP_QUERY),
+        ] {
+            if on {
+                required |= f;
+            }
+        }
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("flint"),
+                required_features: required,
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        let sink = Arc::new(Mutex::new(ErrorSink::default()));
+        let s = sink.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let err = match e {
+                wgpu::Error::OutOfMemory { .. } => GpuError::OutOfMemory(e.to_string()),
+                other => GpuError::Validation(other.to_string()),
+            };
+            if let Ok(mut g) = s.lock() {
+                g.errors.push(err);
+            }
+        }));
+        let s = sink.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            if let Ok(mut g) = s.lock() {
+                g.lost = Some(format!("{reason:?}: {message}"));
+            }
+        });
+        Ok(GpuContext { adapter, device, queue, limits, caps, info, sink })
+    }
+
+    /// A short adapter description for reports: `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)`.
+    pub fn adapter_name(&self) -> String {
+        format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+    }
+
+    /// Returns the first error wgpu reported since the last check (device loss first).
+    pub fn check(&self) -> Result<()> {
+        let mut g = self.sink.lock().map_err(|_| GpuError::DeviceLost("error sink poisoned".into()))?;
+        if let Some(l) = &g.lost {
+            return Err(GpuError::DeviceLost(l.clone()));
+        }
+        if !g.errors.is_empty() {
+            let first = g.errors.remove(0);
+            g.errors.clear();
+            return Err(first);
+        }
+        Ok(())
+    }
+
+    /// Largest storage buffer binding, lowered by `FLINT_MAX_BINDING_MB` when set.
+    pub fn max_binding(&self) -> u64 {
+        let limit = self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size);
+        match std::env::var("FLINT_MAX_BINDING_MB").ok().and_then(|v| v.parse::<u64>().ok()) {
+            Some(mb) if mb > 0 => limit.min(mb << 20),
+            _ => limit,
+        }
+    }
+
+    /// Waits for submitted work natively; a no-op in the browser, where mapping drives it.
+    pub fn poll_wait(&self) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+        Ok(())
+    }
+}
+
+async fn pick_adapter(instance: &wgpu::Instance, wanted: Option<&str>) -> Result<wgpu::Adapter> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let mut adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+        if let Some(w) = wanted {
+            let lw = w.to_lowercase();
+            return adapters
+                .into_iter()
+                .find(|a| a.get_info().name.to_lowercase().contains(&lw))
+                .ok_or_else(|| GpuError::NoAdapter(format!(" matching FLINT_ADAPTER={w:?} (found: {})", names.join(", "))));
+        }
+        adapters.sort_by_key(|a| std::cmp::Reverse(rank(a.get_info().device_type)));
+        adapters.into_iter().next().ok_or_else(|| GpuError::NoAdapter(String::new()))
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = (wanted, rank as fn(_) -> _);
+        instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                force_fallback_adapter: false,
+                compatible_surface: None,
+            })
+            .await
+            .map_err(|e| GpuError::NoAdapter(format!(": {e}")))
+    }
+}

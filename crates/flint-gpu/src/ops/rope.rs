@@ -1,0 +1,7 @@
+//! Placeholder until the rope kernel lands.
+
+use crate::pipeline::PipelineKey;
+
+pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
+    Vec::new()
+}

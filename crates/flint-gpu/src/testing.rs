@@ -1,0 +1,78 @@
+//! Helpers for GPU tests: one shared context, and the rule that a missing adapter is a
+//! loud skip normally but a failure when `FLINT_REQUIRE_GPU=1`.
+
+use std::sync::OnceLock;
+
+use crate::context::GpuContext;
+
+static CONTEXT: OnceLock<Option<GpuContext>> = OnceLock::new();
+
+/// The shared test context, or None (with a message) when there is no adapter and the
+/// environment does not require one. Panics when `FLINT_REQUIRE_GPU=1` and none is found.
+pub fn context() -> Option<&'static GpuContext> {
+    CONTEXT
+        .get_or_init(|| match futures::executor::block_on(GpuContext::new()) {
+            Ok(ctx) => {
+                eprintln!("GPU tests on {}", ctx.adapter_name());
+                Some(ctx)
+            }
+            Err(e) => {
+                if std::env::var("FLINT_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                    panic!("FLINT_REQUIRE_GPU=1 but no GPU adapter is usable: {e}");
+                }
+                eprintln!("SKIPPING GPU TEST: {e} (set FLINT_REQUIRE_GPU=1 to make this a failure)");
+                None
+            }
+        })
+        .as_ref()
+}
+
+/// Runs a GPU test body with the shared context, or reports loudly that it could not run.
+#[macro_export]
+macro_rules! gpu_test {
+    ($ctx:ident => $body:block) => {{
+        let Some($ctx) = $crate::testing::context() else { return };
+        futures::executor::block_on(async move $body)
+    }};
+}
+
+/// Normalized mean squared error Σ(a−b)² / Σ(b−mean b)² (Σb² when b is constant).
+pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "length mismatch");
+    let mean = want.iter().map(|&v| v as f64).sum::<f64>() / want.len().max(1) as f64;
+    let num: f64 = got.iter().zip(want).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
+    let mut den: f64 = want.iter().map(|&b| (b as f64 - mean).powi(2)).sum();
+    if den == 0.0 {
+        den = want.iter().map(|&b| (b as f64).powi(2)).sum::<f64>().max(1e-30);
+    }
+    num / den
+}
+
+/// Tolerance presets (llama.cpp's test-backend-ops).
+pub const NMSE_F32: f64 = 1e-7;
+pub const NMSE_QUANT: f64 = 5e-4;
+
+/// A small deterministic generator for test data.
+pub struct TestRng(u64);
+
+impl TestRng {
+    pub fn new(seed: u64) -> Self {
+        TestRng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    pub fn next_u32(&mut self) -> u32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 32) as u32
+    }
+    /// Uniform in [-1, 1).
+    pub fn f32(&mut self) -> f32 {
+        self.next_u32() as f32 / 2_147_483_648.0 - 1.0
+    }
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u32() as u8).collect()
+    }
+}
