@@ -56,6 +56,8 @@ pub enum GgufError {
     TensorOutOfBounds { tensor: String, start: u64, end: u64, len: u64 },
     #[error("tensors {a:?} and {b:?} overlap in the data section")]
     TensorOverlap { a: String, b: String },
+    #[error("the header is larger than {limit} bytes")]
+    HeaderTooLarge { limit: u64 },
     #[error("tensor {0:?} not found")]
     MissingTensor(String),
 }

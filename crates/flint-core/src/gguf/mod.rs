@@ -26,6 +26,9 @@ pub const MAX_DIMS: usize = 4;
 pub const MAX_ARRAY_DEPTH: usize = 8;
 /// First read of a header from a ranged source; doubled until the header fits.
 const FIRST_HEADER_READ: u64 = 1 << 20;
+/// A header (metadata + tensor infos) larger than this is refused when read in ranges, so a
+/// hostile remote file cannot make the browser buffer gigabytes before anything is checked.
+pub const MAX_HEADER_BYTES: u64 = 256 << 20;
 
 /// Metadata key/value pairs with typed, checked accessors.
 #[derive(Clone, Debug, Default)]
@@ -220,7 +223,10 @@ impl GgufFile {
                     if want >= len {
                         return Err(GgufError::Truncated { what: "header", offset: len });
                     }
-                    want = n.max(want.saturating_mul(2)).min(len);
+                    if want >= MAX_HEADER_BYTES {
+                        return Err(GgufError::HeaderTooLarge { limit: MAX_HEADER_BYTES });
+                    }
+                    want = n.max(want.saturating_mul(2)).min(len).min(MAX_HEADER_BYTES);
                 }
             }
         }
