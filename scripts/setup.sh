@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs what building, running and testing Flint needs, where it is missing.
+# Debian/Ubuntu (apt-get), as root or with sudo. Idempotent; a few seconds when all is there.
+set -euo pipefail
+
+WASM_TARGET=wasm32-unknown-unknown
+apt_packages=()
+
+log() { echo "[setup] $*" >&2; }
+
+as_root() {
+  if [[ $(id -u) -eq 0 ]]; then "$@"
+  elif command -v sudo >/dev/null; then sudo "$@"
+  else log "need root (or sudo) to run: $*"; exit 1
+  fi
+}
+
+has_pip() {
+  local cmd
+  for cmd in "pip" "pip3" "python3 -m pip"; do
+    $cmd --version >/dev/null 2>&1 && return 0
+  done
+  return 1
+}
+
+# Rust installed by rustup in an earlier run may not be on PATH yet.
+[[ -d "$HOME/.cargo/bin" ]] && export PATH="$HOME/.cargo/bin:$PATH"
+
+# --- system packages --------------------------------------------------------------------------
+command -v cc >/dev/null || apt_packages+=(gcc libc6-dev)       # linker for cargo
+has_pip || apt_packages+=(python3-pip)                          # `flint pull` fetches models with pip
+command -v cargo >/dev/null || command -v curl >/dev/null || apt_packages+=(curl ca-certificates)
+
+# --- GPU and browser test dependencies ----------------------------------------------------------
+# Later issues add packages here, e.g. a software Vulkan driver for headless GPU tests:
+#   dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || apt_packages+=(mesa-vulkan-drivers)
+# and a browser for the web tests:
+#   command -v chromium >/dev/null || apt_packages+=(chromium)
+# --- end of GPU and browser test dependencies ----------------------------------------------------
+
+if ((${#apt_packages[@]})); then
+  if ! command -v apt-get >/dev/null; then
+    log "missing: ${apt_packages[*]}; install them with your package manager"
+    exit 1
+  fi
+  log "installing ${apt_packages[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
+fi
+
+# --- Rust toolchain -----------------------------------------------------------------------------
+if ! command -v cargo >/dev/null; then
+  log "installing Rust with rustup"
+  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if command -v rustup >/dev/null; then
+  if ! rustup target list --installed | grep -qx "$WASM_TARGET"; then
+    log "adding the Rust target $WASM_TARGET"
+    rustup target add "$WASM_TARGET"
+  fi
+elif ! rustc --print sysroot >/dev/null 2>&1 || [[ ! -d "$(rustc --print sysroot)/lib/rustlib/$WASM_TARGET" ]]; then
+  log "the Rust target $WASM_TARGET is missing and there is no rustup to add it"
+  exit 1
+fi

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, builds the CLI, fetches the test models, checks
+# that flint-core builds for wasm32, and runs every test of the workspace.
+# Models are cached in $FLINT_HOME (default ~/.cache/flint/models); FLINT_REQUIRE_GPU=1 turns a
+# missing GPU adapter into a test failure instead of a skip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TEST_MODELS=(gemma-3-270m qwen2.5-coder-0.5b)
+target_dir=${CARGO_TARGET_DIR:-target}
+timings=()
+now() { echo "${EPOCHREALTIME:-$(date +%s)}"; }
+t_start=$(now)
+
+# Runs one named stage and prints how long it took.
+stage() {
+  local name=$1 t0
+  t0=$(now)
+  shift
+  echo "==> $name: $*" >&2
+  "$@"
+  local secs
+  secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+  echo "==> $name: done in $secs s" >&2
+  timings+=("$(printf '%-8s %7s s' "$name" "$secs")")
+}
+
+# The stage times so far, also when a stage fails.
+print_timings() {
+  local status=$?
+  echo "==> timings$( ((status)) && echo " (stopped by a failure, exit status $status)")" >&2
+  ((${#timings[@]})) && printf '    %s\n' "${timings[@]}" >&2
+  awk -v a="$t_start" -v b="$(now)" 'BEGIN { printf "    total    %7.1f s\n", b - a }' >&2
+}
+trap print_timings EXIT
+
+pull_models() {
+  local model
+  for model in "${TEST_MODELS[@]}"; do
+    "$target_dir/release/flint" pull "$model"
+  done
+}
+
+# cargo test with its output shown as it runs, then one line summing its "test result:" lines.
+run_tests() {
+  local log="$target_dir/test-output.log" status=0
+  mkdir -p "$target_dir"
+  cargo test --release --workspace 2>&1 | tee "$log" || status=$?
+  awk '/^test result:/ { for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } }
+       END { printf "==> all test binaries: %d passed, %d failed, %d ignored (output in %s)\n", p, f, g, FILENAME }' "$log" >&2
+  return "$status"
+}
+
+stage setup bash scripts/setup.sh
+[[ -d "$HOME/.cargo/bin" ]] && export PATH="$HOME/.cargo/bin:$PATH"
+stage build cargo build --release -p flint-cli
+stage models pull_models
+stage wasm cargo check -p flint-core --target wasm32-unknown-unknown
+stage test run_tests
+
