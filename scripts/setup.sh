@@ -32,9 +32,10 @@ has_pip || apt_packages+=(python3-pip)                          # `flint pull` f
 command -v cargo >/dev/null || command -v curl >/dev/null || apt_packages+=(curl ca-certificates)
 
 # --- GPU and browser test dependencies ----------------------------------------------------------
-# Later issues add packages here, e.g. a software Vulkan driver for headless GPU tests:
-#   dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || apt_packages+=(mesa-vulkan-drivers)
-# and a browser for the web tests:
+# Mesa's lavapipe: a software Vulkan device, so the GPU tests run on machines without a GPU.
+dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || apt_packages+=(mesa-vulkan-drivers)
+dpkg -s libvulkan1 >/dev/null 2>&1 || apt_packages+=(libvulkan1)
+# A later issue adds a browser for the web tests:
 #   command -v chromium >/dev/null || apt_packages+=(chromium)
 # --- end of GPU and browser test dependencies ----------------------------------------------------
 

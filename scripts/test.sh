@@ -52,9 +52,14 @@ run_tests() {
 }
 
 stage setup bash scripts/setup.sh
+# Mesa wants a private runtime directory; without one it prints a harmless error per device.
+if [[ -z "${XDG_RUNTIME_DIR:-}" || ! -d "${XDG_RUNTIME_DIR:-}" ]]; then
+  export XDG_RUNTIME_DIR="${TMPDIR:-/tmp}/flint-xdg-$(id -u)"
+  mkdir -p -m 0700 "$XDG_RUNTIME_DIR"
+fi
 [[ -d "$HOME/.cargo/bin" ]] && export PATH="$HOME/.cargo/bin:$PATH"
 stage build cargo build --release -p flint-cli
 stage models pull_models
-stage wasm cargo check -p flint-core --target wasm32-unknown-unknown
+stage wasm cargo check -p flint-core -p flint-gpu --target wasm32-unknown-unknown
 stage test run_tests
 

@@ -1,0 +1,206 @@
+// Paged causal attention with GQA and an optional sliding window, split over the KV length
+// (flash-decoding): `split` runs one workgroup per (split s, head h, token t) with an online
+// softmax over tiles of WG positions; `combine` merges the S partial results of each (t, h).
+// With S = 1, `split` writes the normalized output itself and `combine` is not dispatched.
+//
+// Token t (sequence tok_seq[t], position p = tok_pos[t]) attends to positions j of its
+// sequence with j <= p and, when window > 0, p - j < window; kv head = h / group.
+// Grid for both entries: (S, n_head, n_tok); S is read back as num_workgroups.x.
+#include "common.wgsl"
+
+struct Params {
+    n_head: u32,
+    group: u32,       // n_head / n_head_kv
+    head_dim: u32,    // multiple of 4, <= MAX_HEAD_DIM
+    head_dim_v: u32,  // <= WG
+    kv_dim: u32,      // K row: n_head_kv * head_dim
+    v_dim: u32,       // V row: n_head_kv * head_dim_v
+    window: u32,      // 0: no sliding window
+    split_min: u32,   // fewest positions a split takes before the next split gets any
+    scale: f32,
+    part_cap: u32,    // partial records the scratch holds
+    _pad0: u32,
+    _pad1: u32,
+}
+
+// A finite "minus infinity": exp(NEG_BIG - m) is 0 and NEG_BIG - NEG_BIG is not NaN.
+const NEG_BIG: f32 = -3.0e38;
+
+@group(0) @binding(0) var<uniform> info: BatchInfo;
+@group(0) @binding(1) var<uniform> params: Params;
+@group(0) @binding(2) var<storage, read> tok_pos: array<u32>;           // [n_tok]
+@group(0) @binding(3) var<storage, read> tok_seq: array<u32>;           // [n_tok]
+@group(0) @binding(4) var<storage, read> block_table: array<u32>;       // [n_seq, max_blocks]
+@group(0) @binding(5) var<storage, read> q: array<vec4<f32>>;           // [n_tok, n_head * head_dim] f32
+@group(0) @binding(6) var<storage, read> k_cache: array<vec4<f32>>;     // [n_slots, kv_dim] f32
+@group(0) @binding(7) var<storage, read> v_cache: array<f32>;           // [n_slots, v_dim] f32
+@group(0) @binding(8) var<storage, read_write> out: array<f32>;         // [n_tok, n_head * head_dim_v] f32
+// Split partials: [part_cap, head_dim_v] unnormalized outputs, then [part_cap] (max, sum)
+// pairs; record (t * n_head + h) * S + s.
+@group(0) @binding(9) var<storage, read_write> part: array<f32>;
+
+var<workgroup> q_sh: array<vec4<f32>, MAX_HEAD_DIM / 4u>;
+var<workgroup> red: array<f32, WG>;
+var<workgroup> p_sh: array<f32, WG>;
+var<workgroup> slot_sh: array<u32, WG>;
+
+fn reduce_max(tid: u32, x: f32) -> f32 {
+    red[tid] = x;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (tid < s) {
+            red[tid] = max(red[tid], red[tid + s]);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn reduce_sum(tid: u32, x: f32) -> f32 {
+    red[tid] = x;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (tid < s) {
+            red[tid] = red[tid] + red[tid + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(WG)
+fn split(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) tid: u32,
+) {
+    let s = wg.x;
+    let n_split = nwg.x;
+    let h = wg.y;
+    let t = wg.z;
+    if (t >= info.n_tok) {
+        return;
+    }
+    let p = tok_pos[t];
+    let table = tok_seq[t] * info.max_blocks;
+    let kvh = h / params.group;
+    var first = 0u;
+    if (params.window > 0u && p + 1u > params.window) {
+        first = p + 1u - params.window;
+    }
+    // This split's positions [lo, hi): S near-equal ranges, none shorter than split_min.
+    let per = max((p + 1u - first + n_split - 1u) / n_split, params.split_min);
+    let lo = min(first + s * per, p + 1u);
+    let hi = min(lo + per, p + 1u);
+
+    let hd4 = params.head_dim / 4u;
+    for (var i = tid; i < hd4; i += WG) {
+        q_sh[i] = q[(t * params.n_head + h) * hd4 + i] * params.scale;
+    }
+    workgroupBarrier();
+
+    // V accumulation: invocation tid owns element d of the output for every n_grp-th position.
+    let dv = params.head_dim_v;
+    let n_grp = WG / dv;
+    let d = tid % dv;
+    let g = tid / dv;
+    let k_off = kvh * hd4;
+    let kv_dim4 = params.kv_dim / 4u;
+    let v_off = kvh * dv + d;
+
+    var m = NEG_BIG;
+    var l = 0.0;
+    var acc = 0.0;
+    for (var base = lo; base < hi; base += WG) {
+        let j = base + tid;
+        var sc = NEG_BIG;
+        var slot = 0u;
+        if (j < hi) {
+            slot = block_table[table + j / info.block_size] * info.block_size + j % info.block_size;
+            let row = slot * kv_dim4 + k_off;
+            var dot4 = vec4<f32>(0.0);
+            for (var i = 0u; i < hd4; i++) {
+                dot4 = fma(q_sh[i], k_cache[row + i], dot4);
+            }
+            sc = dot4.x + dot4.y + dot4.z + dot4.w;
+        }
+        slot_sh[tid] = slot;
+        let m_new = max(m, reduce_max(tid, sc));
+        var pj = 0.0;
+        if (j < hi) {
+            pj = exp(sc - m_new);
+        }
+        p_sh[tid] = pj;
+        // reduce_sum's barriers also publish p_sh and slot_sh.
+        let alpha = exp(m - m_new);
+        l = l * alpha + reduce_sum(tid, pj);
+        acc = acc * alpha;
+        m = m_new;
+        let n_valid = min(WG, hi - base);
+        if (g < n_grp) {
+            for (var jj = g; jj < n_valid; jj += n_grp) {
+                acc = fma(p_sh[jj], v_cache[slot_sh[jj] * params.v_dim + v_off], acc);
+            }
+        }
+        workgroupBarrier();
+    }
+
+    red[tid] = acc;
+    workgroupBarrier();
+    if (tid < dv) {
+        var o = 0.0;
+        for (var gg = 0u; gg < n_grp; gg++) {
+            o += red[gg * dv + tid];
+        }
+        if (n_split == 1u) {
+            out[(t * params.n_head + h) * dv + tid] = o / l;
+        } else {
+            let rec = (t * params.n_head + h) * n_split + s;
+            part[rec * dv + tid] = o;
+            if (tid == 0u) {
+                let ml = params.part_cap * dv + 2u * rec;
+                part[ml] = m;
+                part[ml + 1u] = l;
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(WG_COMBINE)
+fn combine(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    // Workgroup (s, h, t) finishes elements [s * per, (s + 1) * per) of head h of token t.
+    let n_split = nwg.x;
+    let h = wg.y;
+    let t = wg.z;
+    if (t >= info.n_tok) {
+        return;
+    }
+    let dv = params.head_dim_v;
+    let rec0 = (t * params.n_head + h) * n_split;
+    let ml = params.part_cap * dv + 2u * rec0;
+    var mx = NEG_BIG;
+    for (var i = 0u; i < n_split; i++) {
+        mx = max(mx, part[ml + 2u * i]);
+    }
+    var l = 0.0;
+    for (var i = 0u; i < n_split; i++) {
+        l += exp(part[ml + 2u * i] - mx) * part[ml + 2u * i + 1u];
+    }
+    let per = (dv + n_split - 1u) / n_split;
+    let d1 = min((wg.x + 1u) * per, dv);
+    for (var d = wg.x * per + lid; d < d1; d += WG_COMBINE) {
+        var o = 0.0;
+        for (var i = 0u; i < n_split; i++) {
+            o += exp(part[ml + 2u * i] - mx) * part[(rec0 + i) * dv + d];
+        }
+        out[(t * params.n_head + h) * dv + d] = o / l;
+    }
+}

@@ -1,0 +1,52 @@
+// Gated activation: out[t, i] = act(gate[t, i]) · up[t, i] over n_tok × n_ff, one value per
+// invocation. act is SiLU, x / (1 + e^−x), or GELU with the tanh approximation, written as
+// x · sigmoid(2·√(2/π)·(x + 0.044715·x³)) so large |x| cannot produce inf/inf.
+// Defines: WG (threads per workgroup), GELU_TANH (else SiLU), IN_PLACE (out aliases gate).
+#include "common.wgsl"
+
+struct Params {
+    n_ff: u32,
+}
+
+@group(0) @binding(0) var<uniform> batch: BatchInfo;
+@group(0) @binding(1) var<uniform> p: Params;
+// up: [n_tok, n_ff] f32
+@group(0) @binding(2) var<storage, read> up: array<f32>;
+#ifdef IN_PLACE
+// gate: [n_tok, n_ff] f32, overwritten with the result
+@group(0) @binding(3) var<storage, read_write> gate: array<f32>;
+#else
+// gate: [n_tok, n_ff] f32
+@group(0) @binding(3) var<storage, read> gate: array<f32>;
+// out: [n_tok, n_ff] f32
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+#endif
+
+const SQRT_2_OVER_PI: f32 = 0.7978845608;
+const GELU_COEF: f32 = 0.044715;
+
+fn act(x: f32) -> f32 {
+#ifdef GELU_TANH
+    let z = SQRT_2_OVER_PI * (x + GELU_COEF * x * x * x);
+    return x / (1.0 + exp(-2.0 * z));
+#else
+    return x / (1.0 + exp(-x));
+#endif
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let i = linear_group(wg, nwg.x) * WG + lid;
+    if (i >= batch.n_tok * p.n_ff) {
+        return;
+    }
+#ifdef IN_PLACE
+    gate[i] = act(gate[i]) * up[i];
+#else
+    out[i] = act(gate[i]) * up[i];
+#endif
+}

@@ -1,0 +1,113 @@
+// Quantized matrix times activations, weights dequantized in registers:
+//   y[t, row_offset + r] = Σ_i W[r, i] · x[t, i] (+ bias[r]) (+ y[t, row_offset + r])
+// for r < n_rows and t < n_tok.
+//
+// A workgroup of WG invocations is ROWS = WG / TPR teams of TPR lanes; team k owns row
+// group * ROWS + k and its lanes split the row into 32-element chunks (lane l takes chunks
+// l, l + TPR, ...), so each weight byte is read by one invocation. Each lane dequantizes a
+// chunk once and multiplies it with TOK tokens' activations (the token tile wg.z * TOK ..),
+// then the team sums its lanes' partials in workgroup memory.
+//   TOK = 1, no TILE: decode (n_tok fixed at 1).
+//   TOK > 1, TILE:    prefill; n_tok comes from the batch uniform, the grid's z walks tiles.
+// Row groups beyond 65535 fold into y (linear_group).
+//
+// Defines: the format (ShaderDefs::quant), WG, TPR, TOK, TILE, HAS_BIAS, ACCUMULATE.
+
+#include "common.wgsl"
+
+struct Params {
+    n_in: u32,       // elements per row of W and x (a multiple of 32)
+    n_rows: u32,     // rows of this weight part
+    row_offset: u32, // first output column written
+    y_stride: u32,   // elements per row of y
+    groups_x: u32,   // workgroups in x of the folded grid
+    row_bytes: u32,  // bytes per row of W
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+// w: [n_rows, n_in] raw blocks of the weight format
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+// x: [n_tok, n_in] f32
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+// y: [n_tok, y_stride] f32
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+#ifdef HAS_BIAS
+// bias: [n_rows] f32
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+#ifdef TILE
+@group(0) @binding(5) var<uniform> batch: BatchInfo;
+#endif
+#else
+#ifdef TILE
+@group(0) @binding(4) var<uniform> batch: BatchInfo;
+#endif
+#endif
+
+#include "dequant.wgsl"
+
+const ROWS: u32 = WG / TPR;
+
+// Lane partial sums, [TOK][WG]: a team's lanes are contiguous.
+var<workgroup> partial: array<f32, TOK * WG>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let team = lid / TPR;
+    let lane = lid % TPR;
+    let r = linear_group(wg, p.groups_x) * ROWS + team;
+    let t0 = wg.z * TOK;
+#ifdef TILE
+    let n_tok = batch.n_tok;
+#else
+    let n_tok = 1u;
+#endif
+    let live = r < p.n_rows;
+
+    var acc: array<f32, TOK>;
+    if (live) {
+        let row_base = r * p.row_bytes;
+        let n_chunks = p.n_in / CHUNK;
+        let x_row = p.n_in / 4u;
+        for (var c = lane; c < n_chunks; c += TPR) {
+            let wq = dequant_chunk(row_base, c);
+            for (var j = 0u; j < TOK; j++) {
+                if (t0 + j < n_tok) {
+                    let xb = (t0 + j) * x_row + c * 8u;
+                    var s = wq[0] * x[xb];
+                    for (var k = 1u; k < 8u; k++) {
+                        s += wq[k] * x[xb + k];
+                    }
+                    acc[j] += (s.x + s.y) + (s.z + s.w);
+                }
+            }
+        }
+    }
+
+    for (var j = 0u; j < TOK; j++) {
+        partial[j * WG + lid] = acc[j];
+    }
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        workgroupBarrier();
+        if (lane < s) {
+            for (var j = 0u; j < TOK; j++) {
+                partial[j * WG + lid] += partial[j * WG + lid + s];
+            }
+        }
+    }
+    workgroupBarrier();
+
+    // Lane j of the team writes token t0 + j.
+    if (live && lane < TOK && t0 + lane < n_tok) {
+        var v = partial[lane * WG + team * TPR];
+#ifdef HAS_BIAS
+        v += bias[r];
+#endif
+        let yi = (t0 + lane) * p.y_stride + p.row_offset + r;
+#ifdef ACCUMULATE
+        v = y[yi] + v;
+#endif
+        y[yi] = v;
+    }
+}

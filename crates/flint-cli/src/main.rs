@@ -1,5 +1,6 @@
 //! The `flint` binary: run a model, inspect it, fetch it.
 
+mod bench;
 mod catalog;
 mod info;
 mod pull;
@@ -23,6 +24,8 @@ struct Cli {
 enum Command {
     /// Complete a prompt and stream the tokens.
     Run(run::RunArgs),
+    /// Measure load time, prefill and decode speed, and bandwidth.
+    Bench(bench::BenchArgs),
     /// Print a model's architecture, hyperparameters, tensor types and tokenizer.
     Info(info::InfoArgs),
     /// Download catalog models into the local cache.
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Info(args) => info::info(args),
+        Command::Bench(args) => bench::bench(args),
         Command::Pull { names } => pull_all(&names),
         Command::List => {
             list();

@@ -19,8 +19,19 @@ pub enum Format {
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum BackendArg {
+    /// WGSL kernels on the best GPU adapter (FLINT_ADAPTER=<name substring> picks one).
+    Gpu,
     /// The CPU reference forward pass.
     Cpu,
+}
+
+impl BackendArg {
+    pub fn kind(self) -> flint::BackendKind {
+        match self {
+            BackendArg::Gpu => flint::BackendKind::Gpu,
+            BackendArg::Cpu => flint::BackendKind::Cpu,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -57,7 +68,7 @@ pub struct RunArgs {
     /// Context size in tokens; 0 = the model's training context.
     #[arg(short = 'c', long = "ctx-size", default_value_t = flint::DEFAULT_CTX)]
     ctx_size: usize,
-    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    #[arg(long, value_enum, default_value_t = BackendArg::Gpu)]
     backend: BackendArg,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
@@ -96,7 +107,7 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
     let params = params(&args)?;
     let prompt = read_prompt(&args)?;
     let path = crate::resolve(&args.model)?;
-    let opts = LoadOptions { backend: flint::BackendKind::Cpu, n_ctx: args.ctx_size };
+    let opts = LoadOptions { backend: args.backend.kind(), n_ctx: args.ctx_size, max_binding_mb: None };
     let mut engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
     if !args.raw && engine.file().metadata.get("tokenizer.chat_template").is_some() {
         return Err(Failure::usage(

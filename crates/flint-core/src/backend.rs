@@ -5,6 +5,7 @@ use futures::future::LocalBoxFuture;
 use thiserror::Error;
 
 use crate::arch::{ArchError, ModelConfig};
+use crate::sampling::Sampler;
 use crate::gguf::GgufError;
 
 #[derive(Debug, Error)]
@@ -36,6 +37,18 @@ pub trait Backend {
     /// Runs `tokens` at positions `n_past()..`, appends them to the KV cache and returns
     /// the logits of the last one (`n_vocab` values).
     fn forward<'a>(&'a mut self, tokens: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>, BackendError>>;
+    /// Runs `tokens` like `forward` and draws the next token with `sampler`. Backends that
+    /// can sample on the device override this so the logits never leave it.
+    fn forward_sample<'a>(
+        &'a mut self,
+        tokens: &'a [u32],
+        sampler: &'a mut Sampler,
+    ) -> LocalBoxFuture<'a, Result<u32, BackendError>> {
+        Box::pin(async move {
+            let logits = self.forward(tokens).await?;
+            Ok(sampler.sample(&logits))
+        })
+    }
     /// Drops cached positions from `n` on (0 clears the cache).
     fn truncate(&mut self, n: usize);
     /// A short name for reports: `cpu`, `gpu (llvmpipe)`.

@@ -95,7 +95,6 @@ pub struct Generation<'a> {
     max_tokens: Option<usize>,
     abort: Arc<AtomicBool>,
     clock: Clock,
-    logits: Vec<f32>,
     last: Option<u32>,
     prefilled: bool,
     finished: bool,
@@ -135,7 +134,6 @@ impl<'a> Generation<'a> {
             max_tokens: params.max_tokens,
             abort,
             clock,
-            logits: Vec::new(),
             last: None,
             prefilled: false,
             finished: false,
@@ -163,15 +161,17 @@ impl<'a> Generation<'a> {
         }
         if !self.prefilled {
             self.t_start = (self.clock)();
-            self.logits = self.backend.forward(&self.prompt).await?;
+        }
+        let id = if !self.prefilled {
             self.prefilled = true;
-        } else if let Some(tok) = self.last {
+            self.backend.forward_sample(&self.prompt, &mut self.sampler).await?
+        } else {
+            let Some(tok) = self.last else { return Ok(self.finish(FinishReason::Stop)) };
             if self.max_tokens.is_some_and(|m| self.completion >= m) || self.backend.n_past() >= self.backend.n_ctx() {
                 return Ok(self.finish(FinishReason::Length));
             }
-            self.logits = self.backend.forward(std::slice::from_ref(&tok)).await?;
-        }
-        let id = self.sampler.sample(&self.logits);
+            self.backend.forward_sample(std::slice::from_ref(&tok), &mut self.sampler).await?
+        };
         if self.completion == 0 {
             self.t_first = (self.clock)();
         }

@@ -5,6 +5,7 @@ pub mod arch;
 pub mod backend;
 pub mod generate;
 pub mod gguf;
+pub mod kv;
 pub mod quant;
 pub mod reference;
 pub mod sampling;

@@ -111,17 +111,32 @@ pub fn argmax(logits: &[f32]) -> u32 {
 pub struct Sampler {
     params: SamplingParams,
     rng: Rng,
+    seed: u64,
+    steps: u32,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Sampler, SamplingError> {
         params.validate()?;
         let seed = params.seed.unwrap_or_else(clock_seed);
-        Ok(Sampler { rng: Rng::new(seed), params })
+        Ok(Sampler { rng: Rng::new(seed), params, seed, steps: 0 })
     }
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
+    }
+
+    /// The seed in use (drawn from the clock when the settings gave none).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// A fresh counter for a device-side draw: devices key their random numbers by
+    /// (seed, step), so the same seed and settings give the same tokens on every run.
+    pub fn next_step(&mut self) -> u32 {
+        let s = self.steps;
+        self.steps = self.steps.wrapping_add(1);
+        s
     }
 
     /// The probabilities the settings define, over the surviving candidates, sorted by

@@ -166,6 +166,7 @@ async fn pick_adapter(instance: &wgpu::Instance, wanted: Option<&str>) -> Result
                 power_preference: wgpu::PowerPreference::HighPerformance,
                 force_fallback_adapter: false,
                 compatible_surface: None,
+                apply_limit_buckets: false,
             })
             .await
             .map_err(|e| GpuError::NoAdapter(format!(": {e}")))

@@ -1,13 +1,17 @@
 //! Flint's WebGPU compute: the wgpu context, the shader registry and preprocessor, the
 //! pipeline cache, the WGSL kernels and the GPU forward pass.
 
+pub mod backend;
+pub mod bench;
 pub mod buffer;
 pub mod context;
 pub mod error;
 pub mod pipeline;
+pub mod model;
 pub mod shader;
 pub mod ops;
 pub mod testing;
+pub mod weights;
 
 pub use context::{Caps, GpuContext};
 pub use error::{GpuError, Result};

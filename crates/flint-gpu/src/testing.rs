@@ -1,6 +1,8 @@
 //! Helpers for GPU tests: one shared context, and the rule that a missing adapter is a
 //! loud skip normally but a failure when `FLINT_REQUIRE_GPU=1`.
 
+#![cfg(not(target_arch = "wasm32"))]
+
 use std::sync::OnceLock;
 
 use crate::context::GpuContext;

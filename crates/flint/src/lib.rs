@@ -16,6 +16,9 @@ pub use flint_core::tokenizer::{Tokenizer, TokenizerError};
 
 use flint_core::generate::{default_clock, Clock, Generation};
 use flint_core::reference::CpuBackend;
+use flint_core::sampling::Sampler;
+use flint_gpu::backend::GpuBackend;
+use flint_gpu::GpuContext;
 
 #[derive(Debug, Error)]
 pub enum EngineError {
@@ -29,11 +32,15 @@ pub enum EngineError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Generate(#[from] GenerateError),
+    #[error(transparent)]
+    Gpu(#[from] flint_gpu::GpuError),
 }
 
 /// Which compute backend runs the forward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
+    /// WGSL kernels through wgpu (`flint-gpu`): the default.
+    Gpu,
     /// The plain CPU reference (`flint-core::reference`).
     Cpu,
 }
@@ -43,12 +50,33 @@ pub struct LoadOptions {
     pub backend: BackendKind,
     /// Context size in tokens; 0 = the model's training context.
     pub n_ctx: usize,
+    /// Caps each GPU weight buffer below the device's binding limit (MB); the
+    /// `FLINT_MAX_BINDING_MB` environment variable does the same.
+    pub max_binding_mb: Option<u64>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { backend: BackendKind::Cpu, n_ctx: DEFAULT_CTX }
+        LoadOptions { backend: BackendKind::Gpu, n_ctx: DEFAULT_CTX, max_binding_mb: None }
     }
+}
+
+/// Timings of one benchmark repetition, in seconds.
+pub struct BenchRun {
+    pub ttft_s: f64,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+}
+
+fn host_copy_bandwidth_gbs(clock: Clock) -> f64 {
+    const BYTES: usize = 256 << 20;
+    let src = vec![1u8; BYTES];
+    let mut dst = vec![0u8; BYTES];
+    let t0 = clock();
+    dst.copy_from_slice(&src);
+    let ms = clock() - t0;
+    std::hint::black_box(&dst);
+    if ms > 0.0 { 2.0 * BYTES as f64 / (ms * 1e6) } else { 0.0 }
 }
 
 /// llama.cpp's default context size.
@@ -56,6 +84,7 @@ pub const DEFAULT_CTX: usize = 4096;
 
 /// A loaded model ready to run requests.
 pub struct Engine {
+    gpu: Option<Arc<GpuContext>>,
     file: Arc<GgufFile>,
     tokenizer: Tokenizer,
     backend: Box<dyn Backend>,
@@ -76,10 +105,14 @@ impl Engine {
         let tokenizer = Tokenizer::from_metadata(&file.metadata)?;
         let file = Arc::new(file);
         let n_ctx = if opts.n_ctx == 0 { config.n_ctx_train } else { opts.n_ctx };
-        let backend: Box<dyn Backend> = match opts.backend {
-            BackendKind::Cpu => Box::new(CpuBackend::new(file.clone(), config, n_ctx).await?),
+        let (backend, gpu): (Box<dyn Backend>, _) = match opts.backend {
+            BackendKind::Cpu => (Box::new(CpuBackend::new(file.clone(), config, n_ctx).await?), None),
+            BackendKind::Gpu => {
+                let ctx = Arc::new(GpuContext::new().await?);
+                (Box::new(GpuBackend::new(ctx.clone(), &file, config, n_ctx, opts.max_binding_mb).await?), Some(ctx))
+            }
         };
-        Ok(Engine { file, tokenizer, backend, clock: default_clock })
+        Ok(Engine { gpu, file, tokenizer, backend, clock: default_clock })
     }
 
     /// Replaces the clock used for timings (wasm passes `performance.now`).
@@ -96,11 +129,60 @@ impl Engine {
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
+    /// The backend itself, for tools and tests that drive it step by step.
+    pub fn backend_mut(&mut self) -> &mut dyn Backend {
+        self.backend.as_mut()
+    }
+
     pub fn backend_name(&self) -> String {
         self.backend.name()
     }
     pub fn n_ctx(&self) -> usize {
         self.backend.n_ctx()
+    }
+
+    /// The GPU adapter's description, or `cpu`.
+    pub fn adapter_name(&self) -> String {
+        self.gpu.as_ref().map_or_else(|| "cpu".to_string(), |g| g.adapter_name())
+    }
+
+    /// One benchmark repetition from an empty cache: prefill `prompt`, then `n_gen` greedy
+    /// decode steps (end-of-generation tokens are not honoured, so every rep does equal work).
+    pub async fn bench_once(&mut self, prompt: &[u32], n_gen: usize) -> Result<BenchRun, EngineError> {
+        let clock = self.clock;
+        let mut sampler = Sampler::new(SamplingParams::greedy()).map_err(GenerateError::from)?;
+        self.backend.truncate(0);
+        let t0 = clock();
+        let mut tok = self.backend.forward_sample(prompt, &mut sampler).await?;
+        let t1 = clock();
+        for _ in 0..n_gen {
+            tok = self.backend.forward_sample(std::slice::from_ref(&tok), &mut sampler).await?;
+        }
+        let t2 = clock();
+        Ok(BenchRun { ttft_s: (t1 - t0) / 1e3, prefill_s: (t1 - t0) / 1e3, decode_s: (t2 - t1) / 1e3 })
+    }
+
+    /// The device's buffer-copy bandwidth (GB/s, bytes read + written), measured now.
+    pub async fn copy_bandwidth_gbs(&self) -> Result<f64, EngineError> {
+        match &self.gpu {
+            Some(ctx) => Ok(flint_gpu::bench::copy_bandwidth_gbs(ctx, self.clock).await?),
+            None => Ok(host_copy_bandwidth_gbs(self.clock)),
+        }
+    }
+
+    /// Bytes a decode step must read at context length `n_ctx`: every weight matrix the step
+    /// multiplies by (the embedding table only when it is also the output) plus the KV cache.
+    pub fn bytes_per_decode_token(&self, n_ctx: usize) -> u64 {
+        let cfg = self.config();
+        let mut bytes = 0;
+        for t in &self.file.tensors {
+            let embd_lookup_only = t.name == "token_embd.weight" && !cfg.tied_output;
+            if !embd_lookup_only {
+                bytes += t.n_bytes;
+            }
+        }
+        let kv_per_pos = (cfg.kv_dim() + cfg.v_dim()) as u64 * 4 * cfg.n_layer as u64;
+        bytes + kv_per_pos * n_ctx as u64
     }
 
     /// Tokenizes a raw prompt: special tokens parsed, BOS as the model's metadata says.

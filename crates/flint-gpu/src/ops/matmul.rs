@@ -1,7 +1,271 @@
-//! Placeholder until the matmul kernel lands.
+//! Quantized matmul over one weight part: `y[t, row_offset + r] = Σ_i W[r, i]·x[t, i]`
+//! (+ bias[r]) (+ the old y), weights dequantized in the shader (`shaders/matmul.wgsl`).
+//!
+//! Two kernels share one shader: the vector kernel (one token; reads each weight byte once)
+//! for decode and the logits row, and the token-tile kernel (TILE_TOKENS tokens per
+//! workgroup, each dequantized weight reused across the tile) for prefill. `encode` picks
+//! by the step's token count.
 
-use crate::pipeline::PipelineKey;
+use std::sync::Arc;
 
+use flint_core::quant::QuantType;
+
+use crate::context::GpuContext;
+use crate::error::{GpuError, Result};
+use crate::ops::{bind, fold_groups, params, Batch};
+use crate::pipeline::{PipelineCache, PipelineKey};
+use crate::shader::ShaderDefs;
+
+const SHADER: &str = "matmul.wgsl";
+const OP: &str = "matmul";
+/// Elements per dequantization chunk; rows must hold a whole number of them.
+pub const CHUNK: u32 = 32;
+/// Invocations per workgroup where the adapter allows (WebGPU guarantees 256).
+pub const WG: u32 = 256;
+/// Lanes that may share one weight row; `lanes_per_row` picks one from the row length.
+pub const LANES_PER_ROW: [u32; 3] = [8, 16, 32];
+/// Tokens per workgroup in the prefill kernel; lanes 0..TILE_TOKENS of a row write them.
+pub const TILE_TOKENS: u32 = 8;
+const _: () = assert!(TILE_TOKENS <= LANES_PER_ROW[0]);
+
+/// Where the token count comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenCount {
+    /// `n_tok` of the shared [`Batch`] (x: [n_tok, n_in], y: [n_tok, y_stride]).
+    Batch,
+    /// Exactly one token: x row 0 to y row 0 (the logits of the last token).
+    One,
+}
+
+/// The static shape of one weight part's matmul.
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulDesc<'a> {
+    /// Labels the wgpu objects (e.g. the GGUF tensor name and part).
+    pub label: &'a str,
+    pub ty: QuantType,
+    /// Elements per row of W and x; a multiple of 32 and of the format's block.
+    pub n_in: u32,
+    /// Rows in this part of W.
+    pub n_rows: u32,
+    /// Output column of the part's first row.
+    pub row_offset: u32,
+    /// Elements per row of y; at least row_offset + n_rows.
+    pub y_stride: u32,
+    pub tokens: TokenCount,
+    /// Add the result to y instead of overwriting it (fused residual).
+    pub accumulate: bool,
+}
+
+/// Uniform parameters, laid out as `Params` in `shaders/matmul.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    n_in: u32,
+    n_rows: u32,
+    row_offset: u32,
+    y_stride: u32,
+    groups_x: u32,
+    row_bytes: u32,
+    _pad: [u32; 2],
+}
+
+/// Which of the two kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Vector,
+    Tile,
+}
+
+/// Lanes per row for rows of `chunks` chunks: the fewest idle lane-slots (lanes × rounds),
+/// the widest team on a tie. 20 chunks (n_in 640) take 8 lanes, 64 take 32.
+pub fn lanes_per_row(chunks: u32, wg: u32) -> u32 {
+    let cost = |l: u32| l * chunks.div_ceil(l);
+    let mut best = LANES_PER_ROW[0].min(wg);
+    for l in LANES_PER_ROW.into_iter().filter(|&l| l <= wg) {
+        if cost(l) <= cost(best) {
+            best = l;
+        }
+    }
+    best
+}
+
+/// The shader variant for `ty` with workgroup size `wg` and `tpr` lanes per row.
+fn key(ty: QuantType, kind: Kind, wg: u32, tpr: u32, bias: bool, accumulate: bool) -> PipelineKey {
+    let tok = match kind {
+        Kind::Vector => 1,
+        Kind::Tile => TILE_TOKENS,
+    };
+    let defs = ShaderDefs::new()
+        .quant(ty)
+        .u32("WG", wg)
+        .u32("TPR", tpr)
+        .u32("TOK", tok)
+        .flag("TILE", kind == Kind::Tile)
+        .flag("HAS_BIAS", bias)
+        .flag("ACCUMULATE", accumulate);
+    PipelineKey::new(SHADER, "main", defs)
+}
+
+/// The largest power-of-two workgroup size up to [`WG`] the adapter allows.
+fn workgroup_size(limits: &wgpu::Limits) -> u32 {
+    let most = WG.min(limits.max_compute_invocations_per_workgroup).min(limits.max_compute_workgroup_size_x);
+    1 << (31 - most.max(1).leading_zeros())
+}
+
+/// Every variant the engine may build on an adapter with WebGPU's default limits.
 pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
-    Vec::new()
+    let mut v = Vec::new();
+    for ty in QuantType::ALL {
+        for kind in [Kind::Vector, Kind::Tile] {
+            for tpr in LANES_PER_ROW {
+                for bias in [false, true] {
+                    for accumulate in [false, true] {
+                        v.push(key(ty, kind, WG, tpr, bias, accumulate));
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+struct Kernel {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind: wgpu::BindGroup,
+}
+
+impl Kernel {
+    async fn new(ctx: &GpuContext, cache: &PipelineCache, label: &str, key: PipelineKey, bufs: Vec<&wgpu::Buffer>) -> Result<Kernel> {
+        let pipeline = cache.get(ctx, &key).await?;
+        let label = format!("{label}:{}", key.label());
+        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let bind = bind(ctx, &label, &pipeline, &bufs);
+        if let Some(e) = scope.pop().await {
+            return Err(GpuError::Shader { shader: label, message: e.to_string() });
+        }
+        Ok(Kernel { pipeline, bind })
+    }
+}
+
+/// One weight part's matmul, built once; `encode` only records dispatches.
+pub struct Matmul {
+    vector: Kernel,
+    /// The prefill kernel; present exactly for TokenCount::Batch.
+    tile: Option<Kernel>,
+    /// The folded grid of row groups.
+    groups: (u32, u32),
+}
+
+fn unsupported(message: String) -> GpuError {
+    GpuError::Unsupported { op: OP, message }
+}
+
+/// Checks that `buf` holds `need` bytes and can be bound whole.
+fn check_buffer(ctx: &GpuContext, what: &'static str, buf: &wgpu::Buffer, need: u64) -> Result<()> {
+    if buf.size() < need {
+        return Err(GpuError::Limit { what, need, limit: buf.size() });
+    }
+    let limit = ctx.limits.max_storage_buffer_binding_size;
+    if buf.size() > limit {
+        return Err(GpuError::Limit { what: "storage binding size", need: buf.size(), limit });
+    }
+    Ok(())
+}
+
+impl Matmul {
+    #[allow(clippy::too_many_arguments)]
+    pub async fn new(
+        ctx: &GpuContext,
+        cache: &PipelineCache,
+        batch: &Batch,
+        desc: &MatmulDesc<'_>,
+        w: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        bias: Option<&wgpu::Buffer>,
+    ) -> Result<Matmul> {
+        let d = desc;
+        let block = d.ty.block_elems() as u32;
+        if d.n_in == 0 || d.n_in % CHUNK != 0 || d.n_in % block != 0 {
+            return Err(unsupported(format!(
+                "{}: n_in {} of {} is not a multiple of {}",
+                d.label,
+                d.n_in,
+                d.ty,
+                CHUNK.max(block)
+            )));
+        }
+        if d.n_rows == 0 || d.row_offset as u64 + d.n_rows as u64 > d.y_stride as u64 {
+            return Err(unsupported(format!(
+                "{}: rows {}..{} do not fit y_stride {}",
+                d.label,
+                d.row_offset,
+                d.row_offset as u64 + d.n_rows as u64,
+                d.y_stride
+            )));
+        }
+        let row_bytes = d.ty.bytes_for(d.n_in as u64).unwrap_or(u64::MAX);
+        let tokens = match d.tokens {
+            TokenCount::Batch => batch.max_tokens.max(1) as u64,
+            TokenCount::One => 1,
+        };
+        let w_bytes = row_bytes.saturating_mul(d.n_rows as u64);
+        if w_bytes > u32::MAX as u64 {
+            // The shader addresses weight bytes with u32.
+            return Err(GpuError::Limit { what: "matmul weight part bytes", need: w_bytes, limit: u32::MAX as u64 });
+        }
+        check_buffer(ctx, "matmul weight bytes", w, w_bytes)?;
+        check_buffer(ctx, "matmul x bytes", x, tokens * d.n_in as u64 * 4)?;
+        let y_need = ((tokens - 1) * d.y_stride as u64 + d.row_offset as u64 + d.n_rows as u64) * 4;
+        check_buffer(ctx, "matmul y bytes", y, y_need)?;
+        if let Some(b) = bias {
+            check_buffer(ctx, "matmul bias bytes", b, d.n_rows as u64 * 4)?;
+        }
+        if tokens.div_ceil(TILE_TOKENS as u64) > crate::ops::MAX_GROUPS_X as u64 {
+            return Err(GpuError::Limit { what: "matmul token tiles", need: tokens, limit: crate::ops::MAX_GROUPS_X as u64 * TILE_TOKENS as u64 });
+        }
+
+        let wg = workgroup_size(&ctx.limits);
+        let tpr = lanes_per_row(d.n_in / CHUNK, wg);
+        let rows_per_group = wg / tpr;
+        let groups = fold_groups(d.n_rows.div_ceil(rows_per_group));
+        let p = Params {
+            n_in: d.n_in,
+            n_rows: d.n_rows,
+            row_offset: d.row_offset,
+            y_stride: d.y_stride,
+            groups_x: groups.0,
+            row_bytes: row_bytes as u32,
+            _pad: [0; 2],
+        };
+        let pbuf = params(ctx, &format!("{}.params", d.label), &p);
+
+        let build = |kind: Kind| {
+            let key = key(d.ty, kind, wg, tpr, bias.is_some(), d.accumulate);
+            let mut bufs: Vec<&wgpu::Buffer> = vec![&pbuf, w, x, y];
+            bufs.extend(bias);
+            if kind == Kind::Tile {
+                bufs.push(&batch.info);
+            }
+            Kernel::new(ctx, cache, d.label, key, bufs)
+        };
+        let vector = build(Kind::Vector).await?;
+        let tile = match d.tokens {
+            TokenCount::Batch => Some(build(Kind::Tile).await?),
+            TokenCount::One => None,
+        };
+        Ok(Matmul { vector, tile, groups })
+    }
+
+    /// Records the dispatch for `n_tok` tokens (ignored for TokenCount::One).
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32) {
+        let (kernel, tiles) = match &self.tile {
+            Some(_) if n_tok == 0 => return,
+            Some(tile) if n_tok > 1 => (tile, n_tok.div_ceil(TILE_TOKENS)),
+            _ => (&self.vector, 1),
+        };
+        pass.set_pipeline(&kernel.pipeline);
+        pass.set_bind_group(0, &kernel.bind, &[]);
+        pass.dispatch_workgroups(self.groups.0, self.groups.1, tiles);
+    }
 }

@@ -1,7 +1,131 @@
-//! Placeholder until the rms_norm kernel lands.
+//! RMSNorm over rows (`shaders/rms_norm.wgsl`): out = x / sqrt(mean(x²) + eps) · w, for
+//! every token's rows (n_embd rows, or head_dim rows for QK-norm) or only the last token's.
 
-use crate::pipeline::PipelineKey;
+use std::sync::Arc;
+
+use crate::context::GpuContext;
+use crate::error::{GpuError, Result};
+use crate::ops::{bind, fold_groups, params, Batch};
+use crate::pipeline::{PipelineCache, PipelineKey};
+use crate::shader::ShaderDefs;
+
+const SHADER: &str = "rms_norm.wgsl";
+/// Rows shorter than this get a 64-thread workgroup (QK-norm's head_dim rows).
+const SHORT_ROW: u32 = 512;
+const WG_SHORT: u32 = 64;
+const WG_LONG: u32 = 256;
+
+/// Which rows are normalized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows {
+    /// Every token's `n` consecutive rows: x is [n_tok, n, row_len], out the same shape.
+    PerToken(u32),
+    /// Only the last token's row: x is [n_tok, row_len], out is [1, row_len] (before the
+    /// logits projection).
+    LastToken,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RmsNormDesc {
+    pub row_len: u32,
+    pub eps: f32,
+    pub rows: Rows,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    row_len: u32,
+    rows_per_token: u32,
+    last_token: u32,
+    eps: f32,
+}
+
+pub struct RmsNorm {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind: wgpu::BindGroup,
+    rows: Rows,
+    _params: wgpu::Buffer,
+}
+
+fn key(row_len: u32, in_place: bool) -> PipelineKey {
+    let wg = if row_len < SHORT_ROW { WG_SHORT } else { WG_LONG };
+    PipelineKey::new(SHADER, "main", ShaderDefs::new().u32("WG", wg).flag("IN_PLACE", in_place))
+}
 
 pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
-    Vec::new()
+    let mut v = Vec::new();
+    for row_len in [WG_SHORT, SHORT_ROW] {
+        for in_place in [false, true] {
+            v.push(key(row_len, in_place));
+        }
+    }
+    v
+}
+
+fn check(what: &str, buf: &wgpu::Buffer, need_elems: u64) -> Result<()> {
+    if buf.size() < need_elems * 4 {
+        return Err(GpuError::Unsupported {
+            op: "rms_norm",
+            message: format!("{what} holds {} bytes, needs {} f32", buf.size(), need_elems),
+        });
+    }
+    Ok(())
+}
+
+impl RmsNorm {
+    /// `w`: [row_len] f32. `x`: [max_tokens, rows, row_len] f32. `out`: same as x, or
+    /// [row_len] for [`Rows::LastToken`]. Passing the same buffer as `x` and `out`
+    /// normalizes in place (bound once, as one read-write binding).
+    pub async fn new(
+        ctx: &GpuContext,
+        cache: &PipelineCache,
+        batch: &Batch,
+        desc: RmsNormDesc,
+        w: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+    ) -> Result<RmsNorm> {
+        let in_place = x == out;
+        let row = desc.row_len as u64;
+        let rows_per_token = match desc.rows {
+            Rows::PerToken(n) => n,
+            Rows::LastToken => 1,
+        };
+        let x_rows = batch.max_tokens as u64 * rows_per_token as u64;
+        check("w", w, row)?;
+        check("x", x, x_rows * row)?;
+        check("out", out, if desc.rows == Rows::LastToken { row } else { x_rows * row })?;
+        let key = key(desc.row_len, in_place);
+        let pipeline = cache.get(ctx, &key).await?;
+        let p = Params {
+            row_len: desc.row_len,
+            rows_per_token,
+            last_token: (desc.rows == Rows::LastToken) as u32,
+            eps: desc.eps,
+        };
+        let label = key.label();
+        let params = params(ctx, &label, &p);
+        let bind = if in_place {
+            bind(ctx, &label, &pipeline, &[&batch.info, &params, w, x])
+        } else {
+            bind(ctx, &label, &pipeline, &[&batch.info, &params, w, x, out])
+        };
+        Ok(RmsNorm { pipeline, bind, rows: desc.rows, _params: params })
+    }
+
+    /// Records the dispatch for `n_tok` tokens (the shader also bounds by Batch.n_tok).
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32) {
+        let n_rows = match self.rows {
+            Rows::PerToken(n) => n_tok * n,
+            Rows::LastToken => n_tok.min(1),
+        };
+        if n_rows == 0 {
+            return;
+        }
+        let (gx, gy) = fold_groups(n_rows);
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind, &[]);
+        pass.dispatch_workgroups(gx, gy, 1);
+    }
 }

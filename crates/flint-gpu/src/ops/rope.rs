@@ -1,7 +1,92 @@
-//! Placeholder until the rope kernel lands.
+//! RoPE in place (`shaders/rope.wgsl`) on [n_tok, n_heads, head_dim] at each token's
+//! Batch position; Normal (adjacent pairs) or Neox (halves) style, base and freq_scale per op.
 
-use crate::pipeline::PipelineKey;
+use std::sync::Arc;
+
+use flint_core::arch::RopeStyle;
+
+use crate::context::GpuContext;
+use crate::error::{GpuError, Result};
+use crate::ops::{bind, fold_groups, params, Batch};
+use crate::pipeline::{PipelineCache, PipelineKey};
+use crate::shader::ShaderDefs;
+
+const SHADER: &str = "rope.wgsl";
+const WG: u32 = 256;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeDesc {
+    pub n_heads: u32,
+    pub head_dim: u32,
+    /// Rotated dimensions of each head (the first `rope_dim`); even, ≤ head_dim.
+    pub rope_dim: u32,
+    pub style: RopeStyle,
+    pub base: f32,
+    /// Multiplies positions (1 / linear scaling factor).
+    pub freq_scale: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    n_heads: u32,
+    head_dim: u32,
+    n_pairs: u32,
+    freq_scale: f32,
+}
+
+pub struct Rope {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind: wgpu::BindGroup,
+    pairs_per_token: u32,
+    _params: wgpu::Buffer,
+    _inv_freq: wgpu::Buffer,
+}
+
+fn key(style: RopeStyle) -> PipelineKey {
+    PipelineKey::new(SHADER, "main", ShaderDefs::new().u32("WG", WG).flag("NEOX", style == RopeStyle::Neox))
+}
 
 pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
-    Vec::new()
+    vec![key(RopeStyle::Normal), key(RopeStyle::Neox)]
+}
+
+/// inv_freq[i] = 1 / base^(2i / rope_dim), computed exactly as the CPU reference does.
+pub fn inv_freq(rope_dim: u32, base: f32) -> Vec<f32> {
+    (0..rope_dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / rope_dim as f32)).collect()
+}
+
+impl Rope {
+    /// `x`: [max_tokens, n_heads, head_dim] f32, rotated in place at `batch.pos`.
+    pub async fn new(ctx: &GpuContext, cache: &PipelineCache, batch: &Batch, desc: RopeDesc, x: &wgpu::Buffer) -> Result<Rope> {
+        let bad = |message: String| Err(GpuError::Unsupported { op: "rope", message });
+        if !desc.rope_dim.is_multiple_of(2) || desc.rope_dim == 0 || desc.rope_dim > desc.head_dim {
+            return bad(format!("rope_dim {} must be even, nonzero and ≤ head_dim {}", desc.rope_dim, desc.head_dim));
+        }
+        let need = batch.max_tokens as u64 * desc.n_heads as u64 * desc.head_dim as u64 * 4;
+        if x.size() < need {
+            return bad(format!("x holds {} bytes, needs {need} for [{}, {}, {}] f32", x.size(), batch.max_tokens, desc.n_heads, desc.head_dim));
+        }
+        let key = key(desc.style);
+        let pipeline = cache.get(ctx, &key).await?;
+        let label = key.label();
+        let n_pairs = desc.rope_dim / 2;
+        let p = Params { n_heads: desc.n_heads, head_dim: desc.head_dim, n_pairs, freq_scale: desc.freq_scale };
+        let params = params(ctx, &label, &p);
+        let freqs = crate::buffer::storage_init(ctx, &format!("{label}.inv_freq"), bytemuck::cast_slice(&inv_freq(desc.rope_dim, desc.base)))?;
+        let bind = bind(ctx, &label, &pipeline, &[&batch.info, &params, &batch.pos, &freqs, x]);
+        Ok(Rope { pipeline, bind, pairs_per_token: desc.n_heads * n_pairs, _params: params, _inv_freq: freqs })
+    }
+
+    /// Records the dispatch for `n_tok` tokens (the shader also bounds by Batch.n_tok).
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32) {
+        let groups = (n_tok * self.pairs_per_token).div_ceil(WG);
+        if groups == 0 {
+            return;
+        }
+        let (gx, gy) = fold_groups(groups);
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind, &[]);
+        pass.dispatch_workgroups(gx, gy, 1);
+    }
 }

@@ -1,0 +1,143 @@
+//! End-to-end tests of the `flint` binary: golden greedy runs through `flint run` and the
+//! exit-2-with-one-line contract for bad input.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn shared() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"))
+}
+
+fn flint(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flint")).args(args).output().expect("run flint")
+}
+
+fn model_path(name: &str) -> String {
+    let dir = std::env::var_os("FLINT_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/flint/models"));
+    let p = dir.join(format!("{name}.gguf"));
+    assert!(p.exists(), "{} is missing: run `flint pull {name}` (scripts/test.sh does)", p.display());
+    p.to_string_lossy().into_owned()
+}
+
+fn json_file(rel: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(shared().join(rel)).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+/// `flint run --raw --backend cpu --temp 0 -n 32 --format jsonl -f PROMPT` for golden prompts 1–6
+/// (7, the long one, runs in the library test) must reproduce the f32 reference's greedy ids.
+fn golden_cli(model: &str, golden: &str, sixth: &str) {
+    let path = model_path(model);
+    for index in 1..=6 {
+        let prompt = if index == 6 { sixth.to_string() } else { format!("p{index}.txt") };
+        let prompt = shared().join("golden/prompts").join(prompt);
+        let out = flint(&[
+            "run", "-m", &path, "--raw", "--backend", "cpu", "--temp", "0", "-n", "32", "--format", "jsonl", "-f",
+            prompt.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{golden} {index}: flint failed: {stderr}");
+        let lines: Vec<Value> =
+            String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let (summary, tokens) = lines.split_last().unwrap();
+        let got: Vec<u64> = tokens.iter().filter_map(|l| l["token"].as_u64()).collect();
+        let reference = json_file(&format!("golden/f32/{golden}/{index}.json"));
+        let llama = json_file(&format!("golden/{golden}/{index}.json"));
+        assert_eq!(got, ids(&reference["greedy_token_ids"]), "{golden} {index}: greedy ids differ from the f32 reference");
+        assert_eq!(summary["done"], true);
+        assert_eq!(summary["finish_reason"], "length");
+        assert_eq!(summary["completion_tokens"], 32);
+        assert_eq!(summary["prompt_tokens"].as_u64().unwrap() as usize, ids(&llama["prompt_token_ids"]).len());
+        // Streamed text pieces concatenate to the reference's decoded continuation.
+        let text: String = lines.iter().filter_map(|l| l["text"].as_str()).collect();
+        let want_text = llama["greedy_text"].as_str().unwrap();
+        if got == ids(&llama["greedy_token_ids"]) {
+            assert_eq!(text, want_text, "{golden} {index}: streamed text differs");
+        }
+        eprintln!("{golden} {index}: ok, decode {} tok/s", summary["decode_tok_s"]);
+    }
+}
+
+#[test]
+fn run_gemma_golden_prompts() {
+    golden_cli("gemma-3-270m", "gemma", "p6g.txt");
+}
+
+#[test]
+fn run_qwen_golden_prompts() {
+    golden_cli("qwen2.5-coder-0.5b", "qwen", "p6q.txt");
+}
+
+/// Bad flags and values exit 2 with exactly one line on stderr and nothing on stdout.
+fn assert_usage_error(args: &[&str], needle: &str) {
+    let out = flint(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: status {:?}, stderr {stderr}", out.status);
+    assert!(out.stdout.is_empty(), "{args:?}: printed to stdout");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: stderr is not one line: {stderr}");
+    assert!(stderr.contains(needle), "{args:?}: stderr {stderr:?} lacks {needle:?}");
+}
+
+#[test]
+fn bad_values_exit_2_with_one_line() {
+    let m = model_path("gemma-3-270m");
+    assert_usage_error(&["run", "-m", &m, "--temp", "-1", "hi"], "temperature");
+    assert_usage_error(&["run", "-m", &m, "--temp", "nan", "hi"], "temperature");
+    assert_usage_error(&["run", "-m", &m, "--top-p", "1.5", "hi"], "top_p");
+    assert_usage_error(&["run", "-m", &m, "--top-p", "0", "hi"], "top_p");
+    assert_usage_error(&["run", "-m", &m, "--min-p", "2", "hi"], "min_p");
+    assert_usage_error(&["run", "-m", &m, "--top-k", "-5", "hi"], "top_k");
+    assert_usage_error(&["run", "-m", &m, "-n", "0", "hi"], "-n");
+    assert_usage_error(&["run", "-m", &m, "--bogus-flag", "hi"], "bogus");
+    assert_usage_error(&["run", "-m", &m, "--format", "xml", "hi"], "xml");
+    assert_usage_error(&["run", "-m", &m], "prompt");
+    assert_usage_error(&["run", "-m", &m, "-f", "/nonexistent/prompt.txt"], "prompt.txt");
+    assert_usage_error(&["run", "-m", "/nonexistent/model.gguf", "hi"], "model.gguf");
+    assert_usage_error(&["run", "-m", "no-such-catalog-model", "hi"], "no-such-catalog-model");
+}
+
+#[test]
+fn malformed_model_exits_2_with_one_line() {
+    let dir = std::env::temp_dir().join(format!("flint-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad_magic = dir.join("bad_magic.gguf");
+    std::fs::write(&bad_magic, b"GGML\x03\0\0\0garbage").unwrap();
+    assert_usage_error(&["run", "-m", bad_magic.to_str().unwrap(), "hi"], "GGUF");
+    assert_usage_error(&["info", "-m", bad_magic.to_str().unwrap()], "GGUF");
+    // A real model cut in half: the header parses, the tensor data is missing.
+    let real = std::fs::read(model_path("gemma-3-270m")).unwrap();
+    let truncated = dir.join("truncated.gguf");
+    std::fs::write(&truncated, &real[..real.len() / 2]).unwrap();
+    assert_usage_error(&["run", "-m", truncated.to_str().unwrap(), "hi"], "past the end");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn prompt_longer_than_context_is_refused_before_work() {
+    let m = model_path("gemma-3-270m");
+    let prompt = shared().join("golden/prompts/p7long.txt");
+    assert_usage_error(&["run", "-m", &m, "--raw", "--backend", "cpu", "-c", "64", "-f", prompt.to_str().unwrap()], "context");
+}
+
+#[test]
+fn info_describes_both_models() {
+    let out = flint(&["info", "-m", &model_path("gemma-3-270m")]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in ["gemma3", "layers        18", "Q8_0", "llama", "local(window 512, base 10000)", "global(base 1000000)"] {
+        assert!(text.contains(needle), "gemma info lacks {needle:?}:\n{text}");
+    }
+    let out = flint(&["info", "-m", &model_path("qwen2.5-coder-0.5b")]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in ["qwen2", "layers        24", "gpt2 (pre qwen2)", "chat template yes", "separate matrix"] {
+        assert!(text.contains(needle), "qwen info lacks {needle:?}:\n{text}");
+    }
+}

@@ -1,0 +1,80 @@
+//! The GPU backend behind flint-core's `Backend` interface: greedy decoding reduces the
+//! logits to one id on the device, so a decode step reads back 4 bytes.
+
+use std::sync::Arc;
+
+use futures::future::LocalBoxFuture;
+
+use flint_core::arch::ModelConfig;
+use flint_core::backend::{check_batch, Backend, BackendError};
+use flint_core::gguf::GgufFile;
+use flint_core::sampling::Sampler;
+
+use crate::context::GpuContext;
+use crate::error::GpuError;
+use crate::model::{GpuModel, Output};
+use crate::ops::argmax::SampleStep;
+
+pub struct GpuBackend {
+    model: GpuModel,
+}
+
+fn device(e: GpuError) -> BackendError {
+    BackendError::Device(e.to_string())
+}
+
+impl GpuBackend {
+    pub async fn new(
+        ctx: Arc<GpuContext>,
+        file: &GgufFile,
+        cfg: ModelConfig,
+        n_ctx: usize,
+        max_binding_mb: Option<u64>,
+    ) -> Result<GpuBackend, BackendError> {
+        Ok(GpuBackend { model: GpuModel::load(ctx, file, cfg, n_ctx, max_binding_mb).await.map_err(device)? })
+    }
+
+    pub fn model(&self) -> &GpuModel {
+        &self.model
+    }
+
+    fn check(&self, tokens: &[u32]) -> Result<(), BackendError> {
+        check_batch(tokens, self.model.n_past(), self.model.n_ctx(), self.model.cfg.n_vocab)
+    }
+}
+
+impl Backend for GpuBackend {
+    fn config(&self) -> &ModelConfig {
+        &self.model.cfg
+    }
+    fn n_ctx(&self) -> usize {
+        self.model.n_ctx()
+    }
+    fn n_past(&self) -> usize {
+        self.model.n_past()
+    }
+    fn forward<'a>(&'a mut self, tokens: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>, BackendError>> {
+        Box::pin(async move {
+            self.check(tokens)?;
+            self.model.forward_logits(tokens).await.map_err(device)
+        })
+    }
+    fn forward_sample<'a>(&'a mut self, tokens: &'a [u32], sampler: &'a mut Sampler) -> LocalBoxFuture<'a, Result<u32, BackendError>> {
+        Box::pin(async move {
+            self.check(tokens)?;
+            let output = if sampler.params().temperature <= 0.0 {
+                Output::Greedy
+            } else {
+                let step = sampler.next_step();
+                Output::Sample(SampleStep::new(sampler.params(), sampler.seed(), step))
+            };
+            self.model.forward_token(tokens, output).await.map_err(device)
+        })
+    }
+    fn truncate(&mut self, n: usize) {
+        self.model.truncate(n);
+    }
+    fn name(&self) -> String {
+        format!("gpu ({})", self.model.ctx.info.name)
+    }
+}

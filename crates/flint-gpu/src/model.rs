@@ -1,0 +1,374 @@
+//! The GPU forward pass: weights uploaded once, activations and KV cache preallocated, and
+//! every op (pipeline + bind group) built once at load. A step writes the batch, records
+//! every dispatch into one compute pass and submits once; decoding reads back only the
+//! sampled token id.
+
+use std::sync::Arc;
+
+use flint_core::arch::ModelConfig;
+use flint_core::gguf::GgufFile;
+use flint_core::kv::{BlockManager, SeqKv};
+
+use crate::buffer::storage;
+use crate::context::GpuContext;
+use crate::error::{GpuError, Result};
+use crate::ops::{self, Batch};
+use crate::pipeline::PipelineCache;
+use crate::weights::{GpuMatrix, Uploader};
+
+/// Tokens per prefill submission: long prompts run in chunks so no submission runs long.
+pub const PREFILL_CHUNK: u32 = 256;
+/// Positions per KV block.
+pub const KV_BLOCK: u32 = 16;
+
+/// Anything that records dispatches for a step of `n_tok` tokens.
+trait Encode {
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step);
+}
+
+/// What a recorded step needs to size its dispatches.
+pub struct Step {
+    pub n_tok: u32,
+    /// Longest sequence (in positions) after this step; sizes attention's KV splits.
+    pub max_kv_len: u32,
+}
+
+macro_rules! encode_with_n_tok {
+    ($($t:ty),*) => {$(
+        impl Encode for $t {
+            fn encode(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step) {
+                <$t>::encode(self, pass, step.n_tok)
+            }
+        }
+    )*};
+}
+encode_with_n_tok!(ops::matmul::Matmul, ops::embed::Embed, ops::attention::KvWrite, ops::rms_norm::RmsNorm, ops::rope::Rope, ops::glu::Glu, ops::add::Add);
+
+impl Encode for ops::attention::Attention {
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step) {
+        self.encode_kv(pass, step.n_tok, step.max_kv_len)
+    }
+}
+
+/// What the last submission of a step produces.
+pub enum Output {
+    /// Logits stay in the logits buffer.
+    Logits,
+    /// The greedy token (argmax on the device).
+    Greedy,
+    /// A token drawn on the device from the distribution the settings define.
+    Sample(ops::argmax::SampleStep),
+}
+
+/// Activation buffers sized for [`PREFILL_CHUNK`] tokens.
+struct Activations {
+    x: wgpu::Buffer,
+    h: wgpu::Buffer,
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    o: wgpu::Buffer,
+    gate: wgpu::Buffer,
+    up: wgpu::Buffer,
+    last: wgpu::Buffer,
+    logits: wgpu::Buffer,
+}
+
+pub struct GpuModel {
+    pub ctx: Arc<GpuContext>,
+    pub cfg: ModelConfig,
+    batch: Batch,
+    acts: Activations,
+    /// Ops of the transformer body, in order.
+    body: Vec<Box<dyn Encode>>,
+    /// Final norm of the last token and the logits projection.
+    head: Vec<Box<dyn Encode>>,
+    sampler: ops::argmax::Sampler,
+    /// [1] u32: the sampled token id.
+    sampled: wgpu::Buffer,
+    /// Per layer K and V caches, [n_blocks · KV_BLOCK, kv_dim] f32.
+    _kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+    blocks: BlockManager,
+    seq: SeqKv,
+    n_ctx: usize,
+    pub upload_bytes: u64,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_ops<'a>(
+    ctx: &'a GpuContext,
+    cache: &'a PipelineCache,
+    batch: &'a Batch,
+    m: &'a GpuMatrix,
+    x: &'a wgpu::Buffer,
+    y: &'a wgpu::Buffer,
+    bias: Option<&'a wgpu::Buffer>,
+    tokens: ops::matmul::TokenCount,
+    accumulate: bool,
+) -> impl std::future::Future<Output = Result<Vec<Box<dyn Encode>>>> + 'a {
+    let parts: Vec<_> = m
+        .parts
+        .iter()
+        .map(|p| {
+            let label = format!("{}@{}", m.name, p.row_offset);
+            (label, p.rows, p.row_offset, &p.buffer)
+        })
+        .collect();
+    let (ty, n_in, y_stride) = (m.ty, m.n_in, m.n_rows);
+    async move {
+        let mut out: Vec<Box<dyn Encode>> = Vec::new();
+        for (label, rows, row_offset, w) in parts {
+            let desc = ops::matmul::MatmulDesc { label: &label, ty, n_in, n_rows: rows, row_offset, y_stride, tokens, accumulate };
+            // A bias covers all rows; it is only supported unsplit.
+            let b = if row_offset == 0 { bias } else { None };
+            out.push(Box::new(ops::matmul::Matmul::new(ctx, cache, batch, &desc, w, x, y, b).await?));
+        }
+        Ok(out)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn norm(
+    ctx: &GpuContext,
+    cache: &PipelineCache,
+    batch: &Batch,
+    eps: f32,
+    x: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    row_len: usize,
+    rows: ops::rms_norm::Rows,
+) -> Result<ops::rms_norm::RmsNorm> {
+    let desc = ops::rms_norm::RmsNormDesc { row_len: row_len as u32, eps, rows };
+    ops::rms_norm::RmsNorm::new(ctx, cache, batch, desc, w, x, out).await
+}
+
+impl GpuModel {
+    /// Uploads the weights and builds every op once. `n_ctx` is clamped to the training context.
+    /// `max_binding_mb` lowers the per-buffer weight size below the device limit (tests use it
+    /// to force multi-way splits).
+    pub async fn load(ctx: Arc<GpuContext>, file: &GgufFile, cfg: ModelConfig, n_ctx: usize, max_binding_mb: Option<u64>) -> Result<GpuModel> {
+        let c = &cfg;
+        let n_ctx = n_ctx.clamp(1, c.n_ctx_train);
+        let cache = PipelineCache::new();
+        let max_blocks = (n_ctx as u32).div_ceil(KV_BLOCK);
+        let batch = Batch::new(&ctx, PREFILL_CHUNK, 1, max_blocks, KV_BLOCK)?;
+        let t = PREFILL_CHUNK as u64;
+        let f = 4u64;
+        let acts = Activations {
+            x: storage(&ctx, "x", t * c.n_embd as u64 * f)?,
+            h: storage(&ctx, "h", t * c.n_embd as u64 * f)?,
+            q: storage(&ctx, "q", t * c.q_dim() as u64 * f)?,
+            k: storage(&ctx, "k", t * c.kv_dim() as u64 * f)?,
+            v: storage(&ctx, "v", t * c.v_dim() as u64 * f)?,
+            attn: storage(&ctx, "attn", t * (c.n_head * c.head_dim_v) as u64 * f)?,
+            o: storage(&ctx, "o", t * c.n_embd as u64 * f)?,
+            gate: storage(&ctx, "gate", t * c.n_ff as u64 * f)?,
+            up: storage(&ctx, "up", t * c.n_ff as u64 * f)?,
+            last: storage(&ctx, "last", c.n_embd as u64 * f)?,
+            logits: storage(&ctx, "logits", c.n_vocab as u64 * f)?,
+        };
+        let n_slots = max_blocks as u64 * KV_BLOCK as u64;
+        let mut kv = Vec::with_capacity(c.n_layer);
+        for il in 0..c.n_layer {
+            kv.push((
+                storage(&ctx, &format!("k_cache.{il}"), n_slots * c.kv_dim() as u64 * f)?,
+                storage(&ctx, &format!("v_cache.{il}"), n_slots * c.v_dim() as u64 * f)?,
+            ));
+        }
+
+        let max_binding = match max_binding_mb {
+            Some(mb) => ctx.max_binding().min(mb << 20),
+            None => ctx.max_binding(),
+        };
+        let mut up = Uploader::new(&ctx, file, max_binding);
+        let mut body: Vec<Box<dyn Encode>> = Vec::new();
+        use ops::matmul::TokenCount::{Batch as PerToken, One};
+        let a = &acts;
+
+        let embd = up.matrix("token_embd.weight").await?;
+        for p in &embd.parts {
+            body.push(Box::new(
+                ops::embed::Embed::new(&ctx, &cache, &batch, embd.ty, c.n_embd as u32, p.rows, p.row_offset, &p.buffer, &a.x, c.embed_scale.unwrap_or(1.0)).await?,
+            ));
+        }
+        let eps = c.rms_eps;
+        for il in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            let lc = &c.layers[il];
+            let attn_norm = up.vector(&n("attn_norm.weight")).await?;
+            body.push(Box::new(norm(&ctx, &cache, &batch, eps, &a.x, &attn_norm, &a.h, c.n_embd, ops::rms_norm::Rows::PerToken(1)).await?));
+            let (qb, kb, vb) = if c.qkv_bias {
+                (Some(up.vector(&n("attn_q.bias")).await?), Some(up.vector(&n("attn_k.bias")).await?), Some(up.vector(&n("attn_v.bias")).await?))
+            } else {
+                (None, None, None)
+            };
+            for (w, out, bias) in [("attn_q.weight", &a.q, &qb), ("attn_k.weight", &a.k, &kb), ("attn_v.weight", &a.v, &vb)] {
+                let m = up.matrix(&n(w)).await?;
+                body.extend(matmul_ops(&ctx, &cache, &batch, &m, &a.h, out, bias.as_ref(), PerToken, false).await?);
+            }
+            if c.qk_norm {
+                let qn = up.vector(&n("attn_q_norm.weight")).await?;
+                let kn = up.vector(&n("attn_k_norm.weight")).await?;
+                body.push(Box::new(norm(&ctx, &cache, &batch, eps, &a.q, &qn, &a.q, c.head_dim, ops::rms_norm::Rows::PerToken(c.n_head as u32)).await?));
+                body.push(Box::new(norm(&ctx, &cache, &batch, eps, &a.k, &kn, &a.k, c.head_dim, ops::rms_norm::Rows::PerToken(c.n_head_kv as u32)).await?));
+            }
+            for (buf, heads) in [(&a.q, c.n_head), (&a.k, c.n_head_kv)] {
+                let desc = ops::rope::RopeDesc {
+                    n_heads: heads as u32,
+                    head_dim: c.head_dim as u32,
+                    rope_dim: c.rope_dim as u32,
+                    style: c.rope_style,
+                    base: lc.rope_base,
+                    freq_scale: lc.rope_freq_scale,
+                };
+                body.push(Box::new(ops::rope::Rope::new(&ctx, &cache, &batch, desc, buf).await?));
+            }
+            let desc = ops::attention::AttentionDesc {
+                n_head: c.n_head as u32,
+                n_head_kv: c.n_head_kv as u32,
+                head_dim: c.head_dim as u32,
+                head_dim_v: c.head_dim_v as u32,
+                scale: c.attn_scale,
+                window: lc.sliding_window,
+            };
+            let (kc, vc) = &kv[il];
+            body.push(Box::new(ops::attention::KvWrite::new(&ctx, &cache, &batch, &desc, &a.k, &a.v, kc, vc).await?));
+            body.push(Box::new(ops::attention::Attention::new(&ctx, &cache, &batch, &desc, &a.q, kc, vc, &a.attn).await?));
+            let wo = up.matrix(&n("attn_output.weight")).await?;
+            if c.post_norms {
+                body.extend(matmul_ops(&ctx, &cache, &batch, &wo, &a.attn, &a.o, None, PerToken, false).await?);
+                let pn = up.vector(&n("post_attention_norm.weight")).await?;
+                body.push(Box::new(norm(&ctx, &cache, &batch, eps, &a.o, &pn, &a.o, c.n_embd, ops::rms_norm::Rows::PerToken(1)).await?));
+                body.push(Box::new(ops::add::Add::new(&ctx, &cache, &batch, ops::add::AddKind::Residual, c.n_embd as u32, &a.x, &a.o).await?));
+            } else {
+                // The residual add is fused into the projection.
+                body.extend(matmul_ops(&ctx, &cache, &batch, &wo, &a.attn, &a.x, None, PerToken, true).await?);
+            }
+            let ffn_norm = up.vector(&n("ffn_norm.weight")).await?;
+            body.push(Box::new(norm(&ctx, &cache, &batch, eps, &a.x, &ffn_norm, &a.h, c.n_embd, ops::rms_norm::Rows::PerToken(1)).await?));
+            let wg = up.matrix(&n("ffn_gate.weight")).await?;
+            body.extend(matmul_ops(&ctx, &cache, &batch, &wg, &a.h, &a.gate, None, PerToken, false).await?);
+            let wu = up.matrix(&n("ffn_up.weight")).await?;
+            body.extend(matmul_ops(&ctx, &cache, &batch, &wu, &a.h, &a.up, None, PerToken, false).await?);
+            body.push(Box::new(ops::glu::Glu::new(&ctx, &cache, &batch, ops::glu::GluDesc { act: c.activation, n_ff: c.n_ff as u32 }, &a.gate, &a.up, &a.gate).await?));
+            let wd = up.matrix(&n("ffn_down.weight")).await?;
+            if c.post_norms {
+                body.extend(matmul_ops(&ctx, &cache, &batch, &wd, &a.gate, &a.o, None, PerToken, false).await?);
+                let pn = up.vector(&n("post_ffw_norm.weight")).await?;
+                body.push(Box::new(norm(&ctx, &cache, &batch, eps, &a.o, &pn, &a.o, c.n_embd, ops::rms_norm::Rows::PerToken(1)).await?));
+                body.push(Box::new(ops::add::Add::new(&ctx, &cache, &batch, ops::add::AddKind::Residual, c.n_embd as u32, &a.x, &a.o).await?));
+            } else {
+                body.extend(matmul_ops(&ctx, &cache, &batch, &wd, &a.gate, &a.x, None, PerToken, true).await?);
+            }
+        }
+        let mut head: Vec<Box<dyn Encode>> = Vec::new();
+        let out_norm = up.vector("output_norm.weight").await?;
+        head.push(Box::new(norm(&ctx, &cache, &batch, eps, &a.x, &out_norm, &a.last, c.n_embd, ops::rms_norm::Rows::LastToken).await?));
+        let output = if c.tied_output { embd } else { up.matrix("output.weight").await? };
+        head.extend(matmul_ops(&ctx, &cache, &batch, &output, &a.last, &a.logits, None, One, false).await?);
+        let sampled = storage(&ctx, "sampled", 4)?;
+        let sampler = ops::argmax::Sampler::new(&ctx, &cache, c.n_vocab as u32, &a.logits, &sampled).await?;
+        up.flush()?;
+        let upload_bytes = up.uploaded;
+        let blocks = BlockManager::new(max_blocks, KV_BLOCK);
+        Ok(GpuModel {
+            cfg,
+            batch,
+            acts,
+            body,
+            head,
+            sampler,
+            sampled,
+            _kv: kv,
+            blocks,
+            seq: SeqKv::new(),
+            n_ctx,
+            upload_bytes,
+            ctx,
+        })
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    pub fn n_past(&self) -> usize {
+        self.seq.len()
+    }
+
+    pub fn truncate(&mut self, n: usize) {
+        let n = n.min(self.seq.len());
+        self.blocks.truncate(&mut self.seq, n);
+    }
+
+    /// Runs `tokens` (in chunks of at most [`PREFILL_CHUNK`], one submission each) and
+    /// produces `output` from the last one. On failure the cache is rolled back.
+    async fn run(&mut self, tokens: &[u32], output: &Output) -> Result<Option<u32>> {
+        let start = self.seq.len();
+        let r = self.run_chunks(tokens, output).await;
+        if r.is_err() {
+            self.truncate(start);
+        }
+        r
+    }
+
+    async fn run_chunks(&mut self, tokens: &[u32], output: &Output) -> Result<Option<u32>> {
+        let mut result = None;
+        let chunks: Vec<&[u32]> = tokens.chunks(PREFILL_CHUNK as usize).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let last = i + 1 == chunks.len();
+            let start = self.seq.len();
+            let end = start + chunk.len();
+            // A single sequence never shares blocks, so no copy-on-write can be asked for.
+            let _ = self.blocks.reserve(&mut self.seq, end).map_err(|e| GpuError::Unsupported { op: "kv", message: e.to_string() })?;
+            let pos: Vec<u32> = (start as u32..end as u32).collect();
+            let seq = vec![0u32; chunk.len()];
+            self.batch.write(&self.ctx, chunk, &pos, &seq, &[self.seq.table()]);
+            let plan = match (last, output) {
+                (true, Output::Sample(step)) => Some(self.sampler.prepare(&self.ctx, step, 1)?),
+                _ => None,
+            };
+            let step = Step { n_tok: chunk.len() as u32, max_kv_len: end as u32 };
+            let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
+                for op in &self.body {
+                    op.encode(&mut pass, &step);
+                }
+                if last {
+                    for op in &self.head {
+                        op.encode(&mut pass, &step);
+                    }
+                    match (output, &plan) {
+                        (Output::Greedy, _) => self.sampler.encode_argmax(&mut pass),
+                        (Output::Sample(_), Some(plan)) => self.sampler.encode_sample(&mut pass, plan),
+                        _ => {}
+                    }
+                }
+            }
+            self.ctx.queue.submit([enc.finish()]);
+            if last && !matches!(output, Output::Logits) {
+                // The only readback of a decode step: one token id.
+                result = Some(crate::buffer::read_u32(&self.ctx, &self.sampled, 0, 1).await?[0]);
+            } else {
+                self.ctx.poll_wait()?;
+            }
+            self.ctx.check()?;
+        }
+        Ok(result)
+    }
+
+    /// The next token after `tokens`, chosen on the device: one submission per decode step
+    /// and 4 bytes read back.
+    pub async fn forward_token(&mut self, tokens: &[u32], output: Output) -> Result<u32> {
+        self.run(tokens, &output).await?.ok_or_else(|| GpuError::Readback("no token".into()))
+    }
+
+    /// Last-position logits after `tokens` (tests and tools; reads the whole vector back).
+    pub async fn forward_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.run(tokens, &Output::Logits).await?;
+        crate::buffer::read_f32(&self.ctx, &self.acts.logits, 0, self.cfg.n_vocab).await
+    }
+}

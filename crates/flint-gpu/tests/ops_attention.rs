@@ -1,0 +1,375 @@
+//! kv_write + paged attention against an f64 CPU reference: mixed batches, scattered block
+//! tables, GQA, sliding windows, prefill and long decode, forced split counts, sentinels.
+
+use flint_gpu::buffer::{read_f32, storage_init};
+use flint_gpu::ops::attention::{encode_block_copy, Attention, AttentionDesc, KvWrite, SPLIT_TARGET_GROUPS};
+use flint_gpu::ops::Batch;
+use flint_gpu::pipeline::PipelineCache;
+use flint_gpu::testing::{nmse, TestRng, NMSE_F32};
+use flint_gpu::GpuContext;
+
+/// Written into every output and cache element the step must leave alone.
+const SENTINEL: f32 = -12345.5;
+/// Extra batch rows past the step's tokens, kept at SENTINEL to catch stray writes.
+const SPARE_TOKENS: u32 = 3;
+/// Unused cache blocks mixed into the pool, kept at SENTINEL.
+const SPARE_BLOCKS: u32 = 5;
+
+/// Rows of one sequence by position.
+type Rows = Vec<Vec<f32>>;
+
+#[derive(Clone, Copy, Debug)]
+enum Split {
+    /// `encode`: split for the batch's longest possible context.
+    Auto,
+    /// `encode_kv` with the true longest context.
+    Kv,
+    Fixed(u32),
+}
+
+struct Case {
+    desc: AttentionDesc,
+    block_size: u32,
+    /// Per sequence: (positions already cached, tokens added this step).
+    seqs: &'static [(u32, u32)],
+    split: Split,
+    /// Interleave the step's tokens instead of listing them sequence by sequence.
+    shuffle_tokens: bool,
+    seed: u64,
+}
+
+fn desc(n_head: u32, n_head_kv: u32, hd: u32, window: Option<u32>) -> AttentionDesc {
+    AttentionDesc { n_head, n_head_kv, head_dim: hd, head_dim_v: hd, scale: 1.0 / (hd as f32).sqrt(), window }
+}
+
+fn shuffle<T>(v: &mut [T], rng: &mut TestRng) {
+    for i in (1..v.len()).rev() {
+        v.swap(i, rng.next_u32() as usize % (i + 1));
+    }
+}
+
+/// f64 attention of one token (its sequence's K/V rows by position) for every head.
+fn reference(d: &AttentionDesc, q: &[f32], k: &Rows, v: &Rows, pos: usize) -> Vec<f32> {
+    let (hd, hdv) = (d.head_dim as usize, d.head_dim_v as usize);
+    let group = (d.n_head / d.n_head_kv) as usize;
+    let first = d.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+    let mut out = vec![0f32; d.out_dim() as usize];
+    for h in 0..d.n_head as usize {
+        let kvh = h / group;
+        let qh = &q[h * hd..][..hd];
+        let scores: Vec<f64> = (first..=pos)
+            .map(|j| qh.iter().zip(&k[j][kvh * hd..][..hd]).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * d.scale as f64)
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let sum: f64 = w.iter().sum();
+        for e in 0..hdv {
+            let o: f64 = (first..=pos).zip(&w).map(|(j, p)| p * v[j][kvh * hdv + e] as f64).sum();
+            out[h * hdv + e] = (o / sum) as f32;
+        }
+    }
+    out
+}
+
+/// Runs kv_write then attention in one pass; checks caches exactly, sentinels, and returns
+/// the output's NMSE against the reference.
+async fn run_case(ctx: &GpuContext, c: &Case) -> f64 {
+    let d = &c.desc;
+    let (kv_dim, v_dim, q_dim, out_dim) = (d.kv_dim() as usize, d.v_dim() as usize, d.q_dim() as usize, d.out_dim() as usize);
+    let bs = c.block_size as usize;
+    let mut rng = TestRng::new(c.seed);
+
+    // Every sequence's K/V history (cached part and this step's rows), by position.
+    let hist: Vec<(Rows, Rows)> = c
+        .seqs
+        .iter()
+        .map(|&(past, new)| {
+            let n = (past + new) as usize;
+            ((0..n).map(|_| rng.vec(kv_dim)).collect(), (0..n).map(|_| rng.vec(v_dim)).collect())
+        })
+        .collect();
+
+    // Scattered block tables drawn from a shuffled pool with spare blocks left unused.
+    let needed: Vec<usize> = c.seqs.iter().map(|&(p, n)| ((p + n) as usize).div_ceil(bs)).collect();
+    let n_blocks = needed.iter().sum::<usize>() + SPARE_BLOCKS as usize;
+    let mut pool: Vec<u32> = (0..n_blocks as u32).collect();
+    shuffle(&mut pool, &mut rng);
+    let mut tables: Vec<Vec<u32>> = Vec::new();
+    for &n in &needed {
+        tables.push(pool.drain(..n).collect());
+    }
+    let max_blocks = needed.iter().copied().max().unwrap() as u32 + 1;
+    let slot = |s: usize, p: usize| tables[s][p / bs] as usize * bs + p % bs;
+
+    // Caches: sentinel everywhere, history rows before this step.
+    let n_slots = n_blocks * bs;
+    let mut k_cache = vec![SENTINEL; n_slots * kv_dim];
+    let mut v_cache = vec![SENTINEL; n_slots * v_dim];
+    for (s, &(past, _)) in c.seqs.iter().enumerate() {
+        for p in 0..past as usize {
+            k_cache[slot(s, p) * kv_dim..][..kv_dim].copy_from_slice(&hist[s].0[p]);
+            v_cache[slot(s, p) * v_dim..][..v_dim].copy_from_slice(&hist[s].1[p]);
+        }
+    }
+
+    // The step's tokens: (sequence, position), optionally interleaved.
+    let mut toks: Vec<(usize, usize)> =
+        c.seqs.iter().enumerate().flat_map(|(s, &(p, n))| (p..p + n).map(move |pos| (s, pos as usize))).collect();
+    if c.shuffle_tokens {
+        shuffle(&mut toks, &mut rng);
+    }
+    let n_tok = toks.len() as u32;
+    let max_tokens = n_tok + SPARE_TOKENS;
+    let mut q = rng.vec(max_tokens as usize * q_dim);
+    let mut k_step = vec![SENTINEL; max_tokens as usize * kv_dim];
+    let mut v_step = vec![SENTINEL; max_tokens as usize * v_dim];
+    for (t, &(s, p)) in toks.iter().enumerate() {
+        k_step[t * kv_dim..][..kv_dim].copy_from_slice(&hist[s].0[p]);
+        v_step[t * v_dim..][..v_dim].copy_from_slice(&hist[s].1[p]);
+    }
+    q.iter_mut().skip(n_tok as usize * q_dim).for_each(|x| *x = SENTINEL);
+
+    let batch = Batch::new(ctx, max_tokens, c.seqs.len() as u32, max_blocks, c.block_size).unwrap();
+    let tok_ids: Vec<u32> = (0..n_tok).collect();
+    let pos: Vec<u32> = toks.iter().map(|&(_, p)| p as u32).collect();
+    let seq: Vec<u32> = toks.iter().map(|&(s, _)| s as u32).collect();
+    let table_refs: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
+    batch.write(ctx, &tok_ids, &pos, &seq, &table_refs);
+
+    let buf = |label: &str, data: &[f32]| storage_init(ctx, label, bytemuck::cast_slice(data)).unwrap();
+    let (q_buf, k_buf, v_buf) = (buf("q", &q), buf("k", &k_step), buf("v", &v_step));
+    let (kc_buf, vc_buf) = (buf("k_cache", &k_cache), buf("v_cache", &v_cache));
+    let out_buf = buf("out", &vec![SENTINEL; max_tokens as usize * out_dim]);
+
+    let cache = PipelineCache::new();
+    let write = KvWrite::new(ctx, &cache, &batch, d, &k_buf, &v_buf, &kc_buf, &vc_buf).await.unwrap();
+    let attn = Attention::new(ctx, &cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf).await.unwrap();
+    let max_kv = toks.iter().map(|&(_, p)| p as u32 + 1).max().unwrap();
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        write.encode(&mut pass, n_tok);
+        match c.split {
+            Split::Auto => attn.encode(&mut pass, n_tok),
+            Split::Kv => attn.encode_kv(&mut pass, n_tok, max_kv),
+            Split::Fixed(n) => attn.encode_splits(&mut pass, n_tok, n),
+        }
+    }
+    ctx.queue.submit([enc.finish()]);
+
+    let out = read_f32(ctx, &out_buf, 0, max_tokens as usize * out_dim).await.unwrap();
+    let kc = read_f32(ctx, &kc_buf, 0, k_cache.len()).await.unwrap();
+    let vc = read_f32(ctx, &vc_buf, 0, v_cache.len()).await.unwrap();
+    ctx.check().unwrap();
+
+    // The caches now hold every history row in its slot and SENTINEL elsewhere, bit for bit.
+    for (t, &(s, p)) in toks.iter().enumerate() {
+        k_cache[slot(s, p) * kv_dim..][..kv_dim].copy_from_slice(&k_step[t * kv_dim..][..kv_dim]);
+        v_cache[slot(s, p) * v_dim..][..v_dim].copy_from_slice(&v_step[t * v_dim..][..v_dim]);
+    }
+    assert!(kc == k_cache, "k_cache differs after kv_write");
+    assert!(vc == v_cache, "v_cache differs after kv_write");
+
+    let (got, tail) = out.split_at(n_tok as usize * out_dim);
+    assert!(tail.iter().all(|&x| x == SENTINEL), "attention wrote past its {n_tok} tokens");
+    let want: Vec<f32> = toks
+        .iter()
+        .enumerate()
+        .flat_map(|(t, &(s, p))| reference(d, &q[t * q_dim..][..q_dim], &hist[s].0, &hist[s].1, p))
+        .collect();
+    assert!(got.iter().all(|x| x.is_finite()), "non-finite attention output");
+    nmse(got, &want)
+}
+
+fn check(c: Case) {
+    flint_gpu::gpu_test!(ctx => {
+        let t0 = std::time::Instant::now();
+        let e = run_case(ctx, &c).await;
+        eprintln!("{:?} seqs {:?} bs {} split {:?}: nmse {e:.3e} in {:.2?}", c.desc, c.seqs, c.block_size, c.split, t0.elapsed());
+        assert!(e <= NMSE_F32, "nmse {e:e} > {NMSE_F32:e}");
+    });
+}
+
+#[test]
+fn decode_one_sequence_gqa_hd64() {
+    check(Case { desc: desc(14, 2, 64, None), block_size: 16, seqs: &[(45, 1)], split: Split::Auto, shuffle_tokens: false, seed: 1 });
+}
+
+#[test]
+fn three_sequences_prefill_decode_and_chunk() {
+    // A fresh prefill, a decode and a continued (chunked) prefill in one batch, interleaved.
+    check(Case {
+        desc: desc(14, 2, 64, None),
+        block_size: 16,
+        seqs: &[(0, 5), (37, 1), (20, 3)],
+        split: Split::Auto,
+        shuffle_tokens: true,
+        seed: 2,
+    });
+}
+
+#[test]
+fn three_sequences_odd_block_size_forced_splits() {
+    // Contexts past several splits, a block size that is no power of two, split counts 1..=5.
+    for n in [1, 2, 5] {
+        check(Case {
+            desc: desc(14, 2, 64, None),
+            block_size: 7,
+            seqs: &[(300, 1), (0, 6), (130, 4)],
+            split: Split::Fixed(n),
+            shuffle_tokens: true,
+            seed: 3,
+        });
+    }
+}
+
+#[test]
+fn prefill_one_sequence_hd128() {
+    // Each token sees the rows written earlier in the same pass.
+    check(Case { desc: desc(8, 2, 128, None), block_size: 16, seqs: &[(0, 40)], split: Split::Auto, shuffle_tokens: false, seed: 4 });
+}
+
+#[test]
+fn gqa_4_1_hd256_sliding_window() {
+    // Window 100 < context: the visible range starts mid-block and crosses split boundaries.
+    check(Case {
+        desc: desc(4, 1, 256, Some(100)),
+        block_size: 16,
+        seqs: &[(350, 1), (90, 12), (3, 2)],
+        split: Split::Kv,
+        shuffle_tokens: true,
+        seed: 5,
+    });
+}
+
+#[test]
+fn prefill_with_small_window() {
+    check(Case { desc: desc(4, 1, 256, Some(5)), block_size: 8, seqs: &[(0, 17)], split: Split::Auto, shuffle_tokens: false, seed: 6 });
+}
+
+#[test]
+fn long_decode_1500() {
+    check(Case { desc: desc(14, 2, 64, None), block_size: 16, seqs: &[(1500, 1)], split: Split::Auto, shuffle_tokens: false, seed: 7 });
+    check(Case { desc: desc(16, 8, 128, None), block_size: 32, seqs: &[(1531, 1)], split: Split::Fixed(1), shuffle_tokens: false, seed: 8 });
+}
+
+#[test]
+fn long_decode_1500_windowed_hd256() {
+    check(Case {
+        desc: desc(4, 1, 256, Some(512)),
+        block_size: 16,
+        seqs: &[(1499, 1), (700, 1)],
+        split: Split::Kv,
+        shuffle_tokens: false,
+        seed: 9,
+    });
+}
+
+#[test]
+fn split_count_policy() {
+    flint_gpu::gpu_test!(ctx => {
+        let d = desc(14, 2, 64, None);
+        let batch = Batch::new(ctx, 512, 4, 256, 16).unwrap();
+        let b = |n: u64| flint_gpu::buffer::storage(ctx, "t", n).unwrap();
+        let (q, out) = (b(512 * 14 * 64 * 4), b(512 * 14 * 64 * 4));
+        let (kc, vc) = (b(256 * 16 * 128 * 4), b(256 * 16 * 128 * 4));
+        let attn = Attention::new(ctx, &PipelineCache::new(), &batch, &d, &q, &kc, &vc, &out).await.unwrap();
+        assert_eq!(attn.n_splits(1, 8192), SPLIT_TARGET_GROUPS / 14);
+        assert_eq!(attn.n_splits(1, 100), 2);
+        assert_eq!(attn.n_splits(1, 1), 1);
+        assert_eq!(attn.n_splits(512, 4096), 1);
+        assert!(attn.n_splits(10, 4096) * 10 * 14 <= SPLIT_TARGET_GROUPS);
+    });
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    flint_gpu::gpu_test!(ctx => {
+        let batch = Batch::new(ctx, 4, 1, 4, 16).unwrap();
+        let b = |n: u64| flint_gpu::buffer::storage(ctx, "t", n).unwrap();
+        let big = b(1 << 20);
+        let cache = PipelineCache::new();
+        for d in [desc(14, 3, 64, None), desc(4, 1, 512, None), desc(4, 1, 66, None), desc(4, 1, 64, Some(0))] {
+            assert!(Attention::new(ctx, &cache, &batch, &d, &big, &big, &big, &big).await.is_err(), "{d:?}");
+            assert!(KvWrite::new(ctx, &cache, &batch, &d, &big, &big, &big, &big).await.is_err(), "{d:?}");
+        }
+        // Buffers too small for the batch or for one block.
+        let d = desc(4, 1, 64, None);
+        assert!(Attention::new(ctx, &cache, &batch, &d, &b(16), &big, &big, &big).await.is_err());
+        assert!(KvWrite::new(ctx, &cache, &batch, &d, &big, &big, &b(64), &big).await.is_err());
+        ctx.check().unwrap();
+    });
+}
+
+#[test]
+fn forked_sequences_share_prefix_blocks_with_copy_on_write() {
+    use flint_core::kv::{BlockCopy, BlockManager, SeqKv};
+    flint_gpu::gpu_test!(ctx => {
+        let d = desc(14, 2, 64, None);
+        let (kv_dim, q_dim, out_dim) = (d.kv_dim() as usize, d.q_dim() as usize, d.out_dim() as usize);
+        let (bs, n_blocks, past) = (16u32, 8u32, 40usize);
+        let mut rng = TestRng::new(10);
+        let mut kv = BlockManager::new(n_blocks, bs);
+        let mut a = SeqKv::new();
+        let _ = kv.reserve(&mut a, past).unwrap();
+        let mut b = kv.fork(&a);
+        // Earlier steps cached the shared prefix (V = K rows' own copy keeps the test small).
+        let prefix: Rows = (0..past).map(|_| rng.vec(kv_dim)).collect();
+        let mut k_cache = vec![SENTINEL; (n_blocks * bs) as usize * kv_dim];
+        for (p, row) in prefix.iter().enumerate() {
+            k_cache[kv.slot(&a, p).unwrap() as usize * kv_dim..][..kv_dim].copy_from_slice(row);
+        }
+        // This step: a adds 1 token, b adds 3; position 40 is inside shared block 2.
+        let cow = kv.reserve(&mut a, past + 1).unwrap().copy;
+        assert_eq!(cow, Some(BlockCopy { src: 2, dst: 3 }));
+        assert_eq!(kv.reserve(&mut b, past + 3).unwrap().copy, None);
+        let toks: Vec<(usize, usize)> = vec![(0, past), (1, past), (1, past + 1), (1, past + 2)];
+        let n_tok = toks.len();
+        let new_rows: Rows = (0..n_tok).map(|_| rng.vec(kv_dim)).collect();
+        let q = rng.vec(n_tok * q_dim);
+
+        let batch = Batch::new(ctx, n_tok as u32, 2, 4, bs).unwrap();
+        let pos: Vec<u32> = toks.iter().map(|&(_, p)| p as u32).collect();
+        let seq: Vec<u32> = toks.iter().map(|&(s, _)| s as u32).collect();
+        batch.write(ctx, &[0; 4], &pos, &seq, &[a.table(), b.table()]);
+        let buf = |label: &str, data: &[f32]| storage_init(ctx, label, bytemuck::cast_slice(data)).unwrap();
+        let step: Vec<f32> = new_rows.concat();
+        let (q_buf, k_buf, kc_buf, vc_buf) = (buf("q", &q), buf("k", &step), buf("k_cache", &k_cache), buf("v_cache", &k_cache));
+        let out_buf = buf("out", &vec![SENTINEL; n_tok * out_dim]);
+        let cache = PipelineCache::new();
+        let write = KvWrite::new(ctx, &cache, &batch, &d, &k_buf, &k_buf, &kc_buf, &vc_buf).await.unwrap();
+        let attn = Attention::new(ctx, &cache, &batch, &d, &q_buf, &kc_buf, &vc_buf, &out_buf).await.unwrap();
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        // The copy-on-write block is copied in every cache before the step writes.
+        if let Some(BlockCopy { src, dst }) = cow {
+            let block_bytes = (bs as usize * kv_dim * 4) as u64;
+            let scratch = flint_gpu::buffer::storage(ctx, "block_copy", block_bytes).unwrap();
+            for c in [&kc_buf, &vc_buf] {
+                encode_block_copy(&mut enc, c, &scratch, block_bytes, src, dst);
+            }
+        }
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            write.encode(&mut pass, n_tok as u32);
+            attn.encode_kv(&mut pass, n_tok as u32, (past + 3) as u32);
+        }
+        ctx.queue.submit([enc.finish()]);
+        let got = read_f32(ctx, &out_buf, 0, n_tok * out_dim).await.unwrap();
+        ctx.check().unwrap();
+
+        let mut hist: Vec<Rows> = vec![prefix.clone(), prefix];
+        for (&(s, _), row) in toks.iter().zip(&new_rows) {
+            hist[s].push(row.clone());
+        }
+        let want: Vec<f32> = toks
+            .iter()
+            .enumerate()
+            .flat_map(|(t, &(s, p))| reference(&d, &q[t * q_dim..][..q_dim], &hist[s], &hist[s], p))
+            .collect();
+        let e = nmse(&got, &want);
+        assert!(e <= NMSE_F32, "nmse {e:e}");
+        kv.release(&mut a);
+        kv.release(&mut b);
+        assert_eq!(kv.n_free(), n_blocks);
+    });
+}

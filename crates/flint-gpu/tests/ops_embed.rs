@@ -1,0 +1,182 @@
+//! `ops::embed` against `flint_core::quant::dequantize`, bit for bit (up to a driver's FMA
+//! fusion in the mul-add formats): every format, a table split into two parts with ids in
+//! both, more chunks than a workgroup, and sentinels on the rows no part may write.
+
+use std::sync::LazyLock;
+
+use bytemuck::Pod;
+use flint_core::quant::{self, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantType};
+use flint_gpu::buffer::{read_f32, storage_init};
+use flint_gpu::ops::embed::Embed;
+use flint_gpu::ops::Batch;
+use flint_gpu::pipeline::PipelineCache;
+use flint_gpu::testing::TestRng;
+use flint_gpu::GpuContext;
+
+/// Written into every cell of x the op must not touch.
+const SENTINEL: f32 = 1234.5;
+/// Rows of x past n_tok, never written.
+const SPARE_TOKENS: usize = 2;
+/// One f16 value in this many is a subnormal, to check the exact f16 conversion.
+const SUBNORMAL_EVERY: u32 = 7;
+
+static CACHE: LazyLock<PipelineCache> = LazyLock::new(PipelineCache::new);
+
+/// f16 bits of `v`, or now and then a random subnormal.
+fn f16_bits(v: f32, rng: &mut TestRng) -> u16 {
+    if rng.next_u32() % SUBNORMAL_EVERY == 0 {
+        return (rng.next_u32() & 0x83ff) as u16;
+    }
+    half::f16::from_f32(v).to_bits()
+}
+
+/// A small positive or negative f16 scale (sometimes subnormal).
+fn scale(rng: &mut TestRng) -> u16 {
+    let v = 0.004 + 0.02 * rng.f32();
+    f16_bits(v, rng)
+}
+
+fn patch<B: Pod>(bytes: &mut [u8], f: impl FnOnce(&mut B)) {
+    let mut b: B = bytemuck::pod_read_unaligned(bytes);
+    f(&mut b);
+    bytes.copy_from_slice(bytemuck::bytes_of(&b));
+}
+
+/// Seeded random rows of `ty`: random quant payloads with finite f16 scales.
+fn random_table(ty: QuantType, n_elems: usize, rng: &mut TestRng) -> Vec<u8> {
+    match ty {
+        QuantType::F32 => bytemuck::cast_slice(&rng.vec(n_elems)).to_vec(),
+        QuantType::F16 => (0..n_elems).flat_map(|_| { let v = rng.f32(); f16_bits(v, rng).to_le_bytes() }).collect(),
+        QuantType::BF16 => rng.vec(n_elems).into_iter().flat_map(|v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect(),
+        _ => {
+            let mut bytes = rng.bytes(n_elems / ty.block_elems() * ty.block_bytes());
+            for b in bytes.chunks_exact_mut(ty.block_bytes()) {
+                match ty {
+                    QuantType::Q4_0 => patch(b, |b: &mut BlockQ4_0| b.d = scale(rng)),
+                    QuantType::Q4_1 => patch(b, |b: &mut BlockQ4_1| (b.d, b.m) = (scale(rng), scale(rng))),
+                    QuantType::Q5_0 => patch(b, |b: &mut BlockQ5_0| b.d = scale(rng)),
+                    QuantType::Q5_1 => patch(b, |b: &mut BlockQ5_1| (b.d, b.m) = (scale(rng), scale(rng))),
+                    QuantType::Q8_0 => patch(b, |b: &mut BlockQ8_0| b.d = scale(rng)),
+                    QuantType::Q4K => patch(b, |b: &mut BlockQ4K| (b.d, b.dmin) = (scale(rng), scale(rng))),
+                    QuantType::Q5K => patch(b, |b: &mut BlockQ5K| (b.d, b.dmin) = (scale(rng), scale(rng))),
+                    QuantType::Q6K => patch(b, |b: &mut BlockQ6K| b.d = scale(rng)),
+                    _ => unreachable!("float formats handled above"),
+                }
+            }
+            bytes
+        }
+    }
+}
+
+/// Looks up `ids` in a `vocab`-row table of `ty` split at row `split`, encoding part 0 alone
+/// first and then both, and checks each state bit for bit against the CPU.
+#[allow(clippy::too_many_arguments)]
+async fn run(ctx: &GpuContext, ty: QuantType, n_embd: usize, vocab: usize, split: usize, ids: &[u32], scale: f32, seed: u64) {
+    let mut rng = TestRng::new(seed);
+    let n_tok = ids.len();
+    let rows = n_tok + SPARE_TOKENS;
+    let batch = Batch::new(ctx, rows as u32, 1, 1, 16).unwrap();
+    let pos: Vec<u32> = (0..n_tok as u32).collect();
+    batch.write(ctx, ids, &pos, &vec![0; n_tok], &[&[0]]);
+
+    let table = random_table(ty, vocab * n_embd, &mut rng);
+    let mut want = vec![0f32; vocab * n_embd];
+    quant::dequantize(ty, &table, &mut want).unwrap();
+    let row_bytes = table.len() / vocab;
+    let parts = [(0, split), (split, vocab - split)];
+    let x = storage_init(ctx, "x", bytemuck::cast_slice(&vec![SENTINEL; rows * n_embd])).unwrap();
+    let mut ops = Vec::new();
+    for &(first, count) in &parts {
+        let buf = storage_init(ctx, "table_part", &table[first * row_bytes..(first + count) * row_bytes]).unwrap();
+        let op = Embed::new(ctx, &CACHE, &batch, ty, n_embd as u32, count as u32, first as u32, &buf, &x, scale)
+            .await
+            .unwrap_or_else(|e| panic!("{ty}: {e}"));
+        ops.push((op, buf));
+    }
+
+    for n_parts in [1, 2] {
+        let mut enc = ctx.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for (op, _) in &ops[..n_parts] {
+                op.encode(&mut pass, n_tok as u32);
+            }
+        }
+        ctx.queue.submit([enc.finish()]);
+        let got = read_f32(ctx, &x, 0, rows * n_embd).await.unwrap();
+        ctx.check().unwrap();
+        let covered = parts[n_parts - 1].0 + parts[n_parts - 1].1;
+        let mut inexact = 0;
+        for t in 0..rows {
+            let id = ids.get(t).map(|&id| id as usize).filter(|&id| id < covered);
+            for i in 0..n_embd {
+                let g = got[t * n_embd + i];
+                let w = id.map_or(SENTINEL, |id| want[id * n_embd + i] * scale);
+                if g.to_bits() == w.to_bits() {
+                    continue;
+                }
+                let tol = id.map_or(0.0, |id| fused_tolerance(ty, &want[id * n_embd..][..n_embd], i) * scale.abs());
+                assert!((g - w).abs() <= tol, "{ty} parts {n_parts}: x[{t}, {i}] = {g}, want {w} (id {id:?})");
+                inexact += 1;
+            }
+        }
+        if inexact > 0 {
+            eprintln!("{ty}: {inexact} values within an FMA's rounding of the CPU, not bit-equal");
+        }
+    }
+}
+
+/// Formats whose dequantization is `a * q ± b`, which a driver may fuse into one FMA
+/// (WGSL cannot forbid it); lavapipe does not, and there the results are bit-equal.
+const MUL_ADD: [QuantType; 4] = [QuantType::Q4_1, QuantType::Q5_1, QuantType::Q4K, QuantType::Q5K];
+/// Ulps (of the chunk's largest term) a fused multiply-add may move a value.
+const FUSED_ULPS: f32 = 4.0;
+
+/// How far a fused `a * q ± b` may land from the separately rounded one for element `i` of
+/// `row`: a few ulps of the 32-element chunk's largest term (|a·q| ≤ max|y| + spread of y).
+fn fused_tolerance(ty: QuantType, row: &[f32], i: usize) -> f32 {
+    if !MUL_ADD.contains(&ty) {
+        return 0.0;
+    }
+    let chunk = &row[i / 32 * 32..][..32];
+    let max = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let spread = chunk.iter().fold(f32::MIN, |m, &v| m.max(v)) - chunk.iter().fold(f32::MAX, |m, &v| m.min(v));
+    (max + spread) * f32::EPSILON * FUSED_ULPS
+}
+
+#[test]
+fn every_type_two_parts_bit_exact() {
+    flint_gpu::gpu_test!(ctx => {
+        // Ids at both ends of both parts, repeated, out of order.
+        let ids = [0, 19, 20, 36, 5, 25, 19, 0, 31];
+        for ty in QuantType::ALL {
+            let n_embd = if ty.block_elems() == 256 { 3 * 256 } else { 5 * 32 };
+            for (scale, seed) in [(1.0, 1), (25.298_22, 2)] {
+                run(ctx, ty, n_embd, 37, 20, &ids, scale, seed).await;
+            }
+        }
+    });
+}
+
+#[test]
+fn rows_wider_than_a_workgroup() {
+    flint_gpu::gpu_test!(ctx => {
+        // 72 and 80 chunks per row: three workgroups in x, the last one partial.
+        run(ctx, QuantType::Q8_0, 72 * 32, 11, 4, &[10, 3, 4, 0, 7], 25.298_22, 3).await;
+        run(ctx, QuantType::Q6K, 10 * 256, 11, 9, &[10, 3, 4, 0, 7, 8, 9], 1.0, 4).await;
+    });
+}
+
+#[test]
+fn rejects_bad_shapes() {
+    flint_gpu::gpu_test!(ctx => {
+        let batch = Batch::new(ctx, 4, 1, 1, 16).unwrap();
+        let buf = storage_init(ctx, "any", &[0u8; 4096]).unwrap();
+        let x = storage_init(ctx, "x", &[0u8; 4096]).unwrap();
+        // Not whole super-blocks; not whole chunks; a table part too small for its rows.
+        for (ty, n_embd, rows) in [(QuantType::Q4K, 128, 1), (QuantType::F16, 48, 1), (QuantType::Q8_0, 256, 100)] {
+            assert!(Embed::new(ctx, &CACHE, &batch, ty, n_embd, rows, 0, &buf, &x, 1.0).await.is_err(), "{ty} {n_embd}");
+        }
+        ctx.check().unwrap();
+    });
+}

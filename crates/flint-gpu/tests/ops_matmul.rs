@@ -1,0 +1,297 @@
+//! `ops::matmul` against the CPU reference (`flint_core::quant::dequantize` and an f64 dot):
+//! every format, odd shapes, both token modes and kernels, offsets into a wider y, bias,
+//! accumulate, a folded grid, and sentinels around every written range.
+
+use std::sync::LazyLock;
+
+use bytemuck::Pod;
+use flint_core::quant::{self, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantType};
+use flint_gpu::buffer::{read_f32, storage_init};
+use flint_gpu::ops::matmul::{Matmul, MatmulDesc, TokenCount};
+use flint_gpu::ops::Batch;
+use flint_gpu::pipeline::PipelineCache;
+use flint_gpu::testing::{nmse, TestRng, NMSE_F32, NMSE_QUANT};
+use flint_gpu::GpuContext;
+
+/// Written into every cell of y the op must not touch.
+const SENTINEL: f32 = 1234.5;
+/// Extra rows of x and y past n_tok in batch mode: filled, never read or written.
+const SPARE_TOKENS: usize = 2;
+
+static CACHE: LazyLock<PipelineCache> = LazyLock::new(PipelineCache::new);
+
+fn f16_bits(v: f32) -> u16 {
+    half::f16::from_f32(v).to_bits()
+}
+
+/// A small positive or negative f16 scale.
+fn scale(rng: &mut TestRng) -> u16 {
+    f16_bits(0.004 + 0.02 * rng.f32())
+}
+
+/// Reads block `B` from `bytes`, lets `f` set its scales, and writes it back.
+fn patch<B: Pod>(bytes: &mut [u8], f: impl FnOnce(&mut B)) {
+    let mut b: B = bytemuck::pod_read_unaligned(bytes);
+    f(&mut b);
+    bytes.copy_from_slice(bytemuck::bytes_of(&b));
+}
+
+/// Seeded random rows of `ty`: random quant payloads with sane f16 scales (no NaN or inf).
+fn random_weights(ty: QuantType, n_elems: usize, rng: &mut TestRng) -> Vec<u8> {
+    match ty {
+        QuantType::F32 => bytemuck::cast_slice(&rng.vec(n_elems)).to_vec(),
+        QuantType::F16 => rng.vec(n_elems).into_iter().flat_map(|v| f16_bits(v).to_le_bytes()).collect(),
+        QuantType::BF16 => rng.vec(n_elems).into_iter().flat_map(|v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect(),
+        _ => {
+            let n_blocks = n_elems / ty.block_elems();
+            let mut bytes = rng.bytes(n_blocks * ty.block_bytes());
+            for b in bytes.chunks_exact_mut(ty.block_bytes()) {
+                match ty {
+                    QuantType::Q4_0 => patch(b, |b: &mut BlockQ4_0| b.d = scale(rng)),
+                    QuantType::Q4_1 => patch(b, |b: &mut BlockQ4_1| (b.d, b.m) = (scale(rng), scale(rng))),
+                    QuantType::Q5_0 => patch(b, |b: &mut BlockQ5_0| b.d = scale(rng)),
+                    QuantType::Q5_1 => patch(b, |b: &mut BlockQ5_1| (b.d, b.m) = (scale(rng), scale(rng))),
+                    QuantType::Q8_0 => patch(b, |b: &mut BlockQ8_0| b.d = scale(rng)),
+                    QuantType::Q4K => patch(b, |b: &mut BlockQ4K| (b.d, b.dmin) = (scale(rng), scale(rng))),
+                    QuantType::Q5K => patch(b, |b: &mut BlockQ5K| (b.d, b.dmin) = (scale(rng), scale(rng))),
+                    QuantType::Q6K => patch(b, |b: &mut BlockQ6K| b.d = scale(rng)),
+                    _ => unreachable!("float formats handled above"),
+                }
+            }
+            bytes
+        }
+    }
+}
+
+/// A row length that is an odd number of blocks and of 32-element chunks.
+fn odd_n_in(ty: QuantType) -> u32 {
+    if ty.block_elems() == 256 {
+        3 * 256
+    } else {
+        5 * 32
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    ty: QuantType,
+    n_in: u32,
+    n_rows: u32,
+    n_tok: u32,
+    row_offset: u32,
+    y_stride: u32,
+    tokens: TokenCount,
+    bias: bool,
+    accumulate: bool,
+}
+
+impl Case {
+    fn new(ty: QuantType, n_rows: u32, n_tok: u32) -> Case {
+        Case {
+            ty,
+            n_in: odd_n_in(ty),
+            n_rows,
+            n_tok,
+            row_offset: 0,
+            y_stride: n_rows,
+            tokens: TokenCount::Batch,
+            bias: false,
+            accumulate: false,
+        }
+    }
+}
+
+/// Runs `case` on the GPU and checks it against the CPU reference; returns the NMSE.
+async fn run(ctx: &GpuContext, case: Case, seed: u64) -> f64 {
+    let Case { ty, n_in, n_rows, n_tok, row_offset, y_stride, tokens, bias, accumulate } = case;
+    let (n_in, n_rows, n_tok_u, y_stride_u) = (n_in as usize, n_rows as usize, n_tok as usize, y_stride as usize);
+    let mut rng = TestRng::new(seed);
+    // Token rows in the buffers: spare rows in batch mode; just one for the one-token mode.
+    let (buf_tok, want_tok) = match tokens {
+        TokenCount::Batch => (n_tok_u + SPARE_TOKENS, n_tok_u),
+        TokenCount::One => (1, 1),
+    };
+    let batch = Batch::new(ctx, buf_tok.max(n_tok_u) as u32, 1, 1, 16).unwrap();
+    let ids = vec![0u32; n_tok_u];
+    let pos: Vec<u32> = (0..n_tok).collect();
+    batch.write(ctx, &ids, &pos, &vec![0; n_tok_u], &[&[0]]);
+
+    let w_bytes = random_weights(ty, n_rows * n_in, &mut rng);
+    let x = rng.vec(buf_tok * n_in);
+    let b = rng.vec(n_rows);
+    // y: old values (read when accumulating) inside the written range, sentinels elsewhere.
+    let inside = |t: usize, c: usize| t < want_tok && (row_offset as usize..row_offset as usize + n_rows).contains(&c);
+    let y0: Vec<f32> = (0..buf_tok * y_stride_u)
+        .map(|i| if inside(i / y_stride_u, i % y_stride_u) { rng.f32() } else { SENTINEL })
+        .collect();
+
+    let w_buf = storage_init(ctx, "w", &w_bytes).unwrap();
+    let x_buf = storage_init(ctx, "x", bytemuck::cast_slice(&x)).unwrap();
+    let y_buf = storage_init(ctx, "y", bytemuck::cast_slice(&y0)).unwrap();
+    let b_buf = storage_init(ctx, "bias", bytemuck::cast_slice(&b)).unwrap();
+    let desc = MatmulDesc { label: "test", ty, n_in: n_in as u32, n_rows: n_rows as u32, row_offset, y_stride, tokens, accumulate };
+    let mm = Matmul::new(ctx, &CACHE, &batch, &desc, &w_buf, &x_buf, &y_buf, bias.then_some(&b_buf))
+        .await
+        .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        // The one-token mode ignores the step's token count.
+        mm.encode(&mut pass, n_tok);
+    }
+    ctx.queue.submit([enc.finish()]);
+    let got = read_f32(ctx, &y_buf, 0, y0.len()).await.unwrap();
+    ctx.check().unwrap_or_else(|e| panic!("{case:?}: {e}"));
+
+    let mut w = vec![0f32; n_rows * n_in];
+    quant::dequantize(ty, &w_bytes, &mut w).unwrap();
+    let (mut got_in, mut want_in) = (Vec::new(), Vec::new());
+    for t in 0..buf_tok {
+        for c in 0..y_stride_u {
+            let i = t * y_stride_u + c;
+            if !inside(t, c) {
+                assert_eq!(got[i].to_bits(), SENTINEL.to_bits(), "{case:?}: y[{t}, {c}] overwritten: {}", got[i]);
+                continue;
+            }
+            let r = c - row_offset as usize;
+            let row = &w[r * n_in..][..n_in];
+            let mut v: f64 = row.iter().zip(&x[t * n_in..][..n_in]).map(|(&a, &b)| a as f64 * b as f64).sum();
+            if bias {
+                v += b[r] as f64;
+            }
+            if accumulate {
+                v += y0[i] as f64;
+            }
+            got_in.push(got[i]);
+            want_in.push(v as f32);
+        }
+    }
+    let e = nmse(&got_in, &want_in);
+    let tol = if ty == QuantType::F32 { NMSE_F32 } else { NMSE_QUANT };
+    assert!(e <= tol, "{case:?}: nmse {e:e} > {tol:e}");
+    e
+}
+
+#[test]
+fn every_type_batch_1_3_13_tokens() {
+    flint_gpu::gpu_test!(ctx => {
+        for ty in QuantType::ALL {
+            for n_tok in [1, 3, 13] {
+                let e = run(ctx, Case::new(ty, 67, n_tok), 10 + n_tok as u64).await;
+                eprintln!("{ty} n_rows 67 n_tok {n_tok}: nmse {e:.2e}");
+            }
+        }
+    });
+}
+
+#[test]
+fn every_type_one_token_into_wider_y() {
+    flint_gpu::gpu_test!(ctx => {
+        for ty in QuantType::ALL {
+            let case = Case { row_offset: 5, y_stride: 19, tokens: TokenCount::One, n_tok: 4, ..Case::new(ty, 7, 1) };
+            run(ctx, case, 20).await;
+        }
+    });
+}
+
+#[test]
+fn bias_accumulate_and_row_offset() {
+    flint_gpu::gpu_test!(ctx => {
+        for ty in [QuantType::F32, QuantType::Q8_0, QuantType::Q4K, QuantType::Q6K] {
+            for (bias, accumulate) in [(true, false), (false, true), (true, true)] {
+                for (tokens, n_tok) in [(TokenCount::Batch, 13), (TokenCount::Batch, 1), (TokenCount::One, 3)] {
+                    let case = Case { row_offset: 3, y_stride: 16, tokens, bias, accumulate, ..Case::new(ty, 7, n_tok) };
+                    run(ctx, case, 30).await;
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn single_row_and_long_rows() {
+    flint_gpu::gpu_test!(ctx => {
+        for ty in [QuantType::Q5_0, QuantType::Q5K, QuantType::BF16] {
+            run(ctx, Case::new(ty, 1, 13), 40).await;
+            // 41 chunks a row (16 lanes a row, a ragged last round) or 64 (32 lanes), through
+            // both kernels; the short rows above take 8 lanes.
+            let long = if ty.block_elems() == 256 { 2048 } else { 41 * 32 };
+            for n_tok in [1, 3] {
+                run(ctx, Case { n_in: long, ..Case::new(ty, 9, n_tok) }, 41).await;
+            }
+        }
+    });
+}
+
+#[test]
+fn folded_grid_over_65535_groups() {
+    flint_gpu::gpu_test!(ctx => {
+        // 600000 rows at 8 rows a workgroup is 75000 groups, past the 65535 per dimension.
+        for (tokens, n_tok) in [(TokenCount::Batch, 2), (TokenCount::One, 1)] {
+            let case = Case { n_in: 32, tokens, ..Case::new(QuantType::Q8_0, 600_000, n_tok) };
+            run(ctx, case, 50).await;
+        }
+    });
+}
+
+#[test]
+fn rejects_bad_shapes() {
+    flint_gpu::gpu_test!(ctx => {
+        let batch = Batch::new(ctx, 4, 1, 1, 16).unwrap();
+        let buf = storage_init(ctx, "any", &[0u8; 1 << 16]).unwrap();
+        let ok = MatmulDesc { label: "bad", ty: QuantType::Q4K, n_in: 256, n_rows: 4, row_offset: 0, y_stride: 4, tokens: TokenCount::Batch, accumulate: false };
+        let bad = [
+            MatmulDesc { n_in: 128, ..ok },           // not whole super-blocks
+            MatmulDesc { ty: QuantType::F32, n_in: 48, ..ok }, // not whole chunks
+            MatmulDesc { row_offset: 1, ..ok },      // past y_stride
+            MatmulDesc { n_rows: 1000, y_stride: 1000, ..ok }, // w too small
+        ];
+        for d in bad {
+            assert!(Matmul::new(ctx, &CACHE, &batch, &d, &buf, &buf, &buf, None).await.is_err(), "{d:?}");
+        }
+        ctx.check().unwrap();
+    });
+}
+
+/// Wall time of gemma-3-270m-like shapes (`cargo test --release -p flint-gpu --test ops_matmul
+/// -- --ignored --nocapture`): a baseline for tuning, not a check.
+#[test]
+#[ignore]
+fn timing_gemma_shapes() {
+    flint_gpu::gpu_test!(ctx => {
+        const REPEATS: u32 = 5;
+        for ty in [QuantType::Q8_0, QuantType::Q4K, QuantType::F16] {
+            // K-quant rows are whole 256-blocks: 768 stands in for 640.
+            let narrow = if ty.block_elems() == 256 { 768u32 } else { 640 };
+            for (n_in, n_rows) in [(narrow, 2048u32), (2048, narrow)] {
+                for n_tok in [1u32, 64] {
+                    let mut rng = TestRng::new(7);
+                    let batch = Batch::new(ctx, n_tok, 1, 1, 16).unwrap();
+                    batch.write(ctx, &vec![0; n_tok as usize], &(0..n_tok).collect::<Vec<_>>(), &vec![0; n_tok as usize], &[&[0]]);
+                    let w = storage_init(ctx, "w", &random_weights(ty, (n_in * n_rows) as usize, &mut rng)).unwrap();
+                    let x = storage_init(ctx, "x", bytemuck::cast_slice(&rng.vec((n_tok * n_in) as usize))).unwrap();
+                    let y = storage_init(ctx, "y", &vec![0u8; (n_tok * n_rows * 4) as usize]).unwrap();
+                    let desc = MatmulDesc { label: "timing", ty, n_in, n_rows, row_offset: 0, y_stride: n_rows, tokens: TokenCount::Batch, accumulate: false };
+                    let mm = Matmul::new(ctx, &CACHE, &batch, &desc, &w, &x, &y, None).await.unwrap();
+                    let mut times = Vec::new();
+                    for _ in 0..REPEATS {
+                        let start = std::time::Instant::now();
+                        let mut enc = ctx.device.create_command_encoder(&Default::default());
+                        {
+                            let mut pass = enc.begin_compute_pass(&Default::default());
+                            mm.encode(&mut pass, n_tok);
+                        }
+                        ctx.queue.submit([enc.finish()]);
+                        ctx.poll_wait().unwrap();
+                        times.push(start.elapsed().as_secs_f64() * 1e3);
+                    }
+                    times.sort_by(f64::total_cmp);
+                    let ms = times[REPEATS as usize / 2];
+                    let gflops = 2.0 * (n_in * n_rows * n_tok) as f64 / ms / 1e6;
+                    eprintln!("{ty:5} {n_rows:5}x{n_in:5} n_tok {n_tok:3}: {ms:7.2} ms  {gflops:6.2} GFLOP/s");
+                }
+            }
+        }
+        ctx.check().unwrap();
+    });
+}
