@@ -5,7 +5,7 @@ use futures::future::LocalBoxFuture;
 use thiserror::Error;
 
 use crate::arch::{ArchError, ModelConfig};
-use crate::sampling::Sampler;
+use crate::sampling::{Sampled, Sampler};
 use crate::gguf::GgufError;
 
 #[derive(Debug, Error)]
@@ -43,10 +43,10 @@ pub trait Backend {
         &'a mut self,
         tokens: &'a [u32],
         sampler: &'a mut Sampler,
-    ) -> LocalBoxFuture<'a, Result<u32, BackendError>> {
+    ) -> LocalBoxFuture<'a, Result<Sampled, BackendError>> {
         Box::pin(async move {
             let logits = self.forward(tokens).await?;
-            Ok(sampler.sample(&logits))
+            Ok(Sampled { id: sampler.sample(&logits), ..Default::default() })
         })
     }
     /// Drops cached positions from `n` on (0 clears the cache).

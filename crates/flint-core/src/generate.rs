@@ -164,13 +164,13 @@ impl<'a> Generation<'a> {
         }
         let id = if !self.prefilled {
             self.prefilled = true;
-            self.backend.forward_sample(&self.prompt, &mut self.sampler).await?
+            self.backend.forward_sample(&self.prompt, &mut self.sampler).await?.id
         } else {
             let Some(tok) = self.last else { return Ok(self.finish(FinishReason::Stop)) };
             if self.max_tokens.is_some_and(|m| self.completion >= m) || self.backend.n_past() >= self.backend.n_ctx() {
                 return Ok(self.finish(FinishReason::Length));
             }
-            self.backend.forward_sample(std::slice::from_ref(&tok), &mut self.sampler).await?
+            self.backend.forward_sample(std::slice::from_ref(&tok), &mut self.sampler).await?.id
         };
         if self.completion == 0 {
             self.t_first = (self.clock)();

@@ -96,6 +96,16 @@ impl Rng {
     }
 }
 
+/// One drawn token, with log-probabilities when the settings ask for them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sampled {
+    pub id: u32,
+    /// log p(id) under the model's (penalized, biased, masked) distribution at temperature 1.
+    pub logprob: Option<f32>,
+    /// The `n_logprobs` most likely tokens and their log-probabilities, most likely first.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
 /// Index of the largest value; the lowest index wins ties (as llama.cpp's greedy sampler).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;

@@ -8,7 +8,7 @@ use futures::future::LocalBoxFuture;
 use flint_core::arch::ModelConfig;
 use flint_core::backend::{check_batch, Backend, BackendError};
 use flint_core::gguf::GgufFile;
-use flint_core::sampling::Sampler;
+use flint_core::sampling::{Sampled, Sampler};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -59,7 +59,7 @@ impl Backend for GpuBackend {
             self.model.forward_logits(tokens).await.map_err(device)
         })
     }
-    fn forward_sample<'a>(&'a mut self, tokens: &'a [u32], sampler: &'a mut Sampler) -> LocalBoxFuture<'a, Result<u32, BackendError>> {
+    fn forward_sample<'a>(&'a mut self, tokens: &'a [u32], sampler: &'a mut Sampler) -> LocalBoxFuture<'a, Result<Sampled, BackendError>> {
         Box::pin(async move {
             self.check(tokens)?;
             let output = if sampler.params().temperature <= 0.0 {
@@ -68,7 +68,8 @@ impl Backend for GpuBackend {
                 let step = sampler.next_step();
                 Output::Sample(SampleStep::new(sampler.params(), sampler.seed(), step))
             };
-            self.model.forward_token(tokens, output).await.map_err(device)
+            let id = self.model.forward_token(tokens, output).await.map_err(device)?;
+            Ok(Sampled { id, ..Default::default() })
         })
     }
     fn truncate(&mut self, n: usize) {

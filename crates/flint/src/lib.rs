@@ -153,10 +153,10 @@ impl Engine {
         let mut sampler = Sampler::new(SamplingParams::greedy()).map_err(GenerateError::from)?;
         self.backend.truncate(0);
         let t0 = clock();
-        let mut tok = self.backend.forward_sample(prompt, &mut sampler).await?;
+        let mut tok = self.backend.forward_sample(prompt, &mut sampler).await?.id;
         let t1 = clock();
         for _ in 0..n_gen {
-            tok = self.backend.forward_sample(std::slice::from_ref(&tok), &mut sampler).await?;
+            tok = self.backend.forward_sample(std::slice::from_ref(&tok), &mut sampler).await?.id;
         }
         let t2 = clock();
         Ok(BenchRun { ttft_s: (t1 - t0) / 1e3, prefill_s: (t1 - t0) / 1e3, decode_s: (t2 - t1) / 1e3 })

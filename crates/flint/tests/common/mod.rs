@@ -79,7 +79,7 @@ fn logits_then_greedy(engine: &mut Engine, prompt: &[u32], n: usize) -> (Vec<f32
         let mut sampler = flint_core::sampling::Sampler::new(SamplingParams::greedy()).unwrap();
         let mut out = vec![flint_core::sampling::argmax(&logits)];
         while out.len() < n {
-            let next = backend.forward_sample(&out[out.len() - 1..], &mut sampler).await.unwrap();
+            let next = backend.forward_sample(&out[out.len() - 1..], &mut sampler).await.unwrap().id;
             out.push(next);
         }
         (logits, out)
