@@ -33,6 +33,9 @@ pub struct BenchArgs {
     backend: BackendArg,
     #[arg(long, value_enum, default_value_t = BenchFormat::Text)]
     format: BenchFormat,
+    /// Also time every kernel of one decode step (GPU timestamp queries) and print where it goes.
+    #[arg(long)]
+    profile: bool,
 }
 
 struct Stats {
@@ -65,6 +68,30 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// Prefills `prompt`, then times each op of one decode step; returns per-op-kind totals
+/// (label, microseconds, count), largest first.
+fn profile_decode(engine: &mut Engine, prompt: &[u32]) -> Result<Vec<(String, f64, usize)>, Failure> {
+    let backend = engine.backend_mut();
+    let ops = futures::executor::block_on(async {
+        backend.truncate(0);
+        backend.forward(prompt).await?;
+        backend.profile(&prompt[..1]).await
+    })
+    .map_err(Failure::runtime)?;
+    let mut by_kind: Vec<(String, f64, usize)> = Vec::new();
+    for (label, ns) in ops {
+        match by_kind.iter_mut().find(|k| k.0 == label) {
+            Some(k) => {
+                k.1 += ns / 1e3;
+                k.2 += 1;
+            }
+            None => by_kind.push((label, ns / 1e3, 1)),
+        }
+    }
+    by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok(by_kind)
+}
+
 pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     if args.reps == 0 || args.prompt_tokens == 0 || args.gen_tokens == 0 {
         return Err(Failure::usage("-p, -n and --reps must be at least 1"));
@@ -87,6 +114,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         decode.push(args.gen_tokens as f64 / r.decode_s);
     }
     let copy_gbs = futures::executor::block_on(engine.copy_bandwidth_gbs()).map_err(Failure::runtime)?;
+    let profile = if args.profile { Some(profile_decode(&mut engine, &prompt)?) } else { None };
     let (prefill, decode, ttft) = (stats(prefill), stats(decode), stats(ttft));
     let bytes_per_token = engine.bytes_per_decode_token(args.prompt_tokens + args.gen_tokens / 2) as f64;
     let decode_gbs = bytes_per_token * decode.median / 1e9;
@@ -107,6 +135,10 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         "decode_bandwidth_gbs": round2(decode_gbs),
         "decode_bandwidth_pct": round2(pct),
     });
+    let mut report = report;
+    if let Some(p) = &profile {
+        report["decode_profile_us"] = json!(p.iter().map(|(k, us, n)| json!({"op": k, "us": round2(*us), "dispatches": n})).collect::<Vec<_>>());
+    }
     match args.format {
         BenchFormat::Json => println!("{report}"),
         BenchFormat::Text => {
@@ -120,6 +152,13 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             println!("ttft       {:.1} ms (min {:.1}, max {:.1})", ttft.median, ttft.min, ttft.max);
             println!("peak rss   {:.0} MB", peak_rss_mb());
             println!("bandwidth  decode {decode_gbs:.2} GB/s = {pct:.1}% of measured copy bandwidth {copy_gbs:.2} GB/s");
+            if let Some(p) = &profile {
+                let total: f64 = p.iter().map(|r| r.1).sum();
+                println!("decode step profile (GPU time, one op per timed pass): {:.1} ms", total / 1e3);
+                for (k, us, n) in p {
+                    println!("  {k:<14} {:>9.1} ms {:>5.1}%  ({n} dispatches)", us / 1e3, 100.0 * us / total);
+                }
+            }
         }
     }
     Ok(())

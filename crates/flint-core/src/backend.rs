@@ -49,6 +49,11 @@ pub trait Backend {
             Ok(Sampled { id: sampler.sample(&logits), ..Default::default() })
         })
     }
+    /// Runs one step of `tokens` with per-op device timings: (op label, nanoseconds).
+    fn profile<'a>(&'a mut self, tokens: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<(String, f64)>, BackendError>> {
+        let _ = tokens;
+        Box::pin(async { Err(BackendError::Device(format!("{} has no per-op profiler", self.name()))) })
+    }
     /// Drops cached positions from `n` on (0 clears the cache).
     fn truncate(&mut self, n: usize);
     /// A short name for reports: `cpu`, `gpu (llvmpipe)`.

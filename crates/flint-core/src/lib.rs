@@ -3,6 +3,7 @@
 
 pub mod arch;
 pub mod backend;
+pub mod chat;
 pub mod generate;
 pub mod gguf;
 pub mod kv;

@@ -1,7 +1,21 @@
-//! Sampling settings, their validation, and the CPU sampler: greedy, temperature, top-k,
-//! top-p and min-p over the full vocabulary, with a seeded, platform-independent PRNG.
+//! Sampling settings, their validation, and the CPU sampler: repetition, presence and
+//! frequency penalties over a window of past tokens, logit bias, an allowed-token mask,
+//! then greedy or a draw after temperature, top-k, top-p and min-p, with log-probabilities
+//! of the chosen token and the top alternatives. The PRNG is seeded and platform-independent.
+//!
+//! The logit edits (penalties → bias → mask) are expressed as a sorted list of
+//! [`LogitEdit`]s plus a bitset so the GPU sampler applies exactly the same arithmetic.
+
+use std::collections::{BTreeMap, VecDeque};
 
 use thiserror::Error;
+
+/// Most alternatives `n_logprobs` may ask for (OpenAI's and vLLM's limit).
+pub const MAX_LOGPROBS: usize = 20;
+/// Largest |presence_penalty| and |frequency_penalty| (vLLM's range).
+pub const MAX_PRESENCE_FREQUENCY: f32 = 2.0;
+/// Highest temperature (vLLM's range).
+pub const MAX_TEMPERATURE: f32 = 2.0;
 
 #[derive(Debug, Error, PartialEq)]
 pub enum SamplingError {
@@ -13,6 +27,22 @@ pub enum SamplingError {
     TopK(i32),
     #[error("min_p must be in [0, 1], got {0}")]
     MinP(f32),
+    #[error("repeat_penalty must be a finite number > 0 (1 = off), got {0}")]
+    RepeatPenalty(f32),
+    #[error("repeat_last_n must be -1 (the whole context), 0 (off) or positive, got {0}")]
+    RepeatLastN(i32),
+    #[error("presence_penalty must be in [-2, 2], got {0}")]
+    PresencePenalty(f32),
+    #[error("frequency_penalty must be in [-2, 2], got {0}")]
+    FrequencyPenalty(f32),
+    #[error("n_logprobs must be at most {MAX_LOGPROBS}, got {0}")]
+    NLogprobs(usize),
+    #[error("logit_bias for token {id} must be a finite number or -inf (a ban), got {bias}")]
+    LogitBias { id: u32, bias: f32 },
+    #[error("{what} names token {id}, outside the vocabulary of {n_vocab}")]
+    OutOfVocab { what: &'static str, id: u32, n_vocab: usize },
+    #[error("the allowed-token mask has {words} words; a vocabulary of {n_vocab} needs {needed} (1 bit per token)")]
+    MaskLength { words: usize, n_vocab: usize, needed: usize },
 }
 
 /// Sampling settings with llama.cpp's defaults.
@@ -28,11 +58,37 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// None = seeded from the clock.
     pub seed: Option<u64>,
+    /// Repetition penalty (llama.cpp): a positive logit of a token in the window is divided
+    /// by it, a non-positive one multiplied. 1 = off.
+    pub repeat_penalty: f32,
+    /// Tokens the penalties look back over, prompt included: -1 = the whole context, 0 = off.
+    pub repeat_last_n: i32,
+    /// Subtracted once from the logit of every token in the window. 0 = off.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence in the window. 0 = off.
+    pub frequency_penalty: f32,
+    /// (token id, bias) added to the logits after the penalties; -inf bans the token.
+    /// Biases of a repeated id add up.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Log-probabilities of the chosen token and this many alternatives (0 = none, ≤ 20).
+    pub n_logprobs: usize,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, seed: None }
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            seed: None,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
+            n_logprobs: 0,
+        }
     }
 }
 
@@ -41,8 +97,10 @@ impl SamplingParams {
         SamplingParams { temperature: 0.0, ..Default::default() }
     }
 
+    /// Checks every range that does not depend on the vocabulary; bias ids are checked by
+    /// [`Sampler::check_vocab`].
     pub fn validate(&self) -> Result<(), SamplingError> {
-        if !(self.temperature.is_finite() && (0.0..=2.0).contains(&self.temperature)) {
+        if !(self.temperature.is_finite() && (0.0..=MAX_TEMPERATURE).contains(&self.temperature)) {
             return Err(SamplingError::Temperature(self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
@@ -54,8 +112,73 @@ impl SamplingParams {
         if !(0.0..=1.0).contains(&self.min_p) {
             return Err(SamplingError::MinP(self.min_p));
         }
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            return Err(SamplingError::RepeatPenalty(self.repeat_penalty));
+        }
+        if self.repeat_last_n < -1 {
+            return Err(SamplingError::RepeatLastN(self.repeat_last_n));
+        }
+        let pf = -MAX_PRESENCE_FREQUENCY..=MAX_PRESENCE_FREQUENCY;
+        if !pf.contains(&self.presence_penalty) {
+            return Err(SamplingError::PresencePenalty(self.presence_penalty));
+        }
+        if !pf.contains(&self.frequency_penalty) {
+            return Err(SamplingError::FrequencyPenalty(self.frequency_penalty));
+        }
+        if self.n_logprobs > MAX_LOGPROBS {
+            return Err(SamplingError::NLogprobs(self.n_logprobs));
+        }
+        if let Some(&(id, bias)) = self.logit_bias.iter().find(|(_, b)| !(b.is_finite() || *b == f32::NEG_INFINITY)) {
+            return Err(SamplingError::LogitBias { id, bias });
+        }
         Ok(())
     }
+
+    /// Whether the repetition/presence/frequency penalties change anything.
+    pub fn penalties_on(&self) -> bool {
+        self.repeat_last_n != 0 && (self.repeat_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0)
+    }
+
+    pub fn penalties(&self) -> Penalties {
+        Penalties { repeat: self.repeat_penalty, presence: self.presence_penalty, frequency: self.frequency_penalty }
+    }
+}
+
+/// The penalty factors one step applies (see [`LogitEdit::apply`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Penalties {
+    pub repeat: f32,
+    pub presence: f32,
+    pub frequency: f32,
+}
+
+/// One token's edit: its occurrences in the penalty window (0 = not penalized) and its
+/// bias (0 = none). `#[repr(C)]` so the GPU sampler uploads the list as it is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct LogitEdit {
+    pub id: u32,
+    pub count: u32,
+    pub bias: f32,
+}
+
+impl LogitEdit {
+    /// llama.cpp's penalties, then the bias, in f32 in this exact order (the GPU kernel
+    /// `shaders/penalize.wgsl` mirrors it).
+    pub fn apply(&self, logit: f32, p: &Penalties) -> f32 {
+        let mut l = logit;
+        if self.count > 0 {
+            l = if l > 0.0 { l / p.repeat } else { l * p.repeat };
+            l -= self.count as f32 * p.frequency + p.presence;
+        }
+        l + self.bias
+    }
+}
+
+/// Whether the mask (1 bit per token id, bit i%32 of word i/32) allows token `i`; ids past
+/// the mask are disallowed.
+pub fn mask_allows(mask: &[u32], i: usize) -> bool {
+    mask.get(i / 32).is_some_and(|w| (w >> (i % 32)) & 1 == 1)
 }
 
 /// xoshiro256** seeded through splitmix64: small, fast and identical on every platform.
@@ -117,19 +240,57 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Draws tokens from logits with the configured settings.
+/// Log-softmax of `logits` at temperature 1: the value at `id`, and the `n` most likely
+/// tokens with theirs, most likely first (descending logit in total order, lowest id on ties). Tokens at
+/// -inf (banned) are never listed. Computed in f64.
+pub fn log_softmax_top(logits: &[f32], id: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
+    let live = |l: f32| l >= -f32::MAX;
+    let max = logits.iter().copied().filter(|&l| live(l)).fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().filter(|&&l| live(l)).map(|&l| (l as f64 - max).exp()).sum();
+    let log_z = sum.ln();
+    let lp = |l: f32| ((l as f64 - max) - log_z) as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    if n > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if !live(l) || (top.len() == n && l.total_cmp(&top[n - 1].1).is_le()) {
+                continue;
+            }
+            // Total order (as the GPU's keys); after earlier ids with the same logit.
+            let at = top.partition_point(|&(_, t)| t.total_cmp(&l).is_ge());
+            top.insert(at, (i as u32, l));
+            top.truncate(n);
+        }
+    }
+    let chosen = logits.get(id as usize).map_or(f32::NEG_INFINITY, |&l| lp(l));
+    (chosen, top.into_iter().map(|(i, l)| (i, lp(l))).collect())
+}
+
+/// Draws tokens from logits with the configured settings and keeps what the penalties need:
+/// the tokens seen so far (feed them with [`Sampler::accept`]) and the allowed-token mask.
 pub struct Sampler {
     params: SamplingParams,
     rng: Rng,
     seed: u64,
     steps: u32,
+    /// The last `repeat_last_n` accepted tokens, oldest first (when the window is bounded).
+    window: VecDeque<u32>,
+    /// Occurrences of each token in the window (only kept while a penalty is on).
+    counts: BTreeMap<u32, u32>,
+    /// `logit_bias` sorted by id, repeated ids summed in order.
+    bias: Vec<(u32, f32)>,
+    mask: Option<Vec<u32>>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Sampler, SamplingError> {
         params.validate()?;
         let seed = params.seed.unwrap_or_else(clock_seed);
-        Ok(Sampler { rng: Rng::new(seed), params, seed, steps: 0 })
+        let mut merged: BTreeMap<u32, f32> = BTreeMap::new();
+        for &(id, b) in &params.logit_bias {
+            *merged.entry(id).or_insert(0.0) += b;
+        }
+        let bias = merged.into_iter().collect();
+        Ok(Sampler { rng: Rng::new(seed), params, seed, steps: 0, window: VecDeque::new(), counts: BTreeMap::new(), bias, mask: None })
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -149,9 +310,102 @@ impl Sampler {
         s
     }
 
+    /// Records a token of the context (prompt or generated) for the penalties.
+    pub fn accept(&mut self, id: u32) {
+        if !self.params.penalties_on() {
+            return;
+        }
+        *self.counts.entry(id).or_insert(0) += 1;
+        let Ok(cap) = usize::try_from(self.params.repeat_last_n) else { return };
+        self.window.push_back(id);
+        if self.window.len() > cap {
+            let old = self.window.pop_front().unwrap_or(id);
+            if let Some(c) = self.counts.get_mut(&old) {
+                *c -= 1;
+                if *c == 0 {
+                    self.counts.remove(&old);
+                }
+            }
+        }
+    }
+
+    pub fn accept_all(&mut self, ids: &[u32]) {
+        for &id in ids {
+            self.accept(id);
+        }
+    }
+
+    /// Sets (or clears) the allowed-token mask for the next draws: 1 bit per token id, bit
+    /// i%32 of word i/32, set = allowed. Disallowed tokens get -inf before sampling, so a
+    /// grammar or JSON-schema constraint only has to produce this bitset each step.
+    pub fn set_mask(&mut self, mask: Option<Vec<u32>>) {
+        self.mask = mask;
+    }
+
+    pub fn mask(&self) -> Option<&[u32]> {
+        self.mask.as_deref()
+    }
+
+    /// Checks what only the vocabulary size can tell: bias ids, accepted ids, mask length.
+    pub fn check_vocab(&self, n_vocab: usize) -> Result<(), SamplingError> {
+        let out = |what, id: u32| SamplingError::OutOfVocab { what, id, n_vocab };
+        if let Some(&(id, _)) = self.bias.last().filter(|b| b.0 as usize >= n_vocab) {
+            return Err(out("logit_bias", id));
+        }
+        if let Some((&id, _)) = self.counts.last_key_value().filter(|c| *c.0 as usize >= n_vocab) {
+            return Err(out("the token history", id));
+        }
+        let needed = n_vocab.div_ceil(32);
+        match &self.mask {
+            Some(m) if m.len() != needed => Err(SamplingError::MaskLength { words: m.len(), n_vocab, needed }),
+            _ => Ok(()),
+        }
+    }
+
+    /// This step's edits, sorted by id with each id once: every token in the penalty
+    /// window with its count, and every biased token.
+    pub fn edits(&self) -> Vec<LogitEdit> {
+        let mut out = Vec::with_capacity(self.counts.len() + self.bias.len());
+        let mut bias = self.bias.iter().peekable();
+        for (&id, &count) in &self.counts {
+            while let Some(&&(bid, b)) = bias.peek().filter(|b| b.0 < id) {
+                out.push(LogitEdit { id: bid, count: 0, bias: b });
+                bias.next();
+            }
+            let b = bias.next_if(|b| b.0 == id).map_or(0.0, |b| b.1);
+            out.push(LogitEdit { id, count, bias: b });
+        }
+        out.extend(bias.map(|&(id, bias)| LogitEdit { id, count: 0, bias }));
+        out
+    }
+
+    /// Whether [`Sampler::penalize`] changes anything this step.
+    pub fn has_edits(&self) -> bool {
+        !self.counts.is_empty() || !self.bias.is_empty() || self.mask.is_some()
+    }
+
+    /// Applies the penalties, the bias and the mask to `logits` in place (ids outside
+    /// `logits` are ignored; [`Sampler::check_vocab`] reports them).
+    pub fn penalize(&self, logits: &mut [f32]) {
+        let p = self.params.penalties();
+        for e in self.edits() {
+            if let Some(l) = logits.get_mut(e.id as usize) {
+                *l = e.apply(*l, &p);
+            }
+        }
+        if let Some(mask) = &self.mask {
+            for (i, l) in logits.iter_mut().enumerate() {
+                if !mask_allows(mask, i) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+
     /// The probabilities the settings define, over the surviving candidates, sorted by
     /// descending probability: top-k, then top-p and min-p on the untempered softmax,
-    /// then temperature (llama.cpp's default order).
+    /// then temperature (llama.cpp's default order). `logits` are taken as they are: pass
+    /// them through [`Sampler::penalize`] first for the edited distribution.
     pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f64)> {
         let p = &self.params;
         let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
@@ -180,19 +434,55 @@ impl Sampler {
         cand.iter().map(|c| c.0).zip(probs).collect()
     }
 
+    /// The next token: [`Sampler::sample_full`] without log-probabilities.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let edited = self.edited(logits);
+        self.draw(edited.as_deref().unwrap_or(logits))
+    }
+
+    /// Penalties → bias → mask → greedy or a draw, and the log-probabilities when the
+    /// settings ask for them: the log-softmax at temperature 1 of the edited logits, before
+    /// temperature and truncation, so the numbers describe the model under the request's
+    /// penalties and constraints and do not depend on how the token was drawn. If the edits
+    /// ban every token the step yields id 0 (as the GPU sampler does).
+    pub fn sample_full(&mut self, logits: &[f32]) -> Sampled {
+        let edited = self.edited(logits);
+        let logits = edited.as_deref().unwrap_or(logits);
+        let id = self.draw(logits);
+        if self.params.n_logprobs == 0 {
+            return Sampled { id, ..Default::default() };
+        }
+        let (logprob, top_logprobs) = log_softmax_top(logits, id, self.params.n_logprobs);
+        Sampled { id, logprob: Some(logprob), top_logprobs }
+    }
+
+    fn edited(&self, logits: &[f32]) -> Option<Vec<f32>> {
+        self.has_edits().then(|| {
+            let mut l = logits.to_vec();
+            self.penalize(&mut l);
+            l
+        })
+    }
+
+    fn draw(&mut self, logits: &[f32]) -> u32 {
         if self.params.temperature <= 0.0 {
             return argmax(logits);
         }
         let dist = self.distribution(logits);
         let mut u = self.rng.next_f64();
+        let mut last = None;
         for &(id, p) in &dist {
+            // Zero (banned) and NaN (nothing allowed) probabilities are never drawn.
+            if p.is_nan() || p <= 0.0 {
+                continue;
+            }
             if u < p {
                 return id;
             }
             u -= p;
+            last = Some(id);
         }
-        dist.last().map_or(0, |d| d.0)
+        last.unwrap_or_else(|| argmax(logits))
     }
 }
 
@@ -247,7 +537,7 @@ mod tests {
     #[test]
     fn same_seed_same_draws() {
         let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
-        let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: Some(7) };
+        let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: Some(7), ..Default::default() };
         let draw = || {
             let mut s = Sampler::new(params.clone()).unwrap();
             (0..50).map(|_| s.sample(&logits)).collect::<Vec<_>>()
@@ -258,13 +548,13 @@ mod tests {
     #[test]
     fn truncation_keeps_what_settings_say() {
         let logits = [5.0f32, 4.0, 3.0, 2.0, 1.0];
-        let s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 3, top_p: 1.0, min_p: 0.0, seed: Some(1) }).unwrap();
+        let s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 3, top_p: 1.0, min_p: 0.0, seed: Some(1), ..Default::default() }).unwrap();
         assert_eq!(s.distribution(&logits).len(), 3);
         // softmax of [5,4,3,2,1]: 0.636, 0.234, 0.086, ... -> top_p 0.8 keeps two
-        let s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.8, min_p: 0.0, seed: Some(1) }).unwrap();
+        let s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.8, min_p: 0.0, seed: Some(1), ..Default::default() }).unwrap();
         assert_eq!(s.distribution(&logits).len(), 2);
         // min_p 0.2: keeps p >= 0.127 -> two
-        let s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.2, seed: Some(1) }).unwrap();
+        let s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.2, seed: Some(1), ..Default::default() }).unwrap();
         assert_eq!(s.distribution(&logits).len(), 2);
     }
 
@@ -272,7 +562,7 @@ mod tests {
     fn empirical_distribution_matches_intended() {
         // Chi-square goodness of fit over 10^4 draws, 4 degrees of freedom at p = 0.001: 18.47.
         let logits = [2.0f32, 1.5, 1.0, 0.5, 0.0, -0.5, -5.0];
-        let params = SamplingParams { temperature: 0.7, top_k: 5, top_p: 1.0, min_p: 0.0, seed: Some(42) };
+        let params = SamplingParams { temperature: 0.7, top_k: 5, top_p: 1.0, min_p: 0.0, seed: Some(42), ..Default::default() };
         let mut s = Sampler::new(params).unwrap();
         let dist = s.distribution(&logits);
         assert_eq!(dist.len(), 5);

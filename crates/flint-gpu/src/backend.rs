@@ -72,6 +72,12 @@ impl Backend for GpuBackend {
             Ok(Sampled { id, ..Default::default() })
         })
     }
+    fn profile<'a>(&'a mut self, tokens: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<(String, f64)>, BackendError>> {
+        Box::pin(async move {
+            self.check(tokens)?;
+            self.model.profile_step(tokens).await.map_err(device)
+        })
+    }
     fn truncate(&mut self, n: usize) {
         self.model.truncate(n);
     }

@@ -24,6 +24,8 @@ pub const KV_BLOCK: u32 = 16;
 /// Anything that records dispatches for a step of `n_tok` tokens.
 trait Encode {
     fn encode(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step);
+    /// What the op is, for profiles: `rms_norm`, `matmul Q4_K`, ...
+    fn label(&self) -> String;
 }
 
 /// What a recorded step needs to size its dispatches.
@@ -34,19 +36,47 @@ pub struct Step {
 }
 
 macro_rules! encode_with_n_tok {
-    ($($t:ty),*) => {$(
+    ($($t:ty => $name:literal),*) => {$(
         impl Encode for $t {
             fn encode(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step) {
                 <$t>::encode(self, pass, step.n_tok)
             }
+            fn label(&self) -> String {
+                $name.to_string()
+            }
         }
     )*};
 }
-encode_with_n_tok!(ops::matmul::Matmul, ops::embed::Embed, ops::attention::KvWrite, ops::rms_norm::RmsNorm, ops::rope::Rope, ops::glu::Glu, ops::add::Add);
+encode_with_n_tok!(
+    ops::embed::Embed => "embed",
+    ops::attention::KvWrite => "kv_write",
+    ops::rms_norm::RmsNorm => "rms_norm",
+    ops::rope::Rope => "rope",
+    ops::glu::Glu => "glu",
+    ops::add::Add => "add"
+);
 
 impl Encode for ops::attention::Attention {
     fn encode(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step) {
         self.encode_kv(pass, step.n_tok, step.max_kv_len)
+    }
+    fn label(&self) -> String {
+        "attention".to_string()
+    }
+}
+
+/// A matmul with the weight format it reads, for profiles.
+struct TypedMatmul {
+    ty: flint_core::quant::QuantType,
+    op: ops::matmul::Matmul,
+}
+
+impl Encode for TypedMatmul {
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step) {
+        self.op.encode(pass, step.n_tok)
+    }
+    fn label(&self) -> String {
+        format!("matmul {}", self.ty.name())
     }
 }
 
@@ -122,7 +152,7 @@ fn matmul_ops<'a>(
             let desc = ops::matmul::MatmulDesc { label: &label, ty, n_in, n_rows: rows, row_offset, y_stride, tokens, accumulate };
             // A bias covers all rows; it is only supported unsplit.
             let b = if row_offset == 0 { bias } else { None };
-            out.push(Box::new(ops::matmul::Matmul::new(ctx, cache, batch, &desc, w, x, y, b).await?));
+            out.push(Box::new(TypedMatmul { ty, op: ops::matmul::Matmul::new(ctx, cache, batch, &desc, w, x, y, b).await? }));
         }
         Ok(out)
     }
@@ -364,6 +394,59 @@ impl GpuModel {
     /// and 4 bytes read back.
     pub async fn forward_token(&mut self, tokens: &[u32], output: Output) -> Result<u32> {
         self.run(tokens, &output).await?.ok_or_else(|| GpuError::Readback("no token".into()))
+    }
+
+    /// Runs one step of `tokens` with every op in its own timed pass and returns
+    /// (op label, GPU nanoseconds) in execution order. Needs timestamp queries.
+    pub async fn profile_step(&mut self, tokens: &[u32]) -> Result<Vec<(String, f64)>> {
+        if !self.ctx.caps.timestamps {
+            return Err(GpuError::Unsupported { op: "profile", message: "the adapter has no timestamp queries".into() });
+        }
+        if tokens.is_empty() || tokens.len() > PREFILL_CHUNK as usize {
+            return Err(GpuError::Unsupported { op: "profile", message: format!("1..={PREFILL_CHUNK} tokens per profiled step") });
+        }
+        let start = self.seq.len();
+        let end = start + tokens.len();
+        let _ = self.blocks.reserve(&mut self.seq, end).map_err(|e| GpuError::Unsupported { op: "kv", message: e.to_string() })?;
+        let pos: Vec<u32> = (start as u32..end as u32).collect();
+        self.batch.write(&self.ctx, tokens, &pos, &vec![0u32; tokens.len()], &[self.seq.table()]);
+        let step = Step { n_tok: tokens.len() as u32, max_kv_len: end as u32 };
+        let ops: Vec<&dyn Encode> = self.body.iter().chain(self.head.iter()).map(|b| b.as_ref()).collect();
+        let n = ops.len() as u32;
+        let queries = self.ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2 * n,
+        });
+        let resolved = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("profile_resolve"),
+            size: 16 * n as u64,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("profile") });
+        for (i, op) in ops.iter().enumerate() {
+            let i = i as u32;
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("profiled op"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &queries,
+                    beginning_of_pass_write_index: Some(2 * i),
+                    end_of_pass_write_index: Some(2 * i + 1),
+                }),
+            });
+            op.encode(&mut pass, &step);
+        }
+        enc.resolve_query_set(&queries, 0..2 * n, &resolved, 0);
+        self.ctx.queue.submit([enc.finish()]);
+        let bytes = crate::buffer::read(&self.ctx, &resolved, 0, 16 * n as u64).await?;
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes);
+        let period = self.ctx.queue.get_timestamp_period() as f64;
+        Ok(ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| (op.label(), ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period))
+            .collect())
     }
 
     /// Last-position logits after `tokens` (tests and tools; reads the whole vector back).

@@ -1,5 +1,6 @@
 //! Whole-model oracle tests on the GPU (lavapipe in CI): 16 greedy tokens per golden prompt
-//! for both models at the device's binding limit, and gemma again with weights split at 64 MB.
+//! for both models at the device's binding limit, and gemma again with weights split at 64 MB
+//! (prompts 1–6 there: the split is the point, and the 1,197-token prompt 7 already runs above).
 
 mod common;
 
@@ -16,17 +17,17 @@ const GREEDY: usize = 16;
 #[test]
 fn gemma_3_270m_gpu_matches_f32_reference() {
     let Some(mut e) = gpu("gemma-3-270m", None) else { return };
-    common::run_golden(&mut e, "gemma", GREEDY, "gpu");
+    common::run_golden(&mut e, "gemma", 1..=7, GREEDY, "gpu");
 }
 
 #[test]
 fn gemma_3_270m_gpu_split_at_64mb_matches_f32_reference() {
     let Some(mut e) = gpu("gemma-3-270m", Some(64)) else { return };
-    common::run_golden(&mut e, "gemma", GREEDY, "gpu/64MB");
+    common::run_golden(&mut e, "gemma", 1..=6, GREEDY, "gpu/64MB");
 }
 
 #[test]
 fn qwen2_5_coder_0_5b_gpu_matches_f32_reference() {
     let Some(mut e) = gpu("qwen2.5-coder-0.5b", None) else { return };
-    common::run_golden(&mut e, "qwen", GREEDY, "gpu");
+    common::run_golden(&mut e, "qwen", 1..=7, GREEDY, "gpu");
 }

@@ -86,10 +86,10 @@ fn logits_then_greedy(engine: &mut Engine, prompt: &[u32], n: usize) -> (Vec<f32
     })
 }
 
-/// Every golden prompt of one model: prompt ids, last logits, `n_greedy` greedy ids.
-pub fn run_golden(engine: &mut Engine, golden: &str, n_greedy: usize, label: &str) {
+/// Golden prompts `prompts` (1..=7 is all) of one model: prompt ids, last logits, `n_greedy` greedy ids.
+pub fn run_golden(engine: &mut Engine, golden: &str, prompts: std::ops::RangeInclusive<usize>, n_greedy: usize, label: &str) {
     let mut llama_agree = Vec::new();
-    for index in 1..=7 {
+    for index in prompts {
         let t0 = std::time::Instant::now();
         let label = format!("{label} {golden} prompt {index}");
         let llama = json(shared().join(format!("golden/{golden}/{index}.json")));

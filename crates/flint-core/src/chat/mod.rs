@@ -1,0 +1,270 @@
+//! Chat templates: renders a model's `tokenizer.chat_template` (Jinja) the way Hugging Face's
+//! `apply_chat_template` does, on minijinja with Python-compatible methods, and tokenizes the
+//! result without doubling the BOS token.
+
+mod json;
+mod strftime;
+
+use std::borrow::Cow;
+
+use minijinja::value::{Kwargs, Rest};
+use minijinja::{Environment, ErrorKind, UndefinedBehavior, Value};
+use thiserror::Error;
+
+use crate::gguf::Metadata;
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// GGUF key holding the default chat template.
+pub const KEY_CHAT_TEMPLATE: &str = "tokenizer.chat_template";
+/// Name the compiled template is stored under; it appears in error locations.
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// One chat turn. Messages with more fields (`tool_calls`, `name`, list-valued `content`)
+/// go through [`ChatTemplate::render_json`].
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
+        ChatMessage { role: role.into(), content: content.into() }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ChatError {
+    #[error("chat template does not compile: {0}")]
+    Syntax(String),
+    #[error("chat template failed to render: {0}")]
+    Render(String),
+    /// The template called `raise_exception(msg)`; holds `msg` unchanged.
+    #[error("chat template raised an exception: {0}")]
+    Raised(String),
+    #[error("the model has no chat template ({KEY_CHAT_TEMPLATE})")]
+    NoTemplate,
+}
+
+/// Unix time in seconds, or `None` where the target has no clock.
+pub type Clock = fn() -> Option<u64>;
+
+/// The system clock natively; wasm32-unknown-unknown has none (`SystemTime::now` panics there),
+/// so the embedder injects one with [`ChatTemplate::with_clock`].
+pub fn system_clock() -> Option<u64> {
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    {
+        None
+    }
+    #[cfg(not(all(target_arch = "wasm32", target_os = "unknown")))]
+    {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs())
+    }
+}
+
+/// A compiled chat template plus the token texts it is rendered with.
+#[derive(Clone, Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+    now: Clock,
+}
+
+/// Error source that marks a `raise_exception` call, so it survives minijinja's error
+/// plumbing and becomes [`ChatError::Raised`].
+#[derive(Debug)]
+struct RaisedByTemplate(String);
+
+impl std::fmt::Display for RaisedByTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RaisedByTemplate {}
+
+fn raise_exception(msg: String) -> Result<Value, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg.clone()).with_source(RaisedByTemplate(msg)))
+}
+
+fn chat_error(err: minijinja::Error) -> ChatError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&err);
+    while let Some(s) = source {
+        if let Some(raised) = s.downcast_ref::<RaisedByTemplate>() {
+            return ChatError::Raised(raised.0.clone());
+        }
+        source = s.source();
+    }
+    match err.kind() {
+        ErrorKind::SyntaxError | ErrorKind::BadEscape | ErrorKind::InvalidDelimiter => ChatError::Syntax(err.to_string()),
+        _ => ChatError::Render(err.to_string()),
+    }
+}
+
+/// HF's `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`:
+/// `json.dumps` output, key order kept, nothing HTML-escaped.
+fn tojson_filter(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    const PARAMS: [&str; 4] = ["ensure_ascii", "indent", "separators", "sort_keys"];
+    if args.len() > PARAMS.len() {
+        return Err(minijinja::Error::new(ErrorKind::TooManyArguments, "tojson takes at most 4 arguments"));
+    }
+    let mut get = |i: usize| -> Result<Option<Value>, minijinja::Error> {
+        let from_kwargs: Option<Value> = kwargs.get(PARAMS[i])?;
+        match (args.get(i), from_kwargs) {
+            (Some(_), Some(_)) => Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson got multiple values for argument '{}'", PARAMS[i]),
+            )),
+            (Some(v), None) => Ok(Some(v.clone())),
+            (None, v) => Ok(v),
+        }
+    };
+    let ensure_ascii = get(0)?.is_some_and(|v| v.is_true());
+    let indent = get(1)?;
+    let separators = get(2)?;
+    let sort_keys = get(3)?.is_some_and(|v| v.is_true());
+    kwargs.assert_all_used()?;
+    let opts = json::Options::new(ensure_ascii, indent.as_ref(), separators.as_ref(), sort_keys)?;
+    json::dumps(value, &opts).map(Value::from)
+}
+
+/// Turns HF's `{% generation %}` ... `{% endgeneration %}` (a transformers extension marking
+/// assistant text for training masks, which renders its body unchanged) into an always-true
+/// `if`, keeping the tags' whitespace control.
+fn rewrite_generation_tags(source: &str) -> Cow<'_, str> {
+    if !source.contains("generation") {
+        return Cow::Borrowed(source);
+    }
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start + 2..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(&rest[start..]);
+            return Cow::Owned(out);
+        };
+        let inner = &tag[..end];
+        let lead = inner.strip_prefix(['-', '+']).map_or("", |_| &inner[..1]);
+        let body = &inner[lead.len()..];
+        let trail = body.strip_suffix(['-', '+']).map_or("", |_| &body[body.len() - 1..]);
+        let word = body[..body.len() - trail.len()].trim();
+        match word {
+            "generation" => out.push_str(&format!("{{%{lead} if true {trail}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{lead} endif {trail}%}}")),
+            _ => out.push_str(&rest[start..start + 2 + end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
+}
+
+impl ChatTemplate {
+    /// Compiles `source` once; syntax errors are reported here, not at render time.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, ChatError> {
+        let mut env = Environment::new();
+        // jinja2.Environment(trim_blocks=True, lstrip_blocks=True) as transformers builds it;
+        // keep_trailing_newline stays off in both.
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| ChatError::Syntax(e.to_string()))?;
+        env.set_syntax(syntax);
+        env.set_undefined_behavior(UndefinedBehavior::Lenient);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson_filter);
+        env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source).into_owned()).map_err(chat_error)?;
+        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string(), now: system_clock })
+    }
+
+    /// The model's default template, rendered with its BOS/EOS token texts; `None` when the
+    /// file has no `tokenizer.chat_template`.
+    pub fn from_metadata(md: &Metadata, tok: &Tokenizer) -> Result<Option<ChatTemplate>, ChatError> {
+        let source = md
+            .opt_str(KEY_CHAT_TEMPLATE)
+            .map_err(|e| ChatError::Syntax(format!("{KEY_CHAT_TEMPLATE}: {e}")))?;
+        let Some(source) = source else { return Ok(None) };
+        let text = |id: Option<u32>| id.and_then(|id| tok.token_text(id)).unwrap_or("");
+        ChatTemplate::new(source, text(tok.bos_id()), text(tok.eos_id())).map(Some)
+    }
+
+    /// Replaces the clock behind `strftime_now` (wasm embedders pass the JS clock; tests a
+    /// fixed time). When it returns `None`, `strftime_now` is left undefined, so templates
+    /// guarded by `strftime_now is defined` fall back to their built-in date.
+    pub fn with_clock(mut self, now: Clock) -> ChatTemplate {
+        self.now = now;
+        self
+    }
+
+    pub fn bos_token(&self) -> &str {
+        &self.bos_token
+    }
+
+    pub fn eos_token(&self) -> &str {
+        &self.eos_token
+    }
+
+    /// Renders `messages`; `tools` and `documents` are none, as transformers passes them
+    /// when the caller gives none.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ChatError> {
+        self.render_value(Value::from_serialize(messages), Value::from(()), add_generation_prompt)
+    }
+
+    /// Renders messages given as JSON objects (extra fields such as `tool_calls`, `name` or
+    /// list-valued `content` pass through, key order kept) with optional tool schemas.
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        let tools = tools.map_or(Value::from(()), Value::from_serialize);
+        self.render_value(Value::from_serialize(messages), tools, add_generation_prompt)
+    }
+
+    fn render_value(&self, messages: Value, tools: Value, add_generation_prompt: bool) -> Result<String, ChatError> {
+        // One reading of the clock per render, so every call in the template agrees.
+        let strftime_now = match (self.now)() {
+            Some(secs) => Value::from_function(move |fmt: &str| strftime::format(fmt, secs)),
+            None => Value::UNDEFINED,
+        };
+        let ctx = minijinja::context! {
+            messages => messages,
+            tools => tools,
+            documents => Value::from(()),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.as_str(),
+            eos_token => self.eos_token.as_str(),
+            strftime_now => strftime_now,
+        };
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(chat_error)?;
+        template.render(ctx).map_err(chat_error)
+    }
+}
+
+/// Tokenizes a rendered chat prompt: special tokens parsed; BOS added per the tokenizer's
+/// default unless the rendered text already starts with the BOS token's text (templates such
+/// as gemma's print `{{ bos_token }}` themselves), so there is never a double BOS.
+pub fn tokenize_rendered(tok: &Tokenizer, rendered: &str) -> Result<Vec<u32>, TokenizerError> {
+    let bos_text = tok.bos_id().and_then(|id| tok.token_text(id)).unwrap_or("");
+    let already = !bos_text.is_empty() && rendered.starts_with(bos_text);
+    tok.encode(rendered, tok.add_bos_default() && !already, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_tags_become_ifs() {
+        let src = "a{%- generation -%}b{% endgeneration %}c{% if x %}{% endif %}";
+        assert_eq!(rewrite_generation_tags(src), "a{%- if true -%}b{% endif %}c{% if x %}{% endif %}");
+        let t = ChatTemplate::new("{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}", "", "")
+            .unwrap();
+        assert_eq!(t.render(&[ChatMessage::new("user", "hi")], false).unwrap(), "hi");
+    }
+}
