@@ -64,7 +64,7 @@ fn qwen_gguf_template_is_the_golden_one() {
     let q = qwen();
     let from_gguf = q.md.opt_str("tokenizer.chat_template").unwrap().expect("qwen GGUF has tokenizer.chat_template");
     let golden = read("golden/prompts/qwen_chat_template.jinja");
-    assert_eq!(from_gguf.trim_end_matches('\n'), golden.trim_end_matches('\n'));
+    assert_eq!(from_gguf, golden);
 }
 
 #[test]
@@ -88,12 +88,8 @@ fn qwen_without_system_message_uses_default_prompt() {
 
 #[test]
 fn qwen_multiple_turns() {
-    let messages = [
-        msg("system", "Be brief."),
-        msg("user", "What is 2+2?"),
-        msg("assistant", "4"),
-        msg("user", "And 3+3?"),
-    ];
+    let messages =
+        [msg("system", "Be brief."), msg("user", "What is 2+2?"), msg("assistant", "4"), msg("user", "And 3+3?")];
     let out = qwen_template().render(&messages, true).unwrap();
     assert_eq!(
         out,
@@ -230,7 +226,8 @@ fn bos_and_eos_tokens_are_variables() {
     assert_eq!(t.render(&[msg("user", "x")], false).unwrap(), "<s>x</s>");
 }
 
-const GEMMA_STYLE: &str = "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}\
+const GEMMA_STYLE: &str =
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}\
     {% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
 
 #[test]

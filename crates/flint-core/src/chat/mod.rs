@@ -7,7 +7,7 @@ mod strftime;
 
 use std::borrow::Cow;
 
-use minijinja::value::{Kwargs, Rest};
+use minijinja::value::{Kwargs, Rest, Serde};
 use minijinja::{Environment, ErrorKind, UndefinedBehavior, Value};
 use thiserror::Error;
 
@@ -62,14 +62,26 @@ pub fn system_clock() -> Option<u64> {
     }
 }
 
-/// A compiled chat template plus the token texts it is rendered with.
-#[derive(Clone, Debug)]
+/// A compiled chat template plus the token texts it is rendered with; `Send + Sync`, cheap
+/// to render many times.
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
     now: Clock,
 }
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate").field("bos_token", &self.bos_token).field("eos_token", &self.eos_token).finish()
+    }
+}
+
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ChatTemplate>();
+};
 
 /// Error source that marks a `raise_exception` call, so it survives minijinja's error
 /// plumbing and becomes [`ChatError::Raised`].
@@ -97,7 +109,9 @@ fn chat_error(err: minijinja::Error) -> ChatError {
         source = s.source();
     }
     match err.kind() {
-        ErrorKind::SyntaxError | ErrorKind::BadEscape | ErrorKind::InvalidDelimiter => ChatError::Syntax(err.to_string()),
+        ErrorKind::SyntaxError | ErrorKind::BadEscape | ErrorKind::InvalidDelimiter => {
+            ChatError::Syntax(err.to_string())
+        }
         _ => ChatError::Render(err.to_string()),
     }
 }
@@ -109,7 +123,7 @@ fn tojson_filter(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Val
     if args.len() > PARAMS.len() {
         return Err(minijinja::Error::new(ErrorKind::TooManyArguments, "tojson takes at most 4 arguments"));
     }
-    let mut get = |i: usize| -> Result<Option<Value>, minijinja::Error> {
+    let get = |i: usize| -> Result<Option<Value>, minijinja::Error> {
         let from_kwargs: Option<Value> = kwargs.get(PARAMS[i])?;
         match (args.get(i), from_kwargs) {
             (Some(_), Some(_)) => Err(minijinja::Error::new(
@@ -184,9 +198,8 @@ impl ChatTemplate {
     /// The model's default template, rendered with its BOS/EOS token texts; `None` when the
     /// file has no `tokenizer.chat_template`.
     pub fn from_metadata(md: &Metadata, tok: &Tokenizer) -> Result<Option<ChatTemplate>, ChatError> {
-        let source = md
-            .opt_str(KEY_CHAT_TEMPLATE)
-            .map_err(|e| ChatError::Syntax(format!("{KEY_CHAT_TEMPLATE}: {e}")))?;
+        let source =
+            md.opt_str(KEY_CHAT_TEMPLATE).map_err(|e| ChatError::Syntax(format!("{KEY_CHAT_TEMPLATE}: {e}")))?;
         let Some(source) = source else { return Ok(None) };
         let text = |id: Option<u32>| id.and_then(|id| tok.token_text(id)).unwrap_or("");
         ChatTemplate::new(source, text(tok.bos_id()), text(tok.eos_id())).map(Some)
@@ -211,7 +224,7 @@ impl ChatTemplate {
     /// Renders `messages`; `tools` and `documents` are none, as transformers passes them
     /// when the caller gives none.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ChatError> {
-        self.render_value(Value::from_serialize(messages), Value::from(()), add_generation_prompt)
+        self.render_value(Value::from(Serde(messages)), Value::from(()), add_generation_prompt)
     }
 
     /// Renders messages given as JSON objects (extra fields such as `tool_calls`, `name` or
@@ -222,8 +235,8 @@ impl ChatTemplate {
         tools: Option<&[serde_json::Value]>,
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
-        let tools = tools.map_or(Value::from(()), Value::from_serialize);
-        self.render_value(Value::from_serialize(messages), tools, add_generation_prompt)
+        let tools = tools.map_or(Value::from(()), |t| Value::from(Serde(t)));
+        self.render_value(Value::from(Serde(messages)), tools, add_generation_prompt)
     }
 
     fn render_value(&self, messages: Value, tools: Value, add_generation_prompt: bool) -> Result<String, ChatError> {
@@ -263,8 +276,12 @@ mod tests {
     fn generation_tags_become_ifs() {
         let src = "a{%- generation -%}b{% endgeneration %}c{% if x %}{% endif %}";
         assert_eq!(rewrite_generation_tags(src), "a{%- if true -%}b{% endif %}c{% if x %}{% endif %}");
-        let t = ChatTemplate::new("{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}", "", "")
-            .unwrap();
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
         assert_eq!(t.render(&[ChatMessage::new("user", "hi")], false).unwrap(), "hi");
     }
 }

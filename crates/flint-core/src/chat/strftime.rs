@@ -2,8 +2,20 @@
 //! and no clock of its own (wasm32 has none): formats a given Unix time, in UTC.
 
 const SECS_PER_DAY: u64 = 86_400;
-const MONTHS: [&str; 12] =
-    ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
 /// 1970-01-01 was a Thursday.
 const WEEKDAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
 
@@ -25,7 +37,7 @@ struct DateTime {
 }
 
 fn is_leap(y: i64) -> bool {
-    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+    y.rem_euclid(4) == 0 && (y.rem_euclid(100) != 0 || y.rem_euclid(400) == 0)
 }
 
 /// Howard Hinnant's `civil_from_days`: days since 1970-01-01 → (year, month, day).
@@ -83,7 +95,10 @@ pub fn format(fmt: &str, secs: u64) -> String {
             }
             break;
         };
-        let hour12 = if t.hour % 12 == 0 { 12 } else { t.hour % 12 };
+        let hour12 = match t.hour % 12 {
+            0 => 12,
+            h => h,
+        };
         match spec {
             'Y' => out.push_str(&t.year.to_string()),
             'y' => out.push_str(&num(t.year.rem_euclid(100) as u32, 2)),
@@ -122,7 +137,10 @@ mod tests {
     fn calendar_edges() {
         assert_eq!(format("%Y-%m-%d %H:%M:%S %a %j", 0), "1970-01-01 00:00:00 Thu 001");
         // 2024-02-29 (leap day) 13:05:09 UTC
-        assert_eq!(format("%A %d %B %Y, %I:%M %p, day %j", 1_709_211_909), "Thursday 29 February 2024, 01:05 PM, day 060");
+        assert_eq!(
+            format("%A %d %B %Y, %I:%M %p, day %j", 1_709_211_909),
+            "Thursday 29 February 2024, 01:05 PM, day 060"
+        );
         // 2000-12-31 23:59:59: day 366 of a leap century year
         assert_eq!(format("%j %b %-d %e %y %%", 978_307_199), "366 Dec 31 31 00 %");
         assert_eq!(format("%-m/%-d %Q %", 978_307_199), "12/31 %Q %");
