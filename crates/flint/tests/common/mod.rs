@@ -1,5 +1,6 @@
 //! Shared oracle checks for the whole-model tests: llama.cpp's prompt ids, the f32
 //! reference's last-position logits (NMSE ≤ 1e-5) and its greedy continuation.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 
