@@ -16,6 +16,12 @@
 // atomics). min-p is the test logit − max ≥ ln(min_p). Gumbel-max over the survivors of
 // (logit − max)/T + G, G = −ln(−ln U) from a counter-based hash of (seed, step + draw,
 // index), draws exactly from softmax(logit/T) restricted to them.
+// Log-probabilities (when n_top > 0), after either: logprob_partial (n_groups) sums
+// exp(logit − max) over its chunk and selects its n_top largest keys K by repeated
+// workgroup max below the previous pick; logprob_final (one workgroup) adds the sums,
+// merges the n_groups·n_top candidates the same way and writes the record `lp`:
+// log-softmax at temperature 1 of the chosen token out[0] and of the top n_top, in K order.
+// Tokens at −inf (banned) or NaN are never candidates and add nothing to the sum.
 // Defines: WG (threads per workgroup; must equal RADIX for the histogram kernels).
 
 struct Params {
@@ -35,6 +41,11 @@ struct Params {
     seed_lo: u32,
     seed_hi: u32,
     step: u32,
+    // log-probability alternatives; 0 = no log-probabilities
+    n_top: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -48,6 +59,12 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> hist: array<atomic<u32>>;
 // out: [max_draws] u32 token ids
 @group(0) @binding(5) var<storage, read_write> out: array<u32>;
+// lp_part: [n_groups, 1 + n_top] per workgroup: (Σ exp(logit − max) f32 bits, keys found),
+// then its largest keys K = (order_key(logit), index_key), descending
+@group(0) @binding(6) var<storage, read_write> lp_part: array<vec2<u32>>;
+// lp: [LP_TOP + 2 · n_top] u32: the chosen id, its log-probability (f32 bits), how many
+// alternatives follow, then (id, log-probability f32 bits) each, most likely first
+@group(0) @binding(7) var<storage, read_write> lp: array<u32>;
 
 const RADIX: u32 = 256u;
 // The histogram kernels give each thread one bucket.
@@ -82,8 +99,15 @@ const ABOVE_HI: u32 = 7u;
 const TARGET_LO: u32 = 8u;
 const TARGET_HI: u32 = 9u;
 
+// lp words
+const LP_ID: u32 = 0u;
+const LP_LOGPROB: u32 = 1u;
+const LP_N: u32 = 2u;
+const LP_TOP: u32 = 3u;
+
 var<workgroup> red_v: array<f32, WG>;
 var<workgroup> red_i: array<u32, WG>;
+var<workgroup> red_k: array<vec2<u32>, WG>;
 var<workgroup> h_cnt: array<atomic<u32>, RADIX>;
 var<workgroup> h_lo: array<atomic<u32>, RADIX>;
 var<workgroup> h_hi: array<atomic<u32>, RADIX>;
@@ -98,6 +122,11 @@ fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
 fn order_key(v: f32) -> u32 {
     let b = bitcast<u32>(v);
     return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+
+// The logit whose order_key is k.
+fn key_logit(k: u32) -> f32 {
+    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
 }
 
 fn index_key(i: u32) -> u32 {
@@ -150,6 +179,40 @@ fn wg_argmax(lid: u32, v: f32, i: u32) -> vec2<u32> {
         workgroupBarrier();
     }
     return vec2<u32>(bitcast<u32>(red_v[0]), red_i[0]);
+}
+
+fn wg_sum(lid: u32, v: f32) -> f32 {
+    red_v[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red_v[lid] += red_v[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red_v[0];
+    // Everyone has read the result before red_v is reused.
+    workgroupBarrier();
+    return r;
+}
+
+fn key_greater(a: vec2<u32>, b: vec2<u32>) -> bool {
+    return a.x > b.x || (a.x == b.x && a.y > b.y);
+}
+
+// The largest key K across the workgroup; (0, 0) (below every live logit) = none.
+fn wg_keymax(lid: u32, k: vec2<u32>) -> vec2<u32> {
+    red_k[lid] = k;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s && key_greater(red_k[lid + s], red_k[lid])) {
+            red_k[lid] = red_k[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red_k[0];
+    workgroupBarrier();
+    return r;
 }
 
 // ---- Gumbel noise ----
@@ -454,5 +517,90 @@ fn topp_select() {
         state[b + DONE] = 1u;
         state[THR_V] = state[b + PREFIX_V];
         state[THR_I] = state[b + PREFIX_I];
+    }
+}
+
+// ---- log-probabilities ----
+
+@compute @workgroup_size(WG)
+fn logprob_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let g = wg.x;
+    let start = g * params.chunk;
+    let end = min(start + params.chunk, params.n_vocab);
+    let lmax = bitcast<f32>(state[MAX_BITS]);
+    var s = 0.0;
+    for (var i = start + lid; i < end; i += WG) {
+        let l = logits[i];
+        if (l >= NEG_MAX) {
+            s += exp(l - lmax);
+        }
+    }
+    let total = wg_sum(lid, s);
+    let stride = params.n_top + 1u;
+    // Candidates of each round are the keys below the previous pick.
+    var last = vec2<u32>(NONE, NONE);
+    var found = 0u;
+    for (var r = 0u; r < params.n_top; r++) {
+        var best = vec2<u32>(0u, 0u);
+        for (var i = start + lid; i < end; i += WG) {
+            let l = logits[i];
+            let k = vec2<u32>(order_key(l), index_key(i));
+            if (l >= NEG_MAX && key_greater(last, k) && key_greater(k, best)) {
+                best = k;
+            }
+        }
+        best = wg_keymax(lid, best);
+        if (best.x != 0u) {
+            last = best;
+            if (lid == 0u) {
+                lp_part[g * stride + 1u + found] = best;
+            }
+            found += 1u;
+        }
+    }
+    if (lid == 0u) {
+        lp_part[g * stride] = vec2<u32>(bitcast<u32>(total), found);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn logprob_final(@builtin(local_invocation_index) lid: u32) {
+    let stride = params.n_top + 1u;
+    var s = 0.0;
+    for (var g = lid; g < params.n_groups; g += WG) {
+        s += bitcast<f32>(lp_part[g * stride].x);
+    }
+    let log_z = log(wg_sum(lid, s));
+    let lmax = bitcast<f32>(state[MAX_BITS]);
+    var last = vec2<u32>(NONE, NONE);
+    var n = 0u;
+    let n_cand = params.n_groups * params.n_top;
+    for (var r = 0u; r < params.n_top; r++) {
+        var best = vec2<u32>(0u, 0u);
+        for (var j = lid; j < n_cand; j += WG) {
+            let g = j / params.n_top;
+            let k = j - g * params.n_top;
+            if (k < lp_part[g * stride].y) {
+                let c = lp_part[g * stride + 1u + k];
+                if (key_greater(last, c) && key_greater(c, best)) {
+                    best = c;
+                }
+            }
+        }
+        best = wg_keymax(lid, best);
+        if (best.x != 0u) {
+            last = best;
+            if (lid == 0u) {
+                lp[LP_TOP + 2u * n] = params.n_vocab - 1u - best.y;
+                lp[LP_TOP + 2u * n + 1u] = bitcast<u32>((key_logit(best.x) - lmax) - log_z);
+            }
+            n += 1u;
+        }
+    }
+    if (lid == 0u) {
+        let id = out[0];
+        lp[LP_ID] = id;
+        lp[LP_LOGPROB] = bitcast<u32>((logits[id] - lmax) - log_z);
+        lp[LP_N] = n;
     }
 }

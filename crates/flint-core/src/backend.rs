@@ -20,6 +20,8 @@ pub enum BackendError {
     Gguf(#[from] GgufError),
     #[error(transparent)]
     Arch(#[from] ArchError),
+    #[error(transparent)]
+    Sampling(#[from] crate::sampling::SamplingError),
     #[error("{0}")]
     Device(String),
 }
@@ -46,13 +48,18 @@ pub trait Backend {
     ) -> LocalBoxFuture<'a, Result<Sampled, BackendError>> {
         Box::pin(async move {
             let logits = self.forward(tokens).await?;
-            Ok(Sampled { id: sampler.sample(&logits), ..Default::default() })
+            Ok(sampler.sample_full(&logits))
         })
     }
     /// Runs one step of `tokens` with per-op device timings: (op label, nanoseconds).
     fn profile<'a>(&'a mut self, tokens: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<(String, f64)>, BackendError>> {
         let _ = tokens;
         Box::pin(async { Err(BackendError::Device(format!("{} has no per-op profiler", self.name()))) })
+    }
+    /// How much of an `n`-position cached prefix can be kept when rolling back to it: `n`,
+    /// or less where layers keep only a window (a ring cannot give back overwritten positions).
+    fn reusable_prefix(&self, n: usize) -> usize {
+        n
     }
     /// Drops cached positions from `n` on (0 clears the cache).
     fn truncate(&mut self, n: usize);

@@ -18,6 +18,8 @@ pub enum GenerateError {
     ContextExceeded { prompt: usize, n_ctx: usize },
     #[error("max_tokens must be at least 1")]
     MaxTokens,
+    #[error("a stop string may not be empty")]
+    EmptyStop,
     #[error(transparent)]
     Sampling(#[from] SamplingError),
     #[error(transparent)]
@@ -48,6 +50,8 @@ impl FinishReason {
 pub struct Summary {
     pub finish_reason: FinishReason,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV was reused from the previous request (not prefilled again).
+    pub cached_prompt_tokens: usize,
     pub completion_tokens: usize,
     pub ttft_ms: f64,
     pub prefill_tok_s: f64,
@@ -56,17 +60,41 @@ pub struct Summary {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    /// One generated token and the text it completes (empty while a UTF-8 character is split).
-    Token { id: u32, text: String },
+    /// One generated token and the text it completes (empty while a UTF-8 character is split
+    /// or while it may begin a stop string), with log-probabilities when asked for.
+    Token { id: u32, text: String, logprobs: Option<TokenLogprobs> },
     /// The end; `text` holds whatever the detokenizer still had buffered.
     Done { summary: Summary, text: String },
 }
 
-#[derive(Clone, Debug)]
+/// log p of the chosen token and of the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Clone, Debug, Default)]
 pub struct GenerateParams {
     /// None: until an end-of-generation token or the end of the context.
     pub max_tokens: Option<usize>,
     pub sampling: SamplingParams,
+    /// Generation ends when the text contains one of these (matched across token
+    /// boundaries); the stop string itself is not emitted.
+    pub stop: Vec<String>,
+}
+
+impl GenerateParams {
+    pub fn validate(&self) -> Result<(), GenerateError> {
+        if self.max_tokens == Some(0) {
+            return Err(GenerateError::MaxTokens);
+        }
+        if self.stop.iter().any(|s| s.is_empty()) {
+            return Err(GenerateError::EmptyStop);
+        }
+        self.sampling.validate()?;
+        Ok(())
+    }
 }
 
 /// Milliseconds from an arbitrary origin; injected so wasm can use `performance.now()`.
@@ -85,13 +113,22 @@ pub fn default_clock() -> f64 {
     0.0
 }
 
-/// One request in flight over a backend whose KV cache holds nothing else.
+/// One request in flight. `cache` lists the tokens whose KV the backend holds (from earlier
+/// requests); the longest common prefix with the new prompt is reused, not prefilled again.
 pub struct Generation<'a> {
     backend: &'a mut dyn Backend,
     tokenizer: &'a Tokenizer,
+    cache: &'a mut Vec<u32>,
     sampler: Sampler,
     decoder: StreamDecoder,
     prompt: Vec<u32>,
+    /// Prompt tokens already in the KV cache.
+    reused: usize,
+    stop: Vec<String>,
+    /// Decoded text not yet emitted because it might begin a stop string.
+    held: String,
+    /// A stop string appeared; the next step ends the generation.
+    stop_hit: bool,
     max_tokens: Option<usize>,
     abort: Arc<AtomicBool>,
     clock: Clock,
@@ -108,6 +145,7 @@ impl<'a> Generation<'a> {
     pub fn new(
         backend: &'a mut dyn Backend,
         tokenizer: &'a Tokenizer,
+        cache: &'a mut Vec<u32>,
         prompt: Vec<u32>,
         params: GenerateParams,
         abort: Arc<AtomicBool>,
@@ -116,21 +154,32 @@ impl<'a> Generation<'a> {
         if prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
-        if params.max_tokens == Some(0) {
-            return Err(GenerateError::MaxTokens);
-        }
+        params.validate()?;
         let n_ctx = backend.n_ctx();
         if prompt.len() + 1 > n_ctx {
             return Err(GenerateError::ContextExceeded { prompt: prompt.len(), n_ctx });
         }
-        let sampler = Sampler::new(params.sampling)?;
-        backend.truncate(0);
+        let mut sampler = Sampler::new(params.sampling)?;
+        sampler.check_vocab(backend.config().n_vocab)?;
+        // Repetition penalties see the whole prompt, reused prefix included.
+        sampler.accept_all(&prompt);
+        // Reuse the longest cached prefix, keeping at least one prompt token to run.
+        cache.truncate(backend.n_past());
+        let common = cache.iter().zip(&prompt).take_while(|(a, b)| a == b).count();
+        let keep = backend.reusable_prefix(common.min(prompt.len() - 1));
+        backend.truncate(keep);
+        cache.truncate(keep);
         Ok(Generation {
             backend,
             tokenizer,
+            cache,
             sampler,
             decoder: StreamDecoder::new(),
             prompt,
+            reused: keep,
+            stop: params.stop,
+            held: String::new(),
+            stop_hit: false,
             max_tokens: params.max_tokens,
             abort,
             clock,
@@ -156,22 +205,32 @@ impl<'a> Generation<'a> {
     }
 
     async fn step(&mut self) -> Result<Event, GenerateError> {
+        if self.stop_hit {
+            return Ok(self.finish(FinishReason::Stop));
+        }
         if self.abort.load(Ordering::Relaxed) {
             return Ok(self.finish(FinishReason::Abort));
         }
         if !self.prefilled {
             self.t_start = (self.clock)();
         }
-        let id = if !self.prefilled {
+        let sampled = if !self.prefilled {
             self.prefilled = true;
-            self.backend.forward_sample(&self.prompt, &mut self.sampler).await?.id
+            let new = &self.prompt[self.reused..];
+            let sampled = self.backend.forward_sample(new, &mut self.sampler).await?;
+            self.cache.extend_from_slice(new);
+            sampled
         } else {
             let Some(tok) = self.last else { return Ok(self.finish(FinishReason::Stop)) };
             if self.max_tokens.is_some_and(|m| self.completion >= m) || self.backend.n_past() >= self.backend.n_ctx() {
                 return Ok(self.finish(FinishReason::Length));
             }
-            self.backend.forward_sample(std::slice::from_ref(&tok), &mut self.sampler).await?.id
+            let sampled = self.backend.forward_sample(std::slice::from_ref(&tok), &mut self.sampler).await?;
+            self.cache.push(tok);
+            sampled
         };
+        let id = sampled.id;
+        let logprobs = sampled.logprob.map(|logprob| TokenLogprobs { logprob, top: sampled.top_logprobs });
         if self.completion == 0 {
             self.t_first = (self.clock)();
         }
@@ -180,11 +239,27 @@ impl<'a> Generation<'a> {
         }
         self.last = Some(id);
         self.completion += 1;
-        let text = self.decoder.push(self.tokenizer, id);
-        Ok(Event::Token { id, text })
+        self.sampler.accept(id);
+        let piece = self.decoder.push(self.tokenizer, id);
+        if self.stop.is_empty() {
+            return Ok(Event::Token { id, text: piece, logprobs });
+        }
+        self.held.push_str(&piece);
+        if let Some(at) = self.stop.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+            let text = self.held[..at].to_string();
+            self.held.clear();
+            self.stop_hit = true;
+            return Ok(Event::Token { id, text, logprobs });
+        }
+        // Emit all but the longest tail that could still begin a stop string.
+        let keep = self.stop.iter().map(|s| longest_prefix_suffix(&self.held, s)).max().unwrap_or(0);
+        let cut = self.held.len() - keep;
+        let text: String = self.held.drain(..cut).collect();
+        Ok(Event::Token { id, text, logprobs })
     }
 
     fn finish(&mut self, finish_reason: FinishReason) -> Event {
+        let mut text = std::mem::take(&mut self.held);
         let now = (self.clock)();
         let ttft_ms = if self.prefilled { self.t_first - self.t_start } else { 0.0 };
         let per_s = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
@@ -193,11 +268,39 @@ impl<'a> Generation<'a> {
         let summary = Summary {
             finish_reason,
             prompt_tokens: self.prompt.len(),
+            cached_prompt_tokens: self.reused,
             completion_tokens: self.completion,
             ttft_ms,
-            prefill_tok_s: per_s(self.prompt.len(), ttft_ms),
+            prefill_tok_s: per_s(self.prompt.len() - self.reused, ttft_ms),
             decode_tok_s: per_s(decode_steps, now - self.t_first),
         };
-        Event::Done { summary, text: self.decoder.finish() }
+        let tail = self.decoder.finish();
+        if !self.stop_hit {
+            text.push_str(&tail);
+        }
+        Event::Done { summary, text }
+    }
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of `stop` (at a char boundary).
+fn longest_prefix_suffix(text: &str, stop: &str) -> usize {
+    let max = stop.len().saturating_sub(1).min(text.len());
+    (1..=max)
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && stop.is_char_boundary(n) && text.ends_with(&stop[..n]))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::longest_prefix_suffix;
+
+    #[test]
+    fn held_tail_is_the_longest_possible_stop_start() {
+        assert_eq!(longest_prefix_suffix("hello wor", "world"), 3);
+        assert_eq!(longest_prefix_suffix("hello", "world"), 0);
+        assert_eq!(longest_prefix_suffix("abcab", "abcd"), 2);
+        assert_eq!(longest_prefix_suffix("x", "x"), 0);
+        assert_eq!(longest_prefix_suffix("é", "éa"), 2);
     }
 }

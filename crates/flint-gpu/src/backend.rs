@@ -1,5 +1,7 @@
-//! The GPU backend behind flint-core's `Backend` interface: greedy decoding reduces the
-//! logits to one id on the device, so a decode step reads back 4 bytes.
+//! The GPU backend behind flint-core's `Backend` interface: the logits never leave the
+//! device. Penalties, bias and the allowed-token mask edit them in place, greedy argmax or
+//! Gumbel-max sampling picks the token, and a decode step reads back 4 bytes (172 with
+//! log-probabilities).
 
 use std::sync::Arc;
 
@@ -8,12 +10,13 @@ use futures::future::LocalBoxFuture;
 use flint_core::arch::ModelConfig;
 use flint_core::backend::{check_batch, Backend, BackendError};
 use flint_core::gguf::GgufFile;
-use flint_core::sampling::{Sampled, Sampler};
+use flint_core::sampling::{Sampled, Sampler, SamplingError};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
 use crate::model::{GpuModel, Output};
 use crate::ops::argmax::SampleStep;
+use crate::ops::penalize::StepEdits;
 
 pub struct GpuBackend {
     model: GpuModel,
@@ -21,6 +24,13 @@ pub struct GpuBackend {
 
 fn device(e: GpuError) -> BackendError {
     BackendError::Device(e.to_string())
+}
+
+fn sampling(e: SamplingError) -> BackendError {
+    match e {
+        SamplingError::OutOfVocab { id, n_vocab, .. } => BackendError::BadToken { id, n_vocab },
+        e => BackendError::Device(e.to_string()),
+    }
 }
 
 impl GpuBackend {
@@ -62,14 +72,17 @@ impl Backend for GpuBackend {
     fn forward_sample<'a>(&'a mut self, tokens: &'a [u32], sampler: &'a mut Sampler) -> LocalBoxFuture<'a, Result<Sampled, BackendError>> {
         Box::pin(async move {
             self.check(tokens)?;
-            let output = if sampler.params().temperature <= 0.0 {
-                Output::Greedy
-            } else {
-                let step = sampler.next_step();
-                Output::Sample(SampleStep::new(sampler.params(), sampler.seed(), step))
-            };
-            let id = self.model.forward_token(tokens, output).await.map_err(device)?;
-            Ok(Sampled { id, ..Default::default() })
+            sampler.check_vocab(self.model.cfg.n_vocab).map_err(sampling)?;
+            let p = sampler.params();
+            let greedy = p.temperature <= 0.0;
+            if greedy && p.n_logprobs == 0 && !sampler.has_edits() {
+                // The fast path: argmax only.
+                return self.model.forward_token(tokens, Output::Greedy).await.map_err(device);
+            }
+            let step = if greedy { 0 } else { sampler.next_step() };
+            let sampler = &*sampler;
+            let output = Output::Sample(SampleStep::new(sampler.params(), sampler.seed(), step), StepEdits::from_sampler(sampler));
+            self.model.forward_token(tokens, output).await.map_err(device)
         })
     }
     fn profile<'a>(&'a mut self, tokens: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<(String, f64)>, BackendError>> {
@@ -77,6 +90,9 @@ impl Backend for GpuBackend {
             self.check(tokens)?;
             self.model.profile_step(tokens).await.map_err(device)
         })
+    }
+    fn reusable_prefix(&self, n: usize) -> usize {
+        self.model.reusable_prefix(n)
     }
     fn truncate(&mut self, n: usize) {
         self.model.truncate(n);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use flint_core::arch::ModelConfig;
 use flint_core::gguf::GgufFile;
 use flint_core::kv::{BlockManager, SeqKv};
+use flint_core::sampling::Sampled;
 
 use crate::buffer::storage;
 use crate::context::GpuContext;
@@ -81,13 +82,22 @@ impl Encode for TypedMatmul {
 }
 
 /// What the last submission of a step produces.
-pub enum Output {
+pub enum Output<'a> {
     /// Logits stay in the logits buffer.
     Logits,
     /// The greedy token (argmax on the device).
     Greedy,
-    /// A token drawn on the device from the distribution the settings define.
-    Sample(ops::argmax::SampleStep),
+    /// The logit edits (penalties, bias, mask) in place, then the greedy token or a draw on
+    /// the device as the step says, with log-probabilities when it asks for them.
+    Sample(ops::argmax::SampleStep, ops::penalize::StepEdits<'a>),
+}
+
+/// Sliding-window layers' KV: a ring of `blocks` blocks reached through a repeating table.
+struct Ring {
+    batch: Batch,
+    table: Vec<u32>,
+    /// Positions the ring holds beyond the window: how far a cached sequence can roll back.
+    slack: usize,
 }
 
 /// Activation buffers sized for [`PREFILL_CHUNK`] tokens.
@@ -109,12 +119,17 @@ pub struct GpuModel {
     pub ctx: Arc<GpuContext>,
     pub cfg: ModelConfig,
     batch: Batch,
+    /// The batch as sliding-window layers see it: their block table maps logical block i to
+    /// ring block i mod ring_blocks, so they keep only their window (plus one chunk).
+    ring: Option<Ring>,
     acts: Activations,
     /// Ops of the transformer body, in order.
     body: Vec<Box<dyn Encode>>,
     /// Final norm of the last token and the logits projection.
     head: Vec<Box<dyn Encode>>,
     sampler: ops::argmax::Sampler,
+    /// Edits the logits in place before the sampler.
+    penalize: ops::penalize::Penalize,
     /// [1] u32: the sampled token id.
     sampled: wgpu::Buffer,
     /// Per layer K and V caches, [n_blocks · KV_BLOCK, kv_dim] f32.
@@ -200,11 +215,31 @@ impl GpuModel {
             logits: storage(&ctx, "logits", c.n_vocab as u64 * f)?,
         };
         let n_slots = max_blocks as u64 * KV_BLOCK as u64;
+        // Local layers need their window plus the positions one chunk writes before reading.
+        let window = c.layers.iter().filter_map(|l| l.sliding_window).max();
+        let ring = match window {
+            Some(w) => {
+                let blocks = (w + PREFILL_CHUNK).div_ceil(KV_BLOCK);
+                if blocks < max_blocks {
+                    let table: Vec<u32> = (0..max_blocks).map(|i| i % blocks).collect();
+                    let batch = Batch::new(&ctx, PREFILL_CHUNK, 1, max_blocks, KV_BLOCK)?;
+                    Some(Ring { batch, table, slack: (blocks * KV_BLOCK - w) as usize })
+                } else {
+                    None
+                }
+            }
+            None => None,
+        };
+        let ring_slots = ring.as_ref().map(|r| r.table.iter().max().map_or(1, |m| m + 1) as u64 * KV_BLOCK as u64);
         let mut kv = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
+            let slots = match (c.layers[il].sliding_window, ring_slots) {
+                (Some(_), Some(r)) => r,
+                _ => n_slots,
+            };
             kv.push((
-                storage(&ctx, &format!("k_cache.{il}"), n_slots * c.kv_dim() as u64 * f)?,
-                storage(&ctx, &format!("v_cache.{il}"), n_slots * c.v_dim() as u64 * f)?,
+                storage(&ctx, &format!("k_cache.{il}"), slots * c.kv_dim() as u64 * f)?,
+                storage(&ctx, &format!("v_cache.{il}"), slots * c.v_dim() as u64 * f)?,
             ));
         }
 
@@ -264,8 +299,12 @@ impl GpuModel {
                 window: lc.sliding_window,
             };
             let (kc, vc) = &kv[il];
-            body.push(Box::new(ops::attention::KvWrite::new(&ctx, &cache, &batch, &desc, &a.k, &a.v, kc, vc).await?));
-            body.push(Box::new(ops::attention::Attention::new(&ctx, &cache, &batch, &desc, &a.q, kc, vc, &a.attn).await?));
+            let kv_batch = match (&ring, lc.sliding_window) {
+                (Some(r), Some(_)) => &r.batch,
+                _ => &batch,
+            };
+            body.push(Box::new(ops::attention::KvWrite::new(&ctx, &cache, kv_batch, &desc, &a.k, &a.v, kc, vc).await?));
+            body.push(Box::new(ops::attention::Attention::new(&ctx, &cache, kv_batch, &desc, &a.q, kc, vc, &a.attn).await?));
             let wo = up.matrix(&n("attn_output.weight")).await?;
             if c.post_norms {
                 body.extend(matmul_ops(&ctx, &cache, &batch, &wo, &a.attn, &a.o, None, PerToken, false).await?);
@@ -300,16 +339,20 @@ impl GpuModel {
         head.extend(matmul_ops(&ctx, &cache, &batch, &output, &a.last, &a.logits, None, One, false).await?);
         let sampled = storage(&ctx, "sampled", 4)?;
         let sampler = ops::argmax::Sampler::new(&ctx, &cache, c.n_vocab as u32, &a.logits, &sampled).await?;
+        // Edits list each id at most once, so n_vocab entries always suffice.
+        let penalize = ops::penalize::Penalize::new(&ctx, &cache, c.n_vocab as u32, c.n_vocab as u32, &a.logits).await?;
         up.flush()?;
         let upload_bytes = up.uploaded;
         let blocks = BlockManager::new(max_blocks, KV_BLOCK);
         Ok(GpuModel {
             cfg,
             batch,
+            ring,
             acts,
             body,
             head,
             sampler,
+            penalize,
             sampled,
             _kv: kv,
             blocks,
@@ -324,6 +367,28 @@ impl GpuModel {
         self.n_ctx
     }
 
+    /// Writes this step's batch for the global layers and, with its ring table, the local ones.
+    fn write_batch(&self, tokens: &[u32], pos: &[u32], seq: &[u32]) {
+        self.batch.write(&self.ctx, tokens, pos, seq, &[self.seq.table()]);
+        if let Some(r) = &self.ring {
+            r.batch.write(&self.ctx, tokens, pos, seq, &[&r.table]);
+        }
+    }
+
+    /// How much of an `n`-position prefix survives a rollback: local layers' rings have
+    /// overwritten the positions before `n` once more than `slack` positions followed it.
+    pub fn reusable_prefix(&self, n: usize) -> usize {
+        match &self.ring {
+            Some(r) if self.seq.len().saturating_sub(n) > r.slack => 0,
+            _ => n,
+        }
+    }
+
+    /// Bytes of KV cache allocated (all layers, K and V).
+    pub fn kv_bytes(&self) -> u64 {
+        self._kv.iter().map(|(k, v)| k.size() + v.size()).sum()
+    }
+
     pub fn n_past(&self) -> usize {
         self.seq.len()
     }
@@ -335,7 +400,7 @@ impl GpuModel {
 
     /// Runs `tokens` (in chunks of at most [`PREFILL_CHUNK`], one submission each) and
     /// produces `output` from the last one. On failure the cache is rolled back.
-    async fn run(&mut self, tokens: &[u32], output: &Output) -> Result<Option<u32>> {
+    async fn run(&mut self, tokens: &[u32], output: &Output<'_>) -> Result<Option<Sampled>> {
         let start = self.seq.len();
         let r = self.run_chunks(tokens, output).await;
         if r.is_err() {
@@ -344,7 +409,7 @@ impl GpuModel {
         r
     }
 
-    async fn run_chunks(&mut self, tokens: &[u32], output: &Output) -> Result<Option<u32>> {
+    async fn run_chunks(&mut self, tokens: &[u32], output: &Output<'_>) -> Result<Option<Sampled>> {
         let mut result = None;
         let chunks: Vec<&[u32]> = tokens.chunks(PREFILL_CHUNK as usize).collect();
         for (i, chunk) in chunks.iter().enumerate() {
@@ -355,9 +420,9 @@ impl GpuModel {
             let _ = self.blocks.reserve(&mut self.seq, end).map_err(|e| GpuError::Unsupported { op: "kv", message: e.to_string() })?;
             let pos: Vec<u32> = (start as u32..end as u32).collect();
             let seq = vec![0u32; chunk.len()];
-            self.batch.write(&self.ctx, chunk, &pos, &seq, &[self.seq.table()]);
+            self.write_batch(chunk, &pos, &seq);
             let plan = match (last, output) {
-                (true, Output::Sample(step)) => Some(self.sampler.prepare(&self.ctx, step, 1)?),
+                (true, Output::Sample(step, edits)) => Some((self.penalize.prepare(&self.ctx, edits)?, self.sampler.prepare(&self.ctx, step, 1)?)),
                 _ => None,
             };
             let step = Step { n_tok: chunk.len() as u32, max_kv_len: end as u32 };
@@ -373,15 +438,22 @@ impl GpuModel {
                     }
                     match (output, &plan) {
                         (Output::Greedy, _) => self.sampler.encode_argmax(&mut pass),
-                        (Output::Sample(_), Some(plan)) => self.sampler.encode_sample(&mut pass, plan),
+                        (Output::Sample(..), Some((edits, plan))) => {
+                            self.penalize.encode(&mut pass, edits);
+                            self.sampler.encode_sample(&mut pass, plan);
+                        }
                         _ => {}
                     }
                 }
             }
             self.ctx.queue.submit([enc.finish()]);
             if last && !matches!(output, Output::Logits) {
-                // The only readback of a decode step: one token id.
-                result = Some(crate::buffer::read_u32(&self.ctx, &self.sampled, 0, 1).await?[0]);
+                // The only readback of a decode step: one token id, or with log-probabilities
+                // their record (172 bytes).
+                result = Some(match &plan {
+                    Some((_, p)) if p.n_logprobs > 0 => self.sampler.read_logprobs(&self.ctx).await?,
+                    _ => Sampled { id: crate::buffer::read_u32(&self.ctx, &self.sampled, 0, 1).await?[0], ..Default::default() },
+                });
             } else {
                 self.ctx.poll_wait()?;
             }
@@ -391,8 +463,8 @@ impl GpuModel {
     }
 
     /// The next token after `tokens`, chosen on the device: one submission per decode step
-    /// and 4 bytes read back.
-    pub async fn forward_token(&mut self, tokens: &[u32], output: Output) -> Result<u32> {
+    /// and 4 bytes read back (172 with log-probabilities).
+    pub async fn forward_token(&mut self, tokens: &[u32], output: Output<'_>) -> Result<Sampled> {
         self.run(tokens, &output).await?.ok_or_else(|| GpuError::Readback("no token".into()))
     }
 
@@ -409,7 +481,7 @@ impl GpuModel {
         let end = start + tokens.len();
         let _ = self.blocks.reserve(&mut self.seq, end).map_err(|e| GpuError::Unsupported { op: "kv", message: e.to_string() })?;
         let pos: Vec<u32> = (start as u32..end as u32).collect();
-        self.batch.write(&self.ctx, tokens, &pos, &vec![0u32; tokens.len()], &[self.seq.table()]);
+        self.write_batch(tokens, &pos, &vec![0u32; tokens.len()]);
         let step = Step { n_tok: tokens.len() as u32, max_kv_len: end as u32 };
         let ops: Vec<&dyn Encode> = self.body.iter().chain(self.head.iter()).map(|b| b.as_ref()).collect();
         let n = ops.len() as u32;

@@ -19,6 +19,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("glu.wgsl", include_str!("../../../shaders/glu.wgsl")),
     ("kv_write.wgsl", include_str!("../../../shaders/kv_write.wgsl")),
     ("matmul.wgsl", include_str!("../../../shaders/matmul.wgsl")),
+    ("penalize.wgsl", include_str!("../../../shaders/penalize.wgsl")),
     ("rms_norm.wgsl", include_str!("../../../shaders/rms_norm.wgsl")),
     ("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
 ];

@@ -1,11 +1,14 @@
 //! Greedy argmax and GPU sampling against flint_core::sampling: argmax over full-size
 //! vocabularies (max first/last/middle, ties), Gumbel-max draws checked by chi-square against
 //! `Sampler::distribution`, the exact survivor set of top-k/top-p/min-p on large vocabularies
-//! (with ties at the boundary), and reproducibility of seeded draws.
+//! (with ties at the boundary), and reproducibility of seeded draws. With `ops::penalize`
+//! in front: log-probabilities against `log_softmax_top`, penalized/biased/masked draws by
+//! chi-square, and seeded reproducibility of those.
 
-use flint_core::sampling::{self, SamplingParams};
-use flint_gpu::buffer::{read_u32, storage, storage_init};
+use flint_core::sampling::{self, log_softmax_top, Sampled, SamplingParams};
+use flint_gpu::buffer::{read_f32, read_u32, storage, storage_init};
 use flint_gpu::ops::argmax::{state, SampleStep, Sampler};
+use flint_gpu::ops::penalize::{mask_words, Penalize, StepEdits};
 use flint_gpu::pipeline::PipelineCache;
 use flint_gpu::testing::TestRng;
 use flint_gpu::GpuContext;
@@ -21,6 +24,8 @@ fn submit(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
 
 struct Rig {
     sampler: Sampler,
+    penalize: Penalize,
+    n_vocab: usize,
     logits: wgpu::Buffer,
     out: wgpu::Buffer,
 }
@@ -30,7 +35,8 @@ async fn rig(ctx: &GpuContext, cache: &PipelineCache, n_vocab: usize, max_draws:
     // One spare word past the draws: a sentinel for out-of-bounds writes.
     let out = storage_init(ctx, "out", bytemuck::cast_slice(&vec![u32::MAX; max_draws as usize + 1])).unwrap();
     let sampler = Sampler::with_max_draws(ctx, cache, n_vocab as u32, max_draws, &logits, &out).await.unwrap();
-    Rig { sampler, logits, out }
+    let penalize = Penalize::new(ctx, cache, n_vocab as u32, n_vocab as u32, &logits).await.unwrap();
+    Rig { sampler, penalize, n_vocab, logits, out }
 }
 
 impl Rig {
@@ -53,10 +59,28 @@ impl Rig {
         assert_eq!(*out.last().unwrap(), u32::MAX, "wrote past the draws");
         (out[..n as usize].to_vec(), st)
     }
+
+    /// `cpu`'s edits and settings on the device: `n` draws at counters step.., the
+    /// log-probability record when asked for, and the edited logits (read back for oracles).
+    async fn sample_full(&self, ctx: &GpuContext, logits: &[f32], cpu: &sampling::Sampler, step: u32, n: u32) -> (Vec<u32>, Option<Sampled>, Vec<f32>) {
+        ctx.queue.write_buffer(&self.logits, 0, bytemuck::cast_slice(logits));
+        let edits = self.penalize.prepare(ctx, &StepEdits::from_sampler(cpu)).unwrap();
+        let plan = self.sampler.prepare(ctx, &SampleStep::new(cpu.params(), cpu.seed(), step), n).unwrap();
+        submit(ctx, |p| {
+            self.penalize.encode(p, &edits);
+            self.sampler.encode_sample(p, &plan);
+        });
+        let out = read_u32(ctx, &self.out, 0, self.out.size() as usize / 4).await.unwrap();
+        assert_eq!(*out.last().unwrap(), u32::MAX, "wrote past the draws");
+        let record = if plan.n_logprobs > 0 { Some(self.sampler.read_logprobs(ctx).await.unwrap()) } else { None };
+        let edited = read_f32(ctx, &self.logits, 0, self.n_vocab).await.unwrap();
+        ctx.check().unwrap();
+        (out[..plan.n_draws as usize].to_vec(), record, edited)
+    }
 }
 
 fn params(temperature: f32, top_k: i32, top_p: f32, min_p: f32, seed: u64) -> SamplingParams {
-    SamplingParams { temperature, top_k, top_p, min_p, seed: Some(seed) }
+    SamplingParams { temperature, top_k, top_p, min_p, seed: Some(seed), ..Default::default() }
 }
 
 /// Chi-square goodness of fit at p = 0.001, pooling categories expected below 5 draws.
@@ -284,5 +308,173 @@ fn seeded_draws_are_reproducible() {
         // Greedy ignores the seed and truncation.
         let (g, _) = r.sample(ctx, &logits, &params(0.0, 40, 0.5, 0.1, 1), 0, 1).await;
         assert_eq!(g[0], sampling::argmax(&logits));
+    });
+}
+
+/// Log-probability tolerance against the f64 CPU log-softmax.
+const LOGPROB_TOL: f32 = 1e-5;
+
+fn check_record(label: &str, rec: &Sampled, edited: &[f32], n_top: usize) {
+    let (want_lp, want_top) = log_softmax_top(edited, rec.id, n_top);
+    let got_ids: Vec<u32> = rec.top_logprobs.iter().map(|t| t.0).collect();
+    let want_ids: Vec<u32> = want_top.iter().map(|t| t.0).collect();
+    assert_eq!(got_ids, want_ids, "{label}: top ids");
+    for (g, w) in rec.top_logprobs.iter().zip(&want_top) {
+        assert!((g.1 - w.1).abs() <= LOGPROB_TOL, "{label}: token {} log p {} want {}", g.0, g.1, w.1);
+    }
+    let lp = rec.logprob.unwrap();
+    assert!((lp - want_lp).abs() <= LOGPROB_TOL, "{label}: chosen {} log p {lp} want {want_lp}", rec.id);
+}
+
+fn cpu_sampler(p: SamplingParams) -> sampling::Sampler {
+    sampling::Sampler::new(p).unwrap()
+}
+
+#[test]
+fn logprobs_match_cpu_log_softmax() {
+    flint_gpu::gpu_test!(ctx => {
+        let cache = PipelineCache::new();
+        for &n in &[151_936usize, 5000, 300, 7] {
+            let r = rig(ctx, &cache, n, 4).await;
+            let mut rng = TestRng::new(n as u64 + 3);
+            let smooth: Vec<f32> = rng.vec(n).iter().map(|v| v * 8.0).collect();
+            // Quarter steps: the top-n boundary falls inside runs of equal logits.
+            let ties: Vec<f32> = smooth.iter().map(|v| (v * 4.0).round() / 4.0).collect();
+            for (name, logits) in [("smooth", &smooth), ("ties", &ties)] {
+                for (t, n_top) in [(0.0f32, 20usize), (1.0, 5), (0.8, 1), (0.0, 3)] {
+                    let label = format!("n {n} {name} T {t} top {n_top}");
+                    let cpu = cpu_sampler(SamplingParams { n_logprobs: n_top, ..params(t, 40, 0.95, 0.0, 5) });
+                    let (draws, rec, edited) = r.sample_full(ctx, logits, &cpu, 9, 1).await;
+                    let rec = rec.expect("a record");
+                    assert_eq!(edited, *logits, "{label}: nothing to edit");
+                    assert_eq!(rec.id, draws[0], "{label}");
+                    if t == 0.0 {
+                        assert_eq!(rec.id, sampling::argmax(logits), "{label}");
+                    }
+                    assert_eq!(rec.top_logprobs.len(), n_top.min(n), "{label}");
+                    check_record(&label, &rec, &edited, n_top);
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn logprobs_skip_banned_tokens() {
+    flint_gpu::gpu_test!(ctx => {
+        let cache = PipelineCache::new();
+        let n = 300;
+        let r = rig(ctx, &cache, n, 1).await;
+        let mut rng = TestRng::new(31);
+        let logits: Vec<f32> = rng.vec(n).iter().map(|v| v * 3.0).collect();
+        let allowed = [17u32, 64, 65, 250];
+        let mut mask = vec![0u32; mask_words(n as u32)];
+        for &a in &allowed {
+            mask[a as usize / 32] |= 1 << (a % 32);
+        }
+        for t in [0.0f32, 1.0] {
+            // One allowed token banned by bias as well: three remain.
+            let mut cpu = cpu_sampler(SamplingParams { n_logprobs: 5, logit_bias: vec![(64, f32::NEG_INFINITY)], ..params(t, 0, 1.0, 0.0, 8) });
+            cpu.set_mask(Some(mask.clone()));
+            let (draws, rec, edited) = r.sample_full(ctx, &logits, &cpu, 0, 1).await;
+            let rec = rec.unwrap();
+            assert!([17, 65, 250].contains(&draws[0]), "T {t}: drew {}", draws[0]);
+            assert_eq!(rec.top_logprobs.len(), 3, "T {t}: {:?}", rec.top_logprobs);
+            check_record(&format!("banned T {t}"), &rec, &edited, 5);
+            let sum: f32 = rec.top_logprobs.iter().map(|t| t.1.exp()).sum();
+            assert!((sum - 1.0).abs() < 1e-5, "T {t}: the three allowed tokens hold all the mass: {sum}");
+        }
+    });
+}
+
+/// Vocabulary 300: penalties over a history, bias (a ban on the favourite, a boost for an
+/// outsider) and a mask allowing about three tokens in four.
+fn penalized_case(rng: &mut TestRng, p: SamplingParams) -> (Vec<f32>, sampling::Sampler) {
+    let n = 300;
+    let logits: Vec<f32> = rng.vec(n).iter().map(|v| v * 4.0).collect();
+    let best = sampling::argmax(&logits);
+    let worst = logits.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32;
+    let p = SamplingParams {
+        repeat_penalty: 1.4,
+        presence_penalty: 0.3,
+        frequency_penalty: 0.2,
+        repeat_last_n: 32,
+        logit_bias: vec![(best, f32::NEG_INFINITY), (worst, 6.0)],
+        ..p
+    };
+    let mut cpu = cpu_sampler(p);
+    let top: Vec<u32> = {
+        let mut ids: Vec<u32> = (0..n as u32).collect();
+        ids.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        ids[..20].to_vec()
+    };
+    // The history repeats the likeliest tokens so the penalties matter.
+    for k in 0..40 {
+        cpu.accept(top[(k * 7) % 20]);
+    }
+    let mask: Vec<u32> = (0..mask_words(n as u32)).map(|_| rng.next_u32() | rng.next_u32()).collect();
+    cpu.set_mask(Some(mask));
+    (logits, cpu)
+}
+
+#[test]
+fn penalized_biased_masked_draws_match_distribution() {
+    flint_gpu::gpu_test!(ctx => {
+        let cache = PipelineCache::new();
+        let r = rig(ctx, &cache, 300, 10_000).await;
+        let mut rng = TestRng::new(77);
+        for p in [params(1.0, 0, 1.0, 0.0, 1), params(0.8, 40, 1.0, 0.0, 2), params(1.2, 0, 0.9, 0.02, 3), params(0.7, 25, 0.95, 0.05, 4)] {
+            let (logits, cpu) = penalized_case(&mut rng, p.clone());
+            let mut want = logits.clone();
+            cpu.penalize(&mut want);
+            let (draws, _, edited) = r.sample_full(ctx, &logits, &cpu, 500, 10_000).await;
+            let e = flint_gpu::testing::nmse(
+                &edited.iter().copied().filter(|v| v.is_finite()).collect::<Vec<_>>(),
+                &want.iter().copied().filter(|v| v.is_finite()).collect::<Vec<_>>(),
+            );
+            assert!(e <= flint_gpu::testing::NMSE_F32, "{p:?}: edited logits nmse {e}");
+            let dist: Vec<(u32, f64)> = cpu.distribution(&want).into_iter().filter(|d| d.1 > 0.0).collect();
+            let allowed: std::collections::HashSet<u32> = dist.iter().map(|d| d.0).collect();
+            let banned: Vec<u32> = draws.iter().copied().filter(|&d| want[d as usize] == f32::NEG_INFINITY).collect();
+            assert!(banned.is_empty(), "{p:?}: drew banned/masked tokens {:?}", &banned[..banned.len().min(5)]);
+            let outside = draws.iter().filter(|d| !allowed.contains(d)).count();
+            assert_eq!(outside, 0, "{p:?}: {outside} draws outside the distribution");
+            let (ok, chi2, cells) = chi_square_ok(&dist, &draws);
+            eprintln!("penalized T {} top_k {} top_p {} min_p {}: {} candidates, chi2 {chi2:.2} over {cells} cells", p.temperature, p.top_k, p.top_p, p.min_p, dist.len());
+            assert!(ok, "{p:?}: chi2 {chi2} over {cells} cells");
+            // Greedy with the same edits: the CPU's choice.
+            let mut gs = cpu_sampler(SamplingParams { temperature: 0.0, ..cpu.params().clone() });
+            gs.set_mask(cpu.mask().map(|m| m.to_vec()));
+            for e in cpu.edits() {
+                for _ in 0..e.count {
+                    gs.accept(e.id);
+                }
+            }
+            assert_eq!(gs.edits(), cpu.edits());
+            let (gd, _, _) = r.sample_full(ctx, &logits, &gs, 0, 1).await;
+            assert_eq!(gd[0], gs.sample(&logits), "{p:?}: greedy after the edits");
+        }
+    });
+}
+
+#[test]
+fn seeded_penalized_draws_are_reproducible() {
+    flint_gpu::gpu_test!(ctx => {
+        let cache = PipelineCache::new();
+        let r = rig(ctx, &cache, 300, 32).await;
+        let mut rng = TestRng::new(123);
+        let (logits, cpu) = penalized_case(&mut rng, SamplingParams { n_logprobs: 4, ..params(1.0, 0, 0.95, 0.0, 99) });
+        let (a, ra, _) = r.sample_full(ctx, &logits, &cpu, 40, 32).await;
+        let (b, rb, _) = r.sample_full(ctx, &logits, &cpu, 40, 32).await;
+        assert_eq!(a, b, "same seed, step and edits must draw the same tokens");
+        assert_eq!(ra, rb, "and report the same log-probabilities");
+        let (c, _, _) = r.sample_full(ctx, &logits, &cpu, 41, 32).await;
+        assert_eq!(&c[..31], &a[1..], "draw d of a batch is the draw at counter step + d");
+        let other = {
+            let (l2, cpu2) = penalized_case(&mut TestRng::new(123), SamplingParams { n_logprobs: 4, ..params(1.0, 0, 0.95, 0.0, 100) });
+            assert_eq!(l2, logits);
+            r.sample_full(ctx, &l2, &cpu2, 40, 32).await.0
+        };
+        assert_ne!(a, other, "another seed should draw differently");
     });
 }

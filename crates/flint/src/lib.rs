@@ -9,7 +9,7 @@ use thiserror::Error;
 
 pub use flint_core::arch::{ArchError, ModelConfig};
 pub use flint_core::backend::{Backend, BackendError};
-pub use flint_core::generate::{Event, FinishReason, GenerateError, GenerateParams, Summary};
+pub use flint_core::generate::{Event, FinishReason, GenerateError, GenerateParams, Summary, TokenLogprobs};
 pub use flint_core::gguf::{GgufError, GgufFile};
 pub use flint_core::sampling::{SamplingError, SamplingParams};
 pub use flint_core::tokenizer::{Tokenizer, TokenizerError};
@@ -88,6 +88,8 @@ pub struct Engine {
     file: Arc<GgufFile>,
     tokenizer: Tokenizer,
     backend: Box<dyn Backend>,
+    /// Tokens whose KV the backend holds, for prefix reuse by the next request.
+    cached: Vec<u32>,
     clock: Clock,
 }
 
@@ -112,7 +114,7 @@ impl Engine {
                 (Box::new(GpuBackend::new(ctx.clone(), &file, config, n_ctx, opts.max_binding_mb).await?), Some(ctx))
             }
         };
-        Ok(Engine { gpu, file, tokenizer, backend, clock: default_clock })
+        Ok(Engine { gpu, file, tokenizer, backend, cached: Vec::new(), clock: default_clock })
     }
 
     /// Replaces the clock used for timings (wasm passes `performance.now`).
@@ -131,7 +133,15 @@ impl Engine {
     }
     /// The backend itself, for tools and tests that drive it step by step.
     pub fn backend_mut(&mut self) -> &mut dyn Backend {
+        // Whatever the caller runs, the record of cached tokens no longer holds.
+        self.cached.clear();
         self.backend.as_mut()
+    }
+
+    /// Drops every cached position (a new conversation; `resetChat`, `/clear`).
+    pub fn reset(&mut self) {
+        self.cached.clear();
+        self.backend.truncate(0);
     }
 
     pub fn backend_name(&self) -> String {
@@ -151,7 +161,7 @@ impl Engine {
     pub async fn bench_once(&mut self, prompt: &[u32], n_gen: usize) -> Result<BenchRun, EngineError> {
         let clock = self.clock;
         let mut sampler = Sampler::new(SamplingParams::greedy()).map_err(GenerateError::from)?;
-        self.backend.truncate(0);
+        self.reset();
         let t0 = clock();
         let mut tok = self.backend.forward_sample(prompt, &mut sampler).await?.id;
         let t1 = clock();
@@ -192,7 +202,7 @@ impl Engine {
 
     /// Logits of the last prompt position (for tests and tools), from an empty cache.
     pub async fn prompt_logits(&mut self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
-        self.backend.truncate(0);
+        self.reset();
         Ok(self.backend.forward(prompt).await?)
     }
 
@@ -203,7 +213,8 @@ impl Engine {
         params: GenerateParams,
         abort: Arc<AtomicBool>,
     ) -> Result<LocalBoxStream<'_, Result<Event, GenerateError>>, EngineError> {
-        let generation = Generation::new(self.backend.as_mut(), &self.tokenizer, prompt, params, abort, self.clock)?;
+        let generation =
+            Generation::new(self.backend.as_mut(), &self.tokenizer, &mut self.cached, prompt, params, abort, self.clock)?;
         Ok(futures::stream::unfold(generation, |mut g| async move { g.next_event().await.map(|e| (e, g)) }).boxed_local())
     }
 }

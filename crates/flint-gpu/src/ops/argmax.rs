@@ -5,10 +5,15 @@
 //! min-p on the untempered softmax of the top-k set, then temperature) with an exact
 //! threshold search (radix select over (logit, index) keys) and Gumbel-max over the
 //! survivors; see the shader header for the passes.
+//!
+//! Log-probabilities (`SampleStep::n_logprobs` > 0) are the log-softmax at temperature 1 of
+//! the logits as they are in the buffer (after `ops::penalize`), of the chosen token and
+//! the top n (≤ 20), computed on the device and read back as one record of
+//! [`LP_WORDS`] words, as `flint_core::sampling::log_softmax_top` defines them.
 
 use std::sync::Arc;
 
-use flint_core::sampling::SamplingParams;
+use flint_core::sampling::{Sampled, SamplingParams, MAX_LOGPROBS};
 
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
@@ -38,6 +43,10 @@ pub mod state {
     pub const WORDS: usize = 32;
 }
 
+/// Words of the log-probability record: chosen id, its log-probability (f32 bits), the
+/// number n of alternatives, then n × (id, log-probability bits).
+pub const LP_WORDS: usize = 3 + 2 * MAX_LOGPROBS;
+
 /// Binding numbers in argmax.wgsl.
 const B_PARAMS: u32 = 0;
 const B_LOGITS: u32 = 1;
@@ -45,9 +54,11 @@ const B_PARTIALS: u32 = 2;
 const B_STATE: u32 = 3;
 const B_HIST: u32 = 4;
 const B_OUT: u32 = 5;
+const B_LP_PART: u32 = 6;
+const B_LP: u32 = 7;
 
 /// Every entry point and the bindings it uses (its auto layout).
-const ENTRIES: [(&str, &[u32]); 9] = [
+const ENTRIES: [(&str, &[u32]); 11] = [
     ("argmax_partial", &[B_PARAMS, B_LOGITS, B_PARTIALS, B_STATE]),
     ("argmax_final", &[B_PARAMS, B_PARTIALS, B_STATE, B_OUT]),
     ("gumbel_partial", &[B_PARAMS, B_LOGITS, B_PARTIALS, B_STATE]),
@@ -57,6 +68,8 @@ const ENTRIES: [(&str, &[u32]); 9] = [
     ("topk_select", &[B_PARAMS, B_STATE, B_HIST]),
     ("topp_hist", &[B_PARAMS, B_LOGITS, B_STATE, B_HIST]),
     ("topp_select", &[B_PARAMS, B_STATE, B_HIST]),
+    ("logprob_partial", &[B_PARAMS, B_LOGITS, B_STATE, B_LP_PART]),
+    ("logprob_final", &[B_PARAMS, B_LOGITS, B_STATE, B_OUT, B_LP_PART, B_LP]),
 ];
 const ARGMAX_PARTIAL: usize = 0;
 const ARGMAX_FINAL: usize = 1;
@@ -67,6 +80,8 @@ const TOPK_HIST: usize = 5;
 const TOPK_SELECT: usize = 6;
 const TOPP_HIST: usize = 7;
 const TOPP_SELECT: usize = 8;
+const LOGPROB_PARTIAL: usize = 9;
+const LOGPROB_FINAL: usize = 10;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
@@ -83,6 +98,8 @@ struct Params {
     seed_lo: u32,
     seed_hi: u32,
     step: u32,
+    n_top: u32,
+    _pad: [u32; 3],
 }
 
 /// One step's sampling settings. Draw d of a batch uses the counter `step + d`; the same
@@ -99,12 +116,22 @@ pub struct SampleStep {
     pub min_p: f32,
     pub seed: u64,
     pub step: u32,
+    /// Log-probabilities of the chosen token and this many alternatives (0 = none, ≤ 20).
+    pub n_logprobs: u32,
 }
 
 impl SampleStep {
     /// The step `step` of a generation with `params` (its seed resolved to `seed`).
     pub fn new(params: &SamplingParams, seed: u64, step: u32) -> SampleStep {
-        SampleStep { temperature: params.temperature, top_k: params.top_k, top_p: params.top_p, min_p: params.min_p, seed, step }
+        SampleStep {
+            temperature: params.temperature,
+            top_k: params.top_k,
+            top_p: params.top_p,
+            min_p: params.min_p,
+            seed,
+            step,
+            n_logprobs: params.n_logprobs as u32,
+        }
     }
 }
 
@@ -115,6 +142,8 @@ pub struct SamplePlan {
     pub top_k: bool,
     pub top_p: bool,
     pub n_draws: u32,
+    /// Alternatives in the log-probability record; 0 = no record.
+    pub n_logprobs: u32,
 }
 
 struct Kernel {
@@ -129,8 +158,10 @@ pub struct Sampler {
     params: wgpu::Buffer,
     state: wgpu::Buffer,
     kernels: Vec<Kernel>,
+    lp: wgpu::Buffer,
     _partials: wgpu::Buffer,
     _hist: wgpu::Buffer,
+    _lp_part: wgpu::Buffer,
 }
 
 fn key(entry: &'static str) -> PipelineKey {
@@ -187,7 +218,9 @@ impl Sampler {
         let state = crate::buffer::storage(ctx, "sampler.state", state::WORDS as u64 * 4)?;
         let hist = crate::buffer::storage(ctx, "sampler.hist", RADIX * 3 * 4)?;
         let partials = crate::buffer::storage(ctx, "sampler.partials", max_draws as u64 * n_groups as u64 * 8)?;
-        let buffers: [&wgpu::Buffer; 6] = [&params, logits, &partials, &state, &hist, out];
+        let lp_part = crate::buffer::storage(ctx, "sampler.lp_part", n_groups as u64 * (MAX_LOGPROBS as u64 + 1) * 8)?;
+        let lp = crate::buffer::storage(ctx, "sampler.lp", LP_WORDS as u64 * 4)?;
+        let buffers: [&wgpu::Buffer; 8] = [&params, logits, &partials, &state, &hist, out, &lp_part, &lp];
         let mut kernels = Vec::with_capacity(ENTRIES.len());
         for (entry, bindings) in ENTRIES {
             let key = key(entry);
@@ -198,7 +231,7 @@ impl Sampler {
             let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&key.label()), layout: &layout, entries: &entries });
             kernels.push(Kernel { pipeline, bind });
         }
-        Ok(Sampler { n_vocab, max_draws, base, params, state, kernels, _partials: partials, _hist: hist })
+        Ok(Sampler { n_vocab, max_draws, base, params, state, kernels, lp, _partials: partials, _hist: hist, _lp_part: lp_part })
     }
 
     pub fn n_vocab(&self) -> u32 {
@@ -208,6 +241,16 @@ impl Sampler {
     /// The internal state (layout in [`state`]): the max logit and the survivors' threshold.
     pub fn state_buffer(&self) -> &wgpu::Buffer {
         &self.state
+    }
+
+    /// The log-probability record of the last step that asked for one ([`LP_WORDS`] u32).
+    pub fn logprobs_buffer(&self) -> &wgpu::Buffer {
+        &self.lp
+    }
+
+    /// Reads the record back (172 bytes): the chosen id and the log-probabilities.
+    pub async fn read_logprobs(&self, ctx: &GpuContext) -> Result<Sampled> {
+        Ok(decode_logprobs(&crate::buffer::read_u32(ctx, &self.lp, 0, LP_WORDS).await?))
     }
 
     fn dispatch(&self, pass: &mut wgpu::ComputePass<'_>, k: usize, x: u32, y: u32) {
@@ -227,7 +270,15 @@ impl Sampler {
     /// passes [`Sampler::encode_sample`] records. One prepared step per submission: a
     /// second `prepare` before the submit overwrites the first.
     pub fn prepare(&self, ctx: &GpuContext, step: &SampleStep, n_draws: u32) -> Result<SamplePlan> {
-        let sp = SamplingParams { temperature: step.temperature, top_k: step.top_k, top_p: step.top_p, min_p: step.min_p, seed: Some(step.seed) };
+        let sp = SamplingParams {
+            temperature: step.temperature,
+            top_k: step.top_k,
+            top_p: step.top_p,
+            min_p: step.min_p,
+            seed: Some(step.seed),
+            n_logprobs: step.n_logprobs as usize,
+            ..Default::default()
+        };
         sp.validate().map_err(|e| unsupported(e.to_string()))?;
         if !(1..=self.max_draws).contains(&n_draws) {
             return Err(unsupported(format!("n_draws {n_draws} not in 1..={}", self.max_draws)));
@@ -243,18 +294,28 @@ impl Sampler {
             seed_lo: step.seed as u32,
             seed_hi: (step.seed >> 32) as u32,
             step: step.step,
+            n_top: step.n_logprobs,
             ..self.base
         };
         ctx.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
-        Ok(SamplePlan { greedy, top_k, top_p, n_draws: if greedy { 1 } else { n_draws } })
+        Ok(SamplePlan { greedy, top_k, top_p, n_draws: if greedy { 1 } else { n_draws }, n_logprobs: step.n_logprobs })
     }
 
     /// Records one prepared step: greedy writes out[0]; otherwise draw d writes out[d].
+    /// With log-probabilities, the record for out[0] follows.
     pub fn encode_sample(&self, pass: &mut wgpu::ComputePass<'_>, plan: &SamplePlan) {
         if plan.greedy {
             self.encode_argmax(pass);
-            return;
+        } else {
+            self.encode_draws(pass, plan);
         }
+        if plan.n_logprobs > 0 {
+            self.dispatch(pass, LOGPROB_PARTIAL, self.base.n_groups, 1);
+            self.dispatch(pass, LOGPROB_FINAL, 1, 1);
+        }
+    }
+
+    fn encode_draws(&self, pass: &mut wgpu::ComputePass<'_>, plan: &SamplePlan) {
         let g = self.base.n_groups;
         self.dispatch(pass, INIT, 1, 1);
         self.encode_argmax(pass);
@@ -269,5 +330,15 @@ impl Sampler {
         self.dispatch(pass, GUMBEL_PARTIAL, g, plan.n_draws);
         let (x, y) = fold_groups(plan.n_draws);
         self.dispatch(pass, GUMBEL_FINAL, x, y);
+    }
+}
+
+/// A log-probability record ([`LP_WORDS`] u32) as a [`Sampled`].
+pub fn decode_logprobs(words: &[u32]) -> Sampled {
+    let n = (words[2] as usize).min(MAX_LOGPROBS);
+    Sampled {
+        id: words[0],
+        logprob: Some(f32::from_bits(words[1])),
+        top_logprobs: (0..n).map(|k| (words[3 + 2 * k], f32::from_bits(words[4 + 2 * k]))).collect(),
     }
 }

@@ -8,6 +8,7 @@ pub mod attention;
 pub mod embed;
 pub mod glu;
 pub mod matmul;
+pub mod penalize;
 pub mod rms_norm;
 pub mod rope;
 
@@ -25,6 +26,7 @@ pub fn all_variants(caps: &crate::Caps) -> Vec<PipelineKey> {
     v.extend(embed::variants(caps));
     v.extend(glu::variants(caps));
     v.extend(matmul::variants(caps));
+    v.extend(penalize::variants(caps));
     v.extend(rms_norm::variants(caps));
     v.extend(rope::variants(caps));
     v

@@ -1,0 +1,167 @@
+//! The penalize kernel against flint_core's `Sampler::penalize` on random logits:
+//! repetition/presence/frequency penalties over bounded and whole-context windows, logit
+//! bias with bans and repeated ids, the allowed-token mask, odd vocabulary sizes, a
+//! sentinel past the logits, and the errors `prepare` reports.
+
+use flint_core::sampling::{LogitEdit, Penalties, Sampler, SamplingParams};
+use flint_gpu::buffer::{read_f32, storage_init};
+use flint_gpu::ops::penalize::{mask_words, Penalize, StepEdits};
+use flint_gpu::pipeline::PipelineCache;
+use flint_gpu::testing::{nmse, TestRng, NMSE_F32};
+use flint_gpu::GpuContext;
+
+const SENTINEL: f32 = 12345.0;
+
+fn submit(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        f(&mut pass);
+    }
+    ctx.queue.submit([enc.finish()]);
+}
+
+/// Logits in [-10, 10) with a few exact zeros (the penalty's `> 0` boundary).
+fn random_logits(rng: &mut TestRng, n: usize) -> Vec<f32> {
+    let mut l: Vec<f32> = rng.vec(n).iter().map(|v| v * 10.0).collect();
+    for i in (0..n).step_by(97) {
+        l[i] = 0.0;
+    }
+    l
+}
+
+struct Case {
+    label: &'static str,
+    params: SamplingParams,
+    history: usize,
+    n_bias: usize,
+    mask: bool,
+}
+
+/// A sampler for `case` with a random history (ids drawn from a small range so tokens
+/// repeat), random biases (some −inf, some ids twice) and optionally a random mask.
+fn cpu_sampler(rng: &mut TestRng, n: usize, case: &Case) -> Sampler {
+    let range = (n as u32).min(500);
+    let mut bias = Vec::new();
+    for k in 0..case.n_bias {
+        let id = rng.next_u32() % n as u32;
+        let b = if k % 7 == 3 { f32::NEG_INFINITY } else { rng.f32() * 5.0 };
+        bias.push((id, b));
+        if k % 5 == 0 {
+            bias.push((id, 0.5));
+        }
+    }
+    let mut s = Sampler::new(SamplingParams { logit_bias: bias, ..case.params.clone() }).unwrap();
+    for _ in 0..case.history {
+        s.accept(rng.next_u32() % range);
+    }
+    if case.mask {
+        // About three tokens in four allowed.
+        let m: Vec<u32> = (0..mask_words(n as u32)).map(|_| rng.next_u32() | rng.next_u32()).collect();
+        s.set_mask(Some(m));
+    }
+    s.check_vocab(n).unwrap();
+    s
+}
+
+fn cases() -> Vec<Case> {
+    let pen = SamplingParams { repeat_penalty: 1.3, presence_penalty: 0.4, frequency_penalty: 0.15, ..Default::default() };
+    vec![
+        Case { label: "penalties, window 64", params: pen.clone(), history: 300, n_bias: 0, mask: false },
+        Case { label: "penalties, whole context", params: SamplingParams { repeat_last_n: -1, ..pen.clone() }, history: 3000, n_bias: 0, mask: false },
+        Case { label: "repeat < 1", params: SamplingParams { repeat_penalty: 0.7, frequency_penalty: -1.5, ..pen.clone() }, history: 100, n_bias: 0, mask: false },
+        Case { label: "bias only", params: SamplingParams::default(), history: 50, n_bias: 300, mask: false },
+        Case { label: "mask only", params: SamplingParams::default(), history: 0, n_bias: 0, mask: true },
+        Case { label: "everything", params: SamplingParams { repeat_last_n: 256, ..pen }, history: 1000, n_bias: 200, mask: true },
+    ]
+}
+
+#[test]
+fn penalize_matches_cpu() {
+    flint_gpu::gpu_test!(ctx => {
+        let cache = PipelineCache::new();
+        for &n in &[151_936usize, 1000, 37, 1] {
+            let mut rng = TestRng::new(n as u64 + 17);
+            // Two sentinels past the logits catch out-of-bounds writes.
+            let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![SENTINEL; n + 2])).unwrap();
+            let pen = Penalize::new(ctx, &cache, n as u32, n as u32, &buf).await.unwrap();
+            for case in cases() {
+                let logits = random_logits(&mut rng, n);
+                let s = cpu_sampler(&mut rng, n, &case);
+                let mut want = logits.clone();
+                s.penalize(&mut want);
+                ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits));
+                let plan = pen.prepare(ctx, &StepEdits::from_sampler(&s)).unwrap();
+                submit(ctx, |p| pen.encode(p, &plan));
+                let got = read_f32(ctx, &buf, 0, n + 2).await.unwrap();
+                ctx.check().unwrap();
+                let label = format!("n {n} {}", case.label);
+                assert_eq!(&got[n..], &[SENTINEL, SENTINEL], "{label}: wrote past the logits");
+                let got = &got[..n];
+                // Bans and mask: the same tokens at −inf; every untouched logit bit-exact.
+                let touched: std::collections::HashSet<u32> = s.edits().iter().map(|e| e.id).collect();
+                let mut exact = 0;
+                for i in 0..n {
+                    assert_eq!(got[i] == f32::NEG_INFINITY, want[i] == f32::NEG_INFINITY, "{label}: token {i} got {} want {}", got[i], want[i]);
+                    if !touched.contains(&(i as u32)) || want[i] == f32::NEG_INFINITY {
+                        assert_eq!(got[i].to_bits(), want[i].to_bits(), "{label}: untouched token {i}");
+                    }
+                    exact += (got[i].to_bits() == want[i].to_bits()) as usize;
+                }
+                let finite: Vec<usize> = (0..n).filter(|&i| want[i].is_finite()).collect();
+                let g: Vec<f32> = finite.iter().map(|&i| got[i]).collect();
+                let w: Vec<f32> = finite.iter().map(|&i| want[i]).collect();
+                let e = if w.is_empty() { 0.0 } else { nmse(&g, &w) };
+                eprintln!("{label}: {} edits, {exact}/{n} bit-exact, nmse {e:.2e}", touched.len());
+                assert!(e <= NMSE_F32, "{label}: nmse {e}");
+            }
+        }
+    });
+}
+
+#[test]
+fn hand_computed_edits() {
+    flint_gpu::gpu_test!(ctx => {
+        let cache = PipelineCache::new();
+        let logits = [1.0f32, 2.0, -1.0, 3.0, 0.5, -2.0, 0.0, 4.0, 7.0];
+        let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&logits)).unwrap();
+        let pen = Penalize::new(ctx, &cache, 9, 16, &buf).await.unwrap();
+        let edits = vec![
+            LogitEdit { id: 1, count: 1, bias: 0.0 },
+            LogitEdit { id: 5, count: 2, bias: 0.0 },
+            LogitEdit { id: 6, count: 1, bias: 1.0 },
+            LogitEdit { id: 7, count: 0, bias: f32::NEG_INFINITY },
+            LogitEdit { id: 0, count: 0, bias: 2.0 },
+        ];
+        // Token 8 masked out: word 0 has bits 0..=7.
+        let mask = [0xffu32];
+        let step = StepEdits { penalties: Penalties { repeat: 2.0, presence: 0.5, frequency: 0.25 }, edits, mask: Some(&mask) };
+        let plan = pen.prepare(ctx, &step).unwrap();
+        submit(ctx, |p| pen.encode(p, &plan));
+        let got = read_f32(ctx, &buf, 0, 9).await.unwrap();
+        let ninf = f32::NEG_INFINITY;
+        // 1: 2/2 − 0.75; 5: −2·2 − 1.0; 6: 0·2 − 0.75 + 1; 7 banned; 0: +2; 8 masked.
+        assert_eq!(got, vec![3.0, 0.25, -1.0, 3.0, 0.5, -5.0, 0.25, ninf, ninf]);
+    });
+}
+
+#[test]
+fn prepare_rejects_what_does_not_fit() {
+    flint_gpu::gpu_test!(ctx => {
+        let cache = PipelineCache::new();
+        let n = 100u32;
+        let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![0f32; n as usize])).unwrap();
+        let pen = Penalize::new(ctx, &cache, n, 4, &buf).await.unwrap();
+        let p = Penalties { repeat: 1.1, presence: 0.0, frequency: 0.0 };
+        let e = |id| LogitEdit { id, count: 1, bias: 0.0 };
+        let step = |edits: Vec<LogitEdit>, mask: Option<&'static [u32]>| StepEdits { penalties: p, edits, mask };
+        assert!(pen.prepare(ctx, &step(vec![e(1), e(2), e(3), e(4), e(5)], None)).is_err(), "too many edits");
+        assert!(pen.prepare(ctx, &step(vec![e(100)], None)).is_err(), "id outside the vocabulary");
+        assert!(pen.prepare(ctx, &step(vec![], Some(&[0u32; 3]))).is_err(), "mask too short");
+        assert!(pen.prepare(ctx, &step(vec![], Some(&[0u32; 5]))).is_err(), "mask too long");
+        let ok = pen.prepare(ctx, &step(vec![e(99)], Some(&[u32::MAX; 4]))).unwrap();
+        assert_eq!((ok.n_edits, ok.mask), (1, true));
+        assert!(Penalize::new(ctx, &cache, 200, 4, &buf).await.is_err(), "logits too small");
+        ctx.check().unwrap();
+    });
+}
