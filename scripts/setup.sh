@@ -35,6 +35,8 @@ command -v cargo >/dev/null || command -v curl >/dev/null || apt_packages+=(curl
 # Mesa's lavapipe: a software Vulkan device, so the GPU tests run on machines without a GPU.
 dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || apt_packages+=(mesa-vulkan-drivers)
 dpkg -s libvulkan1 >/dev/null 2>&1 || apt_packages+=(libvulkan1)
+# tmux drives `flint chat` under a pseudo-terminal in the Ctrl-C test.
+command -v tmux >/dev/null || apt_packages+=(tmux)
 # A later issue adds a browser for the web tests:
 #   command -v chromium >/dev/null || apt_packages+=(chromium)
 # --- end of GPU and browser test dependencies ----------------------------------------------------

@@ -2,6 +2,7 @@
 
 mod bench;
 mod catalog;
+mod chat;
 mod info;
 mod pull;
 mod run;
@@ -24,6 +25,8 @@ struct Cli {
 enum Command {
     /// Complete a prompt and stream the tokens.
     Run(run::RunArgs),
+    /// Chat with a model interactively (needs a chat template).
+    Chat(chat::ChatArgs),
     /// Measure load time, prefill and decode speed, and bandwidth.
     Bench(bench::BenchArgs),
     /// Print a model's architecture, hyperparameters, tensor types and tokenizer.
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Chat(args) => chat::chat(args),
         Command::Info(args) => info::info(args),
         Command::Bench(args) => bench::bench(args),
         Command::Pull { names } => pull_all(&names),

@@ -1,15 +1,21 @@
-//! `flint run`: complete one prompt and stream the tokens (text or jsonl).
+//! `flint run`: complete one prompt and stream the tokens (text or jsonl), through the model's
+//! chat template unless `--raw`. Also the flags and loading code `flint chat` shares.
 
 use std::io::{Read, Write};
-use std::sync::atomic::AtomicBool;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
-use flint::{Engine, Event, GenerateParams, LoadOptions, SamplingParams};
+use flint::{Engine, Event, GenerateParams, GgufFile, LoadOptions, SamplingError, SamplingParams, Tokenizer};
+use flint_core::chat::{tokenize_rendered, ChatMessage, ChatTemplate, KEY_CHAT_TEMPLATE};
 use futures::StreamExt;
 use serde_json::json;
 
 use crate::Failure;
+
+/// Exit status after a Ctrl-C that ends the program (128 + SIGINT), as shells report it.
+pub const EXIT_INTERRUPTED: i32 = 130;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Format {
@@ -34,60 +40,205 @@ impl BackendArg {
     }
 }
 
+/// The model, backend and chat-template flags `run` and `chat` share.
 #[derive(Args)]
-pub struct RunArgs {
+pub struct ModelArgs {
     /// Model: a path, a catalog name (gemma-3-270m, qwen2.5-coder-0.5b) or a URL.
     #[arg(short = 'm', long = "model")]
-    model: String,
+    pub model: String,
+    /// Context size in tokens; 0 = the model's training context.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = flint::DEFAULT_CTX)]
+    pub ctx_size: usize,
+    #[arg(long, value_enum, default_value_t = BackendArg::Gpu)]
+    pub backend: BackendArg,
+    /// A system message (needs a chat template).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// A Jinja chat template to use instead of the model's own.
+    #[arg(long = "chat-template-file", value_name = "FILE")]
+    pub chat_template_file: Option<PathBuf>,
+}
+
+/// Sampling and stopping flags, with llama.cpp's names and defaults.
+#[derive(Args)]
+pub struct SamplingArgs {
+    /// Tokens to generate; -1 = until an end-of-generation token or the end of the context.
+    #[arg(short = 'n', long = "max-tokens", visible_alias = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    pub max_tokens: i64,
+    /// Temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
+    pub temp: f32,
+    /// Top-k; 0 = off.
+    #[arg(long = "top-k", default_value_t = 40, allow_negative_numbers = true)]
+    pub top_k: i32,
+    /// Top-p (nucleus); 1 = off.
+    #[arg(long = "top-p", default_value_t = 0.95, allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// Min-p; 0 = off.
+    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true)]
+    pub min_p: f32,
+    /// Repetition penalty over the last --repeat-last-n tokens; 1 = off.
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, allow_negative_numbers = true)]
+    pub repeat_penalty: f32,
+    /// Tokens the penalties look back over; -1 = the whole context, 0 = off.
+    #[arg(long = "repeat-last-n", default_value_t = 64, allow_negative_numbers = true)]
+    pub repeat_last_n: i32,
+    /// Presence penalty in [-2, 2]; 0 = off.
+    #[arg(long = "presence-penalty", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Frequency penalty in [-2, 2]; 0 = off.
+    #[arg(long = "frequency-penalty", default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// RNG seed; -1 = random.
+    #[arg(long = "seed", default_value_t = -1, allow_negative_numbers = true)]
+    pub seed: i64,
+    /// Stop when the text contains STR (not printed); repeatable.
+    #[arg(long = "stop", value_name = "STR")]
+    pub stop: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// The prompt (or use -f).
     prompt: Option<String>,
     /// Read the prompt from a file, byte for byte (`-` for stdin).
     #[arg(short = 'f', long = "file", conflicts_with = "prompt")]
     file: Option<String>,
-    /// Tokens to generate; -1 = until an end-of-generation token or the end of the context.
-    #[arg(short = 'n', long = "max-tokens", visible_alias = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
-    max_tokens: i64,
-    /// Temperature; 0 = greedy.
-    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
-    temp: f32,
-    /// Top-k; 0 = off.
-    #[arg(long = "top-k", default_value_t = 40, allow_negative_numbers = true)]
-    top_k: i32,
-    /// Top-p (nucleus); 1 = off.
-    #[arg(long = "top-p", default_value_t = 0.95, allow_negative_numbers = true)]
-    top_p: f32,
-    /// Min-p; 0 = off.
-    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true)]
-    min_p: f32,
-    /// RNG seed; -1 = random.
-    #[arg(long = "seed", default_value_t = -1, allow_negative_numbers = true)]
-    seed: i64,
     /// Tokenize the prompt as is (BOS per the model's metadata), no chat template.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["system", "chat_template_file"])]
     raw: bool,
-    /// Context size in tokens; 0 = the model's training context.
-    #[arg(short = 'c', long = "ctx-size", default_value_t = flint::DEFAULT_CTX)]
-    ctx_size: usize,
-    #[arg(long, value_enum, default_value_t = BackendArg::Gpu)]
-    backend: BackendArg,
+    /// jsonl: add the chosen token's log-probability and the N most likely tokens (≤ 20).
+    #[arg(long = "logprobs", value_name = "N", default_value_t = 0)]
+    logprobs: usize,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
 }
 
-fn params(args: &RunArgs) -> Result<GenerateParams, Failure> {
-    let max_tokens = match args.max_tokens {
-        -1 => None,
-        n if n >= 1 => Some(n as usize),
-        n => return Err(Failure::usage(format!("-n must be -1 (no limit) or at least 1, got {n}"))),
-    };
-    let seed = match args.seed {
-        -1 => None,
-        s if s >= 0 => Some(s as u64),
-        s => return Err(Failure::usage(format!("--seed must be -1 (random) or non-negative, got {s}"))),
-    };
-    let sampling = SamplingParams { temperature: args.temp, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p, seed };
-    sampling.validate().map_err(Failure::usage)?;
-    Ok(GenerateParams { max_tokens, sampling })
+/// `-n`, `--seed` or `/set max_tokens` as the engine takes them.
+pub fn max_tokens_from(n: i64) -> Result<Option<usize>, String> {
+    match n {
+        -1 => Ok(None),
+        n if n >= 1 => Ok(Some(n as usize)),
+        n => Err(format!("-n must be -1 (no limit) or at least 1, got {n}")),
+    }
+}
+
+pub fn seed_from(s: i64) -> Result<Option<u64>, String> {
+    match s {
+        -1 => Ok(None),
+        s if s >= 0 => Ok(Some(s as u64)),
+        s => Err(format!("--seed must be -1 (random) or non-negative, got {s}")),
+    }
+}
+
+/// The flag a sampling error is about, so the message names what the user typed.
+fn flag_of(e: &SamplingError) -> &'static str {
+    match e {
+        SamplingError::Temperature(_) => "--temp",
+        SamplingError::TopP(_) => "--top-p",
+        SamplingError::TopK(_) => "--top-k",
+        SamplingError::MinP(_) => "--min-p",
+        SamplingError::RepeatPenalty(_) => "--repeat-penalty",
+        SamplingError::RepeatLastN(_) => "--repeat-last-n",
+        SamplingError::PresencePenalty(_) => "--presence-penalty",
+        SamplingError::FrequencyPenalty(_) => "--frequency-penalty",
+        SamplingError::NLogprobs(_) => "--logprobs",
+        _ => "sampling",
+    }
+}
+
+impl SamplingArgs {
+    /// Validated request settings; every range is checked here, before the model loads.
+    pub fn params(&self, n_logprobs: usize) -> Result<GenerateParams, Failure> {
+        let max_tokens = max_tokens_from(self.max_tokens).map_err(Failure::usage)?;
+        let seed = seed_from(self.seed).map_err(Failure::usage)?;
+        let sampling = SamplingParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            n_logprobs,
+            ..SamplingParams::default()
+        };
+        sampling.validate().map_err(|e| Failure::usage(format!("{}: {e}", flag_of(&e))))?;
+        if self.stop.iter().any(String::is_empty) {
+            return Err(Failure::usage("--stop: a stop string may not be empty"));
+        }
+        let params = GenerateParams { max_tokens, sampling, stop: self.stop.clone() };
+        params.validate().map_err(Failure::usage)?;
+        Ok(params)
+    }
+}
+
+/// An opened model file (metadata parsed, weights not yet loaded) and the template source
+/// from `--chat-template-file`, already checked to compile.
+pub struct Opened {
+    path: PathBuf,
+    file: GgufFile,
+    template_file: Option<String>,
+}
+
+impl Opened {
+    /// Reads `--chat-template-file` and parses the model's header: cheap, before any weight is touched.
+    pub fn open(args: &ModelArgs) -> Result<Opened, Failure> {
+        let template_file = match &args.chat_template_file {
+            Some(f) => {
+                let src = std::fs::read_to_string(f).map_err(|e| Failure::usage(format!("{}: {e}", f.display())))?;
+                ChatTemplate::new(&src, "", "").map_err(|e| Failure::usage(format!("{}: {e}", f.display())))?;
+                Some(src)
+            }
+            None => None,
+        };
+        let path = crate::resolve(&args.model)?;
+        let file = GgufFile::open(&path).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+        Ok(Opened { path, file, template_file })
+    }
+
+    /// Whether a chat template is at hand (the model's or `--chat-template-file`).
+    pub fn has_template(&self) -> bool {
+        self.template_file.is_some() || self.file.metadata.get(KEY_CHAT_TEMPLATE).is_some()
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Loads the weights onto the backend and, when `chat`, compiles the chat template (if any).
+    pub fn load(self, args: &ModelArgs, chat: bool) -> Result<(Engine, Option<ChatTemplate>), Failure> {
+        let Opened { path, file, template_file } = self;
+        let opts = LoadOptions { backend: args.backend.kind(), n_ctx: args.ctx_size, max_binding_mb: None };
+        let engine = futures::executor::block_on(Engine::load(file, &opts))
+            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+        let tok = engine.tokenizer();
+        let template = match template_file {
+            _ if !chat => None,
+            Some(src) => Some(ChatTemplate::new(&src, token_text(tok, tok.bos_id()), token_text(tok, tok.eos_id()))),
+            None => ChatTemplate::from_metadata(&engine.file().metadata, tok).transpose(),
+        };
+        let template = template
+            .transpose()
+            .map_err(|e| Failure::usage(format!("{}: {e} (pass --chat-template-file FILE, or --raw)", path.display())))?;
+        Ok((engine, template))
+    }
+}
+
+fn token_text(tok: &Tokenizer, id: Option<u32>) -> &str {
+    id.and_then(|id| tok.token_text(id)).unwrap_or("")
+}
+
+/// Renders `messages` (ending with the user's turn) and tokenizes them as the template means.
+pub fn chat_prompt(engine: &Engine, template: &ChatTemplate, messages: &[ChatMessage]) -> Result<Vec<u32>, String> {
+    let rendered = template.render(messages, true).map_err(|e| e.to_string())?;
+    tokenize_rendered(engine.tokenizer(), &rendered).map_err(|e| e.to_string())
 }
 
 fn read_prompt(args: &RunArgs) -> Result<String, Failure> {
@@ -103,36 +254,84 @@ fn read_prompt(args: &RunArgs) -> Result<String, Failure> {
     }
 }
 
-pub fn run(args: RunArgs) -> Result<(), Failure> {
-    let params = params(&args)?;
-    let prompt = read_prompt(&args)?;
-    let path = crate::resolve(&args.model)?;
-    let opts = LoadOptions { backend: args.backend.kind(), n_ctx: args.ctx_size, max_binding_mb: None };
-    let mut engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
-    if !args.raw && engine.file().metadata.get("tokenizer.chat_template").is_some() {
-        return Err(Failure::usage(
-            "this model has a chat template; chat formatting is not implemented yet, pass --raw to complete the text as is",
-        ));
+/// The first Ctrl-C ends the reply (the summary still prints); a second one, or one before
+/// generation starts, ends the program.
+fn install_abort_handler(abort: Arc<AtomicBool>, generating: Arc<AtomicBool>) {
+    let handler = move || {
+        if !generating.load(Ordering::SeqCst) || abort.swap(true, Ordering::SeqCst) {
+            std::process::exit(EXIT_INTERRUPTED);
+        }
+    };
+    if let Err(e) = ctrlc::set_handler(handler) {
+        eprintln!("warning: Ctrl-C will not stop the reply cleanly: {e}");
     }
-    let ids = engine.tokenize_raw(&prompt).map_err(Failure::usage)?;
+}
+
+pub fn run(args: RunArgs) -> Result<(), Failure> {
+    let params = args.sampling.params(args.logprobs)?;
+    if args.logprobs > 0 && matches!(args.format, Format::Text) {
+        return Err(Failure::usage("--logprobs needs --format jsonl"));
+    }
+    let prompt = read_prompt(&args)?;
+    let opened = Opened::open(&args.model)?;
+    let chat = !args.raw && opened.has_template();
+    if args.model.system.is_some() && !chat {
+        return Err(Failure::usage(format!(
+            "{} has no chat template, so --system cannot apply (pass --chat-template-file FILE)",
+            opened.path().display()
+        )));
+    }
+    let (mut engine, template) = opened.load(&args.model, chat)?;
+    let ids = match template {
+        Some(template) => {
+            let mut messages: Vec<ChatMessage> =
+                args.model.system.iter().map(|s| ChatMessage::new("system", s.as_str())).collect();
+            messages.push(ChatMessage::new("user", prompt));
+            chat_prompt(&engine, &template, &messages).map_err(Failure::usage)?
+        }
+        None => engine.tokenize_raw(&prompt).map_err(Failure::usage)?,
+    };
     let abort = Arc::new(AtomicBool::new(false));
+    let generating = Arc::new(AtomicBool::new(false));
+    install_abort_handler(abort.clone(), generating.clone());
     let format = args.format;
+    // The stream borrows the engine, so the pieces top_logprobs names are decoded up front.
+    let pieces: Vec<String> = if args.logprobs > 0 {
+        let tok = engine.tokenizer();
+        (0..tok.vocab_size() as u32).map(|id| tok.decode(&[id], false).unwrap_or_default()).collect()
+    } else {
+        Vec::new()
+    };
     futures::executor::block_on(async move {
         let mut stream = engine.generate(ids, params, abort).map_err(Failure::usage)?;
+        generating.store(true, Ordering::SeqCst);
         let mut out = std::io::stdout().lock();
         while let Some(event) = stream.next().await {
             let event = event.map_err(Failure::runtime)?;
             match (format, event) {
                 (Format::Text, Event::Token { text, .. }) => write!(out, "{text}"),
-                (Format::Jsonl, Event::Token { id, text }) => {
-                    writeln!(out, "{}", json!({"token": id, "text": text}))
+                (Format::Jsonl, Event::Token { id, text, logprobs }) => {
+                    let mut line = json!({"token": id, "text": text});
+                    if let Some(lp) = logprobs {
+                        line["logprob"] = json!(lp.logprob);
+                        line["top_logprobs"] = lp
+                            .top
+                            .iter()
+                            .map(|&(id, logprob)| {
+                                let piece = pieces.get(id as usize).map_or("", String::as_str);
+                                json!({"token": id, "text": piece, "logprob": logprob})
+                            })
+                            .collect();
+                    }
+                    writeln!(out, "{line}")
                 }
                 (Format::Text, Event::Done { summary: s, text }) => {
                     let r = writeln!(out, "{text}");
                     eprintln!(
-                        "\n[{}] prompt {} tok, {:.1} tok/s | generated {} tok, {:.1} tok/s | ttft {:.0} ms",
+                        "\n[{}] prompt {} tok ({} cached), {:.1} tok/s | generated {} tok, {:.1} tok/s | ttft {:.0} ms",
                         s.finish_reason.as_str(),
                         s.prompt_tokens,
+                        s.cached_prompt_tokens,
                         s.prefill_tok_s,
                         s.completion_tokens,
                         s.decode_tok_s,
@@ -151,6 +350,7 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
                             "done": true,
                             "finish_reason": s.finish_reason.as_str(),
                             "prompt_tokens": s.prompt_tokens,
+                            "cached_prompt_tokens": s.cached_prompt_tokens,
                             "completion_tokens": s.completion_tokens,
                             "ttft_ms": round1(s.ttft_ms),
                             "prefill_tok_s": round1(s.prefill_tok_s),
@@ -166,6 +366,6 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
     })
 }
 
-fn round1(v: f64) -> f64 {
+pub fn round1(v: f64) -> f64 {
     (v * 10.0).round() / 10.0
 }

@@ -1,5 +1,5 @@
-//! End-to-end tests of the `flint` binary: golden greedy runs through `flint run` and the
-//! exit-2-with-one-line contract for bad input.
+//! End-to-end tests of the `flint` binary: golden greedy runs, stop strings and
+//! log-probabilities through `flint run`, and the exit-2-with-one-line contract for bad input.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -139,5 +139,81 @@ fn info_describes_both_models() {
     let text = String::from_utf8(out.stdout).unwrap();
     for needle in ["qwen2", "layers        24", "gpt2 (pre qwen2)", "chat template yes", "separate matrix"] {
         assert!(text.contains(needle), "qwen info lacks {needle:?}:\n{text}");
+    }
+}
+
+#[test]
+fn new_sampling_values_are_checked_before_the_model_loads() {
+    let m = model_path("qwen2.5-coder-0.5b");
+    assert_usage_error(&["run", "-m", &m, "--repeat-penalty", "0", "hi"], "--repeat-penalty");
+    assert_usage_error(&["run", "-m", &m, "--repeat-last-n", "-2", "hi"], "--repeat-last-n");
+    assert_usage_error(&["run", "-m", &m, "--presence-penalty", "3", "hi"], "--presence-penalty");
+    assert_usage_error(&["run", "-m", &m, "--frequency-penalty", "-2.5", "hi"], "--frequency-penalty");
+    assert_usage_error(&["run", "-m", &m, "--stop", "", "hi"], "--stop");
+    assert_usage_error(&["run", "-m", &m, "--format", "jsonl", "--logprobs", "50", "hi"], "--logprobs");
+    assert_usage_error(&["run", "-m", &m, "--logprobs", "3", "hi"], "jsonl");
+    assert_usage_error(&["run", "-m", &m, "--raw", "--system", "be brief", "hi"], "--system");
+    assert_usage_error(&["run", "-m", &m, "--chat-template-file", "/nonexistent/t.jinja", "hi"], "t.jinja");
+    assert_usage_error(&["chat", "-m", &m, "--temp", "3"], "--temp");
+}
+
+#[test]
+fn system_needs_a_chat_template() {
+    let m = model_path("gemma-3-270m");
+    assert_usage_error(&["run", "-m", &m, "--system", "be brief", "hi"], "no chat template");
+}
+
+/// JSON lines of a successful `flint run --format jsonl`: (token lines, summary).
+fn jsonl_run(args: &[&str]) -> (Vec<Value>, Value) {
+    let out = flint(args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let mut lines: Vec<Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let summary = lines.pop().expect("a summary line");
+    assert_eq!(summary["done"], true);
+    (lines, summary)
+}
+
+/// A stop string that spans two tokens (" United" + " States" in gemma's greedy continuation
+/// of golden prompt 1) ends the output right before it; the stop text is never emitted.
+#[test]
+fn stop_string_across_tokens() {
+    let prompt = shared().join("golden/prompts/p1.txt");
+    let stop = " United St";
+    let (lines, summary) = jsonl_run(&[
+        "run", "-m", &model_path("gemma-3-270m"), "--backend", "cpu", "--temp", "0", "--raw", "-n", "32", "--format",
+        "jsonl", "--stop", stop, "-f", prompt.to_str().unwrap(),
+    ]);
+    let greedy = json_file("golden/f32/gemma/1.json")["greedy_text"].as_str().unwrap().to_string();
+    let want = &greedy[..greedy.find(stop).expect("the stop string is in the reference text")];
+    let text: String = lines.iter().filter_map(|l| l["text"].as_str()).collect();
+    assert_eq!(text, want);
+    assert_eq!(summary["finish_reason"], "stop");
+    // " United" was held back (it might begin the stop string), then " States" completed it.
+    let tail: Vec<&str> = lines.iter().rev().take(2).map(|l| l["text"].as_str().unwrap()).collect();
+    assert_eq!(tail, ["", ""], "the last two tokens should print nothing");
+    assert_eq!(summary["completion_tokens"].as_u64().unwrap() as usize, lines.len());
+}
+
+#[test]
+fn logprobs_in_jsonl() {
+    let (lines, summary) = jsonl_run(&[
+        "run", "-m", &model_path("qwen2.5-coder-0.5b"), "--backend", "cpu", "--temp", "0", "-n", "6", "--format", "jsonl",
+        "--logprobs", "3", "Name three colors.",
+    ]);
+    assert!(summary["cached_prompt_tokens"].is_u64(), "summary lacks cached_prompt_tokens: {summary}");
+    let tokens: Vec<&Value> = lines.iter().filter(|l| l.get("token").is_some()).collect();
+    assert!(!tokens.is_empty());
+    for line in tokens {
+        let logprob = line["logprob"].as_f64().unwrap_or_else(|| panic!("no logprob: {line}"));
+        assert!(logprob <= 0.0, "{line}");
+        let top = line["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{line}");
+        let lps: Vec<f64> = top.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
+        assert!(lps.windows(2).all(|w| w[0] >= w[1]), "not sorted descending: {line}");
+        assert!(top.iter().all(|t| t["token"].is_u64() && t["text"].is_string()), "{line}");
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(top[0]["token"], line["token"], "{line}");
+        assert_eq!(lps[0], logprob, "{line}");
     }
 }
