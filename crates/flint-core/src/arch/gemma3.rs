@@ -1,8 +1,8 @@
 //! gemma3: QK-norm, sandwich norms, GELU-tanh gated FFN, scaled embeddings, tied output,
 //! and local sliding-window layers interleaved with global ones.
 
-use super::{count, opt_count, positive_f32, rope_freq_scale, Activation, ArchError, LayerConfig, ModelConfig, RopeStyle};
-use super::{MAX_CTX, MAX_EMBD, MAX_FF, MAX_HEADS, MAX_LAYERS};
+use super::{count, positive_f32, rope_freq_scale, shape, Activation, ArchError, LayerConfig, ModelConfig, RopeStyle, Shape};
+use super::{MAX_CTX, MAX_FF};
 use crate::gguf::Metadata;
 
 const ARCH: &str = "gemma3";
@@ -14,18 +14,7 @@ const DEFAULT_ROPE_BASE: f32 = 1_000_000.0;
 const DEFAULT_SLIDING_WINDOW: u32 = 512;
 
 pub(super) fn config(md: &Metadata, n_vocab: usize, tied_output: bool) -> Result<ModelConfig, ArchError> {
-    let n_embd = count(md, ARCH, "embedding_length", MAX_EMBD)?;
-    let n_layer = count(md, ARCH, "block_count", MAX_LAYERS)?;
-    let n_head = count(md, ARCH, "attention.head_count", MAX_HEADS)?;
-    let n_head_kv = opt_count(md, ARCH, "attention.head_count_kv", MAX_HEADS)?.unwrap_or(n_head);
-    if n_head % n_head_kv != 0 {
-        return Err(ArchError::Invalid {
-            key: format!("{ARCH}.attention.head_count_kv"),
-            reason: format!("{n_head} query heads are not a multiple of {n_head_kv} KV heads"),
-        });
-    }
-    let head_dim = opt_count(md, ARCH, "attention.key_length", MAX_EMBD)?.unwrap_or(n_embd / n_head);
-    let head_dim_v = opt_count(md, ARCH, "attention.value_length", MAX_EMBD)?.unwrap_or(head_dim);
+    let Shape { n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v } = shape(md, ARCH)?;
     if head_dim % 2 != 0 {
         return Err(ArchError::Invalid { key: format!("{ARCH}.attention.key_length"), reason: "must be even".into() });
     }

@@ -1,7 +1,7 @@
 //! The llama family: llama, mistral and qwen2 (Q/K/V biases, NeoX RoPE).
 
-use super::{count, opt_count, positive_f32, rope_freq_scale, Activation, ArchError, LayerConfig, ModelConfig, RopeStyle};
-use super::{MAX_CTX, MAX_EMBD, MAX_FF, MAX_HEADS, MAX_LAYERS};
+use super::{count, opt_count, positive_f32, rope_freq_scale, shape, Activation, ArchError, LayerConfig, ModelConfig, RopeStyle, Shape};
+use super::{MAX_CTX, MAX_EMBD, MAX_FF};
 use crate::gguf::Metadata;
 
 /// llama.cpp's default RoPE base when the file has none.
@@ -9,24 +9,7 @@ const DEFAULT_ROPE_BASE: f32 = 10_000.0;
 const DEFAULT_RMS_EPS: f32 = 1e-5;
 
 pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: bool) -> Result<ModelConfig, ArchError> {
-    let n_embd = count(md, arch, "embedding_length", MAX_EMBD)?;
-    let n_layer = count(md, arch, "block_count", MAX_LAYERS)?;
-    let n_head = count(md, arch, "attention.head_count", MAX_HEADS)?;
-    let n_head_kv = opt_count(md, arch, "attention.head_count_kv", MAX_HEADS)?.unwrap_or(n_head);
-    if n_head % n_head_kv != 0 {
-        return Err(ArchError::Invalid {
-            key: format!("{arch}.attention.head_count_kv"),
-            reason: format!("{n_head} query heads are not a multiple of {n_head_kv} KV heads"),
-        });
-    }
-    if n_embd % n_head != 0 {
-        return Err(ArchError::Invalid {
-            key: format!("{arch}.attention.head_count"),
-            reason: format!("embedding length {n_embd} is not a multiple of {n_head} heads"),
-        });
-    }
-    let head_dim = opt_count(md, arch, "attention.key_length", MAX_EMBD)?.unwrap_or(n_embd / n_head);
-    let head_dim_v = opt_count(md, arch, "attention.value_length", MAX_EMBD)?.unwrap_or(head_dim);
+    let Shape { n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v } = shape(md, arch)?;
     let rope_dim = opt_count(md, arch, "rope.dimension_count", MAX_EMBD)?.unwrap_or(head_dim);
     if rope_dim > head_dim || rope_dim % 2 != 0 {
         return Err(ArchError::Invalid {

@@ -175,6 +175,43 @@ fn vocab_size(file: &GgufFile) -> Result<usize, ArchError> {
     Ok(n_vocab as usize)
 }
 
+/// The attention shape every family reads the same way.
+pub(crate) struct Shape {
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub head_dim_v: usize,
+}
+
+/// Reads and checks the counts shared by every family: query heads a multiple of KV heads,
+/// and, where the file gives no head size, an embedding that divides into the heads.
+pub(crate) fn shape(md: &Metadata, arch: &str) -> Result<Shape, ArchError> {
+    let n_embd = count(md, arch, "embedding_length", MAX_EMBD)?;
+    let n_layer = count(md, arch, "block_count", MAX_LAYERS)?;
+    let n_head = count(md, arch, "attention.head_count", MAX_HEADS)?;
+    let n_head_kv = opt_count(md, arch, "attention.head_count_kv", MAX_HEADS)?.unwrap_or(n_head);
+    if n_head % n_head_kv != 0 {
+        return Err(ArchError::Invalid {
+            key: format!("{arch}.attention.head_count_kv"),
+            reason: format!("{n_head} query heads are not a multiple of {n_head_kv} KV heads"),
+        });
+    }
+    let head_dim = match opt_count(md, arch, "attention.key_length", MAX_EMBD)? {
+        Some(d) => d,
+        None if n_embd % n_head == 0 => n_embd / n_head,
+        None => {
+            return Err(ArchError::Invalid {
+                key: format!("{arch}.attention.head_count"),
+                reason: format!("embedding length {n_embd} is not a multiple of {n_head} heads"),
+            })
+        }
+    };
+    let head_dim_v = opt_count(md, arch, "attention.value_length", MAX_EMBD)?.unwrap_or(head_dim);
+    Ok(Shape { n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v })
+}
+
 /// Reads `<arch>.<name>` as a positive count no larger than `max`.
 pub(crate) fn count(md: &Metadata, arch: &str, name: &str, max: u32) -> Result<usize, ArchError> {
     let key = format!("{arch}.{name}");
