@@ -12,7 +12,7 @@ use futures::future::LocalBoxFuture;
 use crate::arch::{Activation, ModelConfig};
 use crate::backend::{check_batch, Backend, BackendError};
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::quant::{self, QuantType};
+use crate::quant;
 
 /// A weight matrix: where its bytes are and how to read them.
 #[derive(Clone, Debug)]
@@ -175,8 +175,7 @@ impl CpuBackend {
     fn layer_forward(&mut self, il: usize, mut x: Vec<f32>, n_tok: usize) -> Vec<f32> {
         let c = &self.cfg;
         let l = &self.layers[il];
-        let (e, hd, hdv) = (c.n_embd, c.head_dim, c.head_dim_v);
-        let (kv_dim, v_dim) = (c.kv_dim(), c.v_dim());
+        let (hd, kv_dim) = (c.head_dim, c.kv_dim());
 
         let mut h = x.clone();
         ops::rms_norm(&mut h, &l.attn_norm, c.rms_eps);
@@ -225,7 +224,6 @@ impl CpuBackend {
             ops::rms_norm(&mut d, w, c.rms_eps);
         }
         x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
-        let _ = (e, hdv, v_dim);
         x
     }
 }
@@ -305,6 +303,3 @@ impl Backend for CpuBackend {
         "cpu".into()
     }
 }
-
-#[allow(dead_code)]
-fn _assert_quant_type_used(_: QuantType) {}
