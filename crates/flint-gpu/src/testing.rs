@@ -78,3 +78,55 @@ impl TestRng {
         (0..n).map(|_| self.next_u32() as u8).collect()
     }
 }
+
+/// Encodes one f16 value for [`random_quant`]; may draw from the generator (e.g. to mix in
+/// subnormals).
+pub type F16Encoder = fn(f32, &mut TestRng) -> u16;
+
+/// Plain round-to-nearest f16 bits.
+pub fn f16_nearest(v: f32, _: &mut TestRng) -> u16 {
+    half::f16::from_f32(v).to_bits()
+}
+
+/// Seeded random data of `ty` for `n_elems` elements: random quant payloads whose f16 scales
+/// are small finite values (`0.004 + 0.02·u`, encoded by `f16`), never NaN or inf.
+pub fn random_quant(ty: flint_core::quant::QuantType, n_elems: usize, rng: &mut TestRng, f16: F16Encoder) -> Vec<u8> {
+    use flint_core::quant::{BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantType};
+
+    fn patch<B: bytemuck::Pod>(bytes: &mut [u8], f: impl FnOnce(&mut B)) {
+        let mut b: B = bytemuck::pod_read_unaligned(bytes);
+        f(&mut b);
+        bytes.copy_from_slice(bytemuck::bytes_of(&b));
+    }
+    let scale = |rng: &mut TestRng| {
+        let v = 0.004 + 0.02 * rng.f32();
+        f16(v, rng)
+    };
+    match ty {
+        QuantType::F32 => bytemuck::cast_slice(&rng.vec(n_elems)).to_vec(),
+        QuantType::F16 => (0..n_elems)
+            .flat_map(|_| {
+                let v = rng.f32();
+                f16(v, rng).to_le_bytes()
+            })
+            .collect(),
+        QuantType::BF16 => rng.vec(n_elems).into_iter().flat_map(|v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect(),
+        _ => {
+            let mut bytes = rng.bytes(n_elems / ty.block_elems() * ty.block_bytes());
+            for b in bytes.chunks_exact_mut(ty.block_bytes()) {
+                match ty {
+                    QuantType::Q4_0 => patch(b, |b: &mut BlockQ4_0| b.d = scale(rng)),
+                    QuantType::Q4_1 => patch(b, |b: &mut BlockQ4_1| (b.d, b.m) = (scale(rng), scale(rng))),
+                    QuantType::Q5_0 => patch(b, |b: &mut BlockQ5_0| b.d = scale(rng)),
+                    QuantType::Q5_1 => patch(b, |b: &mut BlockQ5_1| (b.d, b.m) = (scale(rng), scale(rng))),
+                    QuantType::Q8_0 => patch(b, |b: &mut BlockQ8_0| b.d = scale(rng)),
+                    QuantType::Q4K => patch(b, |b: &mut BlockQ4K| (b.d, b.dmin) = (scale(rng), scale(rng))),
+                    QuantType::Q5K => patch(b, |b: &mut BlockQ5K| (b.d, b.dmin) = (scale(rng), scale(rng))),
+                    QuantType::Q6K => patch(b, |b: &mut BlockQ6K| b.d = scale(rng)),
+                    QuantType::F32 | QuantType::F16 | QuantType::BF16 => unreachable!("float formats handled above"),
+                }
+            }
+            bytes
+        }
+    }
+}

@@ -4,13 +4,12 @@
 
 use std::sync::LazyLock;
 
-use bytemuck::Pod;
-use flint_core::quant::{self, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantType};
+use flint_core::quant::{self, QuantType};
 use flint_gpu::buffer::{read_f32, storage_init};
 use flint_gpu::ops::matmul::{Matmul, MatmulDesc, TokenCount};
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
-use flint_gpu::testing::{nmse, TestRng, NMSE_F32, NMSE_QUANT};
+use flint_gpu::testing::{f16_nearest, nmse, random_quant, TestRng, NMSE_F32, NMSE_QUANT};
 use flint_gpu::GpuContext;
 
 /// Written into every cell of y the op must not touch.
@@ -20,47 +19,9 @@ const SPARE_TOKENS: usize = 2;
 
 static CACHE: LazyLock<PipelineCache> = LazyLock::new(PipelineCache::new);
 
-fn f16_bits(v: f32) -> u16 {
-    half::f16::from_f32(v).to_bits()
-}
-
-/// A small positive or negative f16 scale.
-fn scale(rng: &mut TestRng) -> u16 {
-    f16_bits(0.004 + 0.02 * rng.f32())
-}
-
-/// Reads block `B` from `bytes`, lets `f` set its scales, and writes it back.
-fn patch<B: Pod>(bytes: &mut [u8], f: impl FnOnce(&mut B)) {
-    let mut b: B = bytemuck::pod_read_unaligned(bytes);
-    f(&mut b);
-    bytes.copy_from_slice(bytemuck::bytes_of(&b));
-}
-
-/// Seeded random rows of `ty`: random quant payloads with sane f16 scales (no NaN or inf).
+/// Seeded random rows of `ty` with sane f16 scales (no NaN or inf).
 fn random_weights(ty: QuantType, n_elems: usize, rng: &mut TestRng) -> Vec<u8> {
-    match ty {
-        QuantType::F32 => bytemuck::cast_slice(&rng.vec(n_elems)).to_vec(),
-        QuantType::F16 => rng.vec(n_elems).into_iter().flat_map(|v| f16_bits(v).to_le_bytes()).collect(),
-        QuantType::BF16 => rng.vec(n_elems).into_iter().flat_map(|v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect(),
-        _ => {
-            let n_blocks = n_elems / ty.block_elems();
-            let mut bytes = rng.bytes(n_blocks * ty.block_bytes());
-            for b in bytes.chunks_exact_mut(ty.block_bytes()) {
-                match ty {
-                    QuantType::Q4_0 => patch(b, |b: &mut BlockQ4_0| b.d = scale(rng)),
-                    QuantType::Q4_1 => patch(b, |b: &mut BlockQ4_1| (b.d, b.m) = (scale(rng), scale(rng))),
-                    QuantType::Q5_0 => patch(b, |b: &mut BlockQ5_0| b.d = scale(rng)),
-                    QuantType::Q5_1 => patch(b, |b: &mut BlockQ5_1| (b.d, b.m) = (scale(rng), scale(rng))),
-                    QuantType::Q8_0 => patch(b, |b: &mut BlockQ8_0| b.d = scale(rng)),
-                    QuantType::Q4K => patch(b, |b: &mut BlockQ4K| (b.d, b.dmin) = (scale(rng), scale(rng))),
-                    QuantType::Q5K => patch(b, |b: &mut BlockQ5K| (b.d, b.dmin) = (scale(rng), scale(rng))),
-                    QuantType::Q6K => patch(b, |b: &mut BlockQ6K| b.d = scale(rng)),
-                    _ => unreachable!("float formats handled above"),
-                }
-            }
-            bytes
-        }
-    }
+    random_quant(ty, n_elems, rng, f16_nearest)
 }
 
 /// A row length that is an odd number of blocks and of 32-element chunks.
