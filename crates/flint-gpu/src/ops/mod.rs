@@ -46,6 +46,17 @@ pub fn fold_groups(n: u32) -> (u32, u32) {
     }
 }
 
+/// Records `groups` workgroups of `pipeline` (folded into a 2-D grid), or nothing for 0.
+pub fn dispatch_folded(pass: &mut wgpu::ComputePass<'_>, pipeline: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, groups: u32) {
+    if groups == 0 {
+        return;
+    }
+    let (gx, gy) = fold_groups(groups);
+    pass.set_pipeline(pipeline);
+    pass.set_bind_group(0, bind, &[]);
+    pass.dispatch_workgroups(gx, gy, 1);
+}
+
 /// The per-step batch description shared by every op: `BatchInfo` (uniform) and the
 /// per-token ids, positions and sequence ids plus the block table (storage).
 pub struct Batch {

@@ -7,7 +7,7 @@ use flint_core::arch::RopeStyle;
 
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
-use crate::ops::{bind, fold_groups, params, Batch};
+use crate::ops::{bind, dispatch_folded, params, Batch};
 use crate::pipeline::{PipelineCache, PipelineKey};
 use crate::shader::ShaderDefs;
 
@@ -80,13 +80,6 @@ impl Rope {
 
     /// Records the dispatch for `n_tok` tokens (the shader also bounds by Batch.n_tok).
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32) {
-        let groups = (n_tok * self.pairs_per_token).div_ceil(WG);
-        if groups == 0 {
-            return;
-        }
-        let (gx, gy) = fold_groups(groups);
-        pass.set_pipeline(&self.pipeline);
-        pass.set_bind_group(0, &self.bind, &[]);
-        pass.dispatch_workgroups(gx, gy, 1);
+        dispatch_folded(pass, &self.pipeline, &self.bind, (n_tok * self.pairs_per_token).div_ceil(WG));
     }
 }
