@@ -6,8 +6,15 @@
 //! a shared, partly filled last block, it swaps in a fresh block and returns a [`BlockCopy`]
 //! in the [`Reservation`]; the caller must copy that block's positions (every layer, K and V)
 //! from `src` to `dst` before this step's KV writes. Blocks are otherwise only appended.
+//!
+//! [`PrefixIndex`] lists full blocks of earlier sequences by the tokens they hold, so a new
+//! sequence can start from them; it holds a reference on each, so the same rule keeps them intact.
+
+pub mod prefix;
 
 use thiserror::Error;
+
+pub use prefix::PrefixIndex;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum KvError {
