@@ -63,6 +63,23 @@ pub trait Backend {
     }
     /// Drops cached positions from `n` on (0 clears the cache).
     fn truncate(&mut self, n: usize);
+    /// Extends the cache from earlier requests' blocks without recomputing them: when the
+    /// backend's prefix index holds a longer prefix of `tokens` than the `n_past()` positions
+    /// cached now (which must hold `tokens[..n_past()]`), the cache switches to it. Returns the
+    /// positions cached after, at most `tokens.len()`. Backends without an index keep what
+    /// they have.
+    fn restore_prefix(&mut self, tokens: &[u32]) -> usize {
+        self.n_past().min(tokens.len())
+    }
+    /// Records that the cached positions hold `tokens`, so that their full blocks can serve
+    /// later requests through [`Backend::restore_prefix`]. A no-op without an index.
+    fn commit(&mut self, tokens: &[u32]) {
+        let _ = tokens;
+    }
+    /// Drops every cached position and everything the prefix index holds (a new conversation).
+    fn clear_cache(&mut self) {
+        self.truncate(0);
+    }
     /// A short name for reports: `cpu`, `gpu (llvmpipe)`.
     fn name(&self) -> String;
 }

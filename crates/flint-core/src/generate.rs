@@ -50,7 +50,7 @@ impl FinishReason {
 pub struct Summary {
     pub finish_reason: FinishReason,
     pub prompt_tokens: usize,
-    /// Prompt tokens whose KV was reused from the previous request (not prefilled again).
+    /// Prompt tokens whose KV was reused from earlier requests (not prefilled again).
     pub cached_prompt_tokens: usize,
     pub completion_tokens: usize,
     pub ttft_ms: f64,
@@ -114,7 +114,8 @@ pub fn default_clock() -> f64 {
 }
 
 /// One request in flight. `cache` lists the tokens whose KV the backend holds (from earlier
-/// requests); the longest common prefix with the new prompt is reused, not prefilled again.
+/// requests); the longest common prefix with the new prompt is reused, not prefilled again,
+/// or a longer one the backend's prefix index holds (see [`Backend::restore_prefix`]).
 pub struct Generation<'a> {
     backend: &'a mut dyn Backend,
     tokenizer: &'a Tokenizer,
@@ -163,12 +164,15 @@ impl<'a> Generation<'a> {
         sampler.check_vocab(backend.config().n_vocab)?;
         // Repetition penalties see the whole prompt, reused prefix included.
         sampler.accept_all(&prompt);
-        // Reuse the longest cached prefix, keeping at least one prompt token to run.
+        // Reuse the longest cached prefix, keeping at least one prompt token to run: what the
+        // live sequence shares with the prompt, or a longer prefix from the backend's index.
         cache.truncate(backend.n_past());
         let common = cache.iter().zip(&prompt).take_while(|(a, b)| a == b).count();
-        let keep = backend.reusable_prefix(common.min(prompt.len() - 1));
-        backend.truncate(keep);
-        cache.truncate(keep);
+        let runnable = &prompt[..prompt.len() - 1];
+        backend.truncate(backend.reusable_prefix(common.min(runnable.len())));
+        let keep = backend.restore_prefix(runnable).min(runnable.len());
+        cache.clear();
+        cache.extend_from_slice(&prompt[..keep]);
         Ok(Generation {
             backend,
             tokenizer,
@@ -219,6 +223,8 @@ impl<'a> Generation<'a> {
             let new = &self.prompt[self.reused..];
             let sampled = self.backend.forward_sample(new, &mut self.sampler).await?;
             self.cache.extend_from_slice(new);
+            // The prompt's blocks serve later requests even if this one is abandoned.
+            self.backend.commit(self.cache.as_slice());
             sampled
         } else {
             let Some(tok) = self.last else { return Ok(self.finish(FinishReason::Stop)) };
@@ -259,6 +265,7 @@ impl<'a> Generation<'a> {
     }
 
     fn finish(&mut self, finish_reason: FinishReason) -> Event {
+        self.backend.commit(self.cache.as_slice());
         let mut text = std::mem::take(&mut self.held);
         let now = (self.clock)();
         let ttft_ms = if self.prefilled { self.t_first - self.t_start } else { 0.0 };
