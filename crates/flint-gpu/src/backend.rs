@@ -41,7 +41,21 @@ impl GpuBackend {
         n_ctx: usize,
         max_binding_mb: Option<u64>,
     ) -> Result<GpuBackend, BackendError> {
-        Ok(GpuBackend { model: GpuModel::load(ctx, file, cfg, n_ctx, max_binding_mb).await.map_err(device)? })
+        Self::with_kv_budget(ctx, file, cfg, n_ctx, max_binding_mb, None).await
+    }
+
+    /// Like `new`, with the KV block pool sized by `kv_budget` bytes (see
+    /// [`crate::model::kv_pool_size`]): what the context does not use holds the prefix index.
+    pub async fn with_kv_budget(
+        ctx: Arc<GpuContext>,
+        file: &GgufFile,
+        cfg: ModelConfig,
+        n_ctx: usize,
+        max_binding_mb: Option<u64>,
+        kv_budget: Option<u64>,
+    ) -> Result<GpuBackend, BackendError> {
+        let model = GpuModel::load(ctx, file, cfg, n_ctx, max_binding_mb, kv_budget).await.map_err(device)?;
+        Ok(GpuBackend { model })
     }
 
     pub fn model(&self) -> &GpuModel {
@@ -96,6 +110,17 @@ impl Backend for GpuBackend {
     }
     fn truncate(&mut self, n: usize) {
         self.model.truncate(n);
+    }
+    /// Any earlier request's full blocks, except with gemma3-style sliding-window rings, which
+    /// cannot be shared: there only the live sequence is reused (`reusable_prefix`).
+    fn restore_prefix(&mut self, tokens: &[u32]) -> usize {
+        self.model.restore_prefix(tokens)
+    }
+    fn commit(&mut self, tokens: &[u32]) {
+        self.model.commit(tokens);
+    }
+    fn clear_cache(&mut self) {
+        self.model.clear_cache();
     }
     fn name(&self) -> String {
         format!("gpu ({})", self.model.ctx.info.name)

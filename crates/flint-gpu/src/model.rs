@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use flint_core::arch::ModelConfig;
 use flint_core::gguf::GgufFile;
-use flint_core::kv::{BlockManager, SeqKv};
+use flint_core::kv::{BlockCopy, BlockManager, KvConfig, PrefixIndex, SeqKv};
 use flint_core::sampling::Sampled;
 
 use crate::buffer::storage;
@@ -21,6 +21,9 @@ use crate::weights::{GpuMatrix, Uploader};
 pub const PREFILL_CHUNK: u32 = 256;
 /// Positions per KV block.
 pub const KV_BLOCK: u32 = 16;
+/// Without a configured KV budget the block pool holds the context plus this share of it
+/// (1/4) for the prefix index.
+const DEFAULT_SPARE_DIVISOR: u32 = 4;
 
 /// Anything that records dispatches for a step of `n_tok` tokens.
 trait Encode {
@@ -133,9 +136,14 @@ pub struct GpuModel {
     /// [1] u32: the sampled token id.
     sampled: wgpu::Buffer,
     /// Per layer K and V caches, [n_blocks · KV_BLOCK, kv_dim] f32.
-    _kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+    kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+    /// One block of one layer's K or V: copy-on-write copies go through it.
+    kv_scratch: wgpu::Buffer,
     blocks: BlockManager,
     seq: SeqKv,
+    /// Full blocks of earlier requests by the tokens they hold. None with sliding-window
+    /// rings: a ring is overwritten as its sequence grows, so its blocks cannot be shared.
+    index: Option<PrefixIndex>,
     n_ctx: usize,
     pub upload_bytes: u64,
 }
@@ -192,8 +200,16 @@ async fn norm(
 impl GpuModel {
     /// Uploads the weights and builds every op once. `n_ctx` is clamped to the training context.
     /// `max_binding_mb` lowers the per-buffer weight size below the device limit (tests use it
-    /// to force multi-way splits).
-    pub async fn load(ctx: Arc<GpuContext>, file: &GgufFile, cfg: ModelConfig, n_ctx: usize, max_binding_mb: Option<u64>) -> Result<GpuModel> {
+    /// to force multi-way splits). `kv_budget` (bytes) sizes the KV block pool, see
+    /// [`kv_pool_size`].
+    pub async fn load(
+        ctx: Arc<GpuContext>,
+        file: &GgufFile,
+        cfg: ModelConfig,
+        n_ctx: usize,
+        max_binding_mb: Option<u64>,
+        kv_budget: Option<u64>,
+    ) -> Result<GpuModel> {
         let c = &cfg;
         let n_ctx = n_ctx.clamp(1, c.n_ctx_train);
         let cache = PipelineCache::new();
@@ -214,7 +230,6 @@ impl GpuModel {
             last: storage(&ctx, "last", c.n_embd as u64 * f)?,
             logits: storage(&ctx, "logits", c.n_vocab as u64 * f)?,
         };
-        let n_slots = max_blocks as u64 * KV_BLOCK as u64;
         // Local layers need their window plus the positions one chunk writes before reading.
         let window = c.layers.iter().filter_map(|l| l.sliding_window).max();
         let ring = match window {
@@ -230,6 +245,8 @@ impl GpuModel {
             }
             None => None,
         };
+        let pool = if ring.is_some() { max_blocks } else { kv_pool_size(&ctx, c, max_blocks, kv_budget) };
+        let n_slots = pool as u64 * KV_BLOCK as u64;
         let ring_slots = ring.as_ref().map(|r| r.table.iter().max().map_or(1, |m| m + 1) as u64 * KV_BLOCK as u64);
         let mut kv = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
@@ -343,7 +360,9 @@ impl GpuModel {
         let penalize = ops::penalize::Penalize::new(&ctx, &cache, c.n_vocab as u32, c.n_vocab as u32, &a.logits).await?;
         up.flush()?;
         let upload_bytes = up.uploaded;
-        let blocks = BlockManager::new(max_blocks, KV_BLOCK);
+        let kv_scratch = storage(&ctx, "kv_scratch", KV_BLOCK as u64 * c.kv_dim().max(c.v_dim()) as u64 * f)?;
+        let blocks = BlockManager::new(pool, KV_BLOCK);
+        let index = ring.is_none().then(|| PrefixIndex::new(KV_BLOCK));
         Ok(GpuModel {
             cfg,
             batch,
@@ -354,9 +373,11 @@ impl GpuModel {
             sampler,
             penalize,
             sampled,
-            _kv: kv,
+            kv,
+            kv_scratch,
             blocks,
             seq: SeqKv::new(),
+            index,
             n_ctx,
             upload_bytes,
             ctx,
@@ -386,7 +407,67 @@ impl GpuModel {
 
     /// Bytes of KV cache allocated (all layers, K and V).
     pub fn kv_bytes(&self) -> u64 {
-        self._kv.iter().map(|(k, v)| k.size() + v.size()).sum()
+        self.kv.iter().map(|(k, v)| k.size() + v.size()).sum()
+    }
+
+    /// Blocks in the KV pool (the live sequence's and the prefix index's).
+    pub fn kv_pool_blocks(&self) -> u32 {
+        self.blocks.n_blocks()
+    }
+
+    /// Blocks the prefix index holds (0 without an index).
+    pub fn indexed_blocks(&self) -> usize {
+        self.index.as_ref().map_or(0, |ix| ix.len())
+    }
+
+    /// Switches the sequence to the longest prefix of `tokens` the index holds when that is
+    /// longer than the cached positions (which hold `tokens[..n_past]`); returns n_past after.
+    /// Without an index (sliding-window rings) only the live sequence is reused.
+    pub fn restore_prefix(&mut self, tokens: &[u32]) -> usize {
+        self.truncate(tokens.len());
+        match &mut self.index {
+            Some(ix) => ix.restore(&mut self.blocks, &mut self.seq, tokens),
+            None => self.seq.len(),
+        }
+    }
+
+    /// Indexes the sequence's full blocks, whose positions hold `tokens`.
+    pub fn commit(&mut self, tokens: &[u32]) {
+        if let Some(ix) = &mut self.index {
+            ix.insert(&mut self.blocks, &self.seq, tokens);
+        }
+    }
+
+    /// Drops the sequence and every indexed block.
+    pub fn clear_cache(&mut self) {
+        self.blocks.release(&mut self.seq);
+        if let Some(ix) = &mut self.index {
+            ix.clear(&mut self.blocks);
+        }
+    }
+
+    /// Grows the sequence to `end` positions, evicting least recently used indexed blocks when
+    /// the pool is short, and records a copy-on-write copy into `enc` ahead of the KV writes.
+    fn reserve(&mut self, end: usize, enc: &mut wgpu::CommandEncoder) -> Result<()> {
+        let r = match &mut self.index {
+            Some(ix) => ix.reserve(&mut self.blocks, &mut self.seq, end),
+            None => self.blocks.reserve(&mut self.seq, end),
+        };
+        let r = r.map_err(|e| GpuError::Unsupported { op: "kv", message: e.to_string() })?;
+        if let Some(copy) = r.copy {
+            self.encode_block_copy(enc, copy);
+        }
+        Ok(())
+    }
+
+    /// Copies one block in every layer's K and V cache (only shared blocks are copied, and
+    /// only without rings, so every layer's cache is laid out by the sequence's table).
+    fn encode_block_copy(&self, enc: &mut wgpu::CommandEncoder, copy: BlockCopy) {
+        let bytes = |dim: usize| KV_BLOCK as u64 * dim as u64 * 4;
+        for (k, v) in &self.kv {
+            ops::attention::encode_block_copy(enc, k, &self.kv_scratch, bytes(self.cfg.kv_dim()), copy.src, copy.dst);
+            ops::attention::encode_block_copy(enc, v, &self.kv_scratch, bytes(self.cfg.v_dim()), copy.src, copy.dst);
+        }
     }
 
     pub fn n_past(&self) -> usize {
@@ -416,8 +497,8 @@ impl GpuModel {
             let last = i + 1 == chunks.len();
             let start = self.seq.len();
             let end = start + chunk.len();
-            // A single sequence never shares blocks, so no copy-on-write can be asked for.
-            let _ = self.blocks.reserve(&mut self.seq, end).map_err(|e| GpuError::Unsupported { op: "kv", message: e.to_string() })?;
+            let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+            self.reserve(end, &mut enc)?;
             let pos: Vec<u32> = (start as u32..end as u32).collect();
             let seq = vec![0u32; chunk.len()];
             self.write_batch(chunk, &pos, &seq);
@@ -426,7 +507,6 @@ impl GpuModel {
                 _ => None,
             };
             let step = Step { n_tok: chunk.len() as u32, max_kv_len: end as u32 };
-            let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
             {
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
                 for op in &self.body {
@@ -479,7 +559,8 @@ impl GpuModel {
         }
         let start = self.seq.len();
         let end = start + tokens.len();
-        let _ = self.blocks.reserve(&mut self.seq, end).map_err(|e| GpuError::Unsupported { op: "kv", message: e.to_string() })?;
+        let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("profile") });
+        self.reserve(end, &mut enc)?;
         let pos: Vec<u32> = (start as u32..end as u32).collect();
         self.write_batch(tokens, &pos, &vec![0u32; tokens.len()]);
         let step = Step { n_tok: tokens.len() as u32, max_kv_len: end as u32 };
@@ -496,7 +577,6 @@ impl GpuModel {
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("profile") });
         for (i, op) in ops.iter().enumerate() {
             let i = i as u32;
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -525,5 +605,22 @@ impl GpuModel {
     pub async fn forward_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         self.run(tokens, &Output::Logits).await?;
         crate::buffer::read_f32(&self.ctx, &self.acts.logits, 0, self.cfg.n_vocab).await
+    }
+}
+
+/// Blocks in the KV pool: as many as `budget` bytes hold (default: the context plus a quarter
+/// more for the prefix index), never fewer than the context's blocks plus one (the room a
+/// copy-on-write needs with a full context), never more than one binding holds.
+pub fn kv_pool_size(ctx: &GpuContext, c: &ModelConfig, max_blocks: u32, budget: Option<u64>) -> u32 {
+    let f = 4u64;
+    let row = c.kv_dim().max(c.v_dim()) as u64 * f;
+    let per_pos = c.n_layer as u64 * (c.kv_dim() + c.v_dim()) as u64 * f;
+    let by_binding = (ctx.max_binding() / (row * KV_BLOCK as u64).max(1)).min(u32::MAX as u64) as u32;
+    let min = max_blocks.saturating_add(1).min(by_binding).max(max_blocks);
+    let default_blocks = min as u64 + max_blocks.div_ceil(DEFAULT_SPARE_DIVISOR) as u64;
+    let budget = budget.unwrap_or(default_blocks * KV_BLOCK as u64 * per_pos);
+    match KvConfig::from_budget(budget, per_pos, KV_BLOCK, ctx.max_binding(), row) {
+        Ok(k) => k.n_blocks.max(min),
+        Err(_) => min,
     }
 }
