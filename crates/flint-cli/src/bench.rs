@@ -97,7 +97,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         return Err(Failure::usage("-p, -n and --reps must be at least 1"));
     }
     let path = crate::resolve(&args.model)?;
-    let opts = LoadOptions { backend: args.backend.kind(), n_ctx: args.prompt_tokens + args.gen_tokens + 1, max_binding_mb: None };
+    let opts = LoadOptions { backend: args.backend.kind(), n_ctx: args.prompt_tokens + args.gen_tokens + 1, max_binding_mb: None, kv_budget_mb: None };
     let t0 = std::time::Instant::now();
     let mut engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
     let load_s = t0.elapsed().as_secs_f64();

@@ -51,6 +51,10 @@ pub struct ModelArgs {
     pub ctx_size: usize,
     #[arg(long, value_enum, default_value_t = BackendArg::Gpu)]
     pub backend: BackendArg,
+    /// GPU memory for the KV cache in MB: the context plus earlier requests' blocks for prefix
+    /// reuse (least recently used evicted first); never less than the context needs.
+    #[arg(long = "kv-budget-mb", value_name = "MB")]
+    pub kv_budget_mb: Option<u64>,
     /// A system message (needs a chat template).
     #[arg(long)]
     pub system: Option<String>,
@@ -215,7 +219,12 @@ impl Opened {
     /// Loads the weights onto the backend and, when `chat`, compiles the chat template (if any).
     pub fn load(self, args: &ModelArgs, chat: bool) -> Result<(Engine, Option<ChatTemplate>), Failure> {
         let Opened { path, file, template_file } = self;
-        let opts = LoadOptions { backend: args.backend.kind(), n_ctx: args.ctx_size, max_binding_mb: None };
+        let opts = LoadOptions {
+            backend: args.backend.kind(),
+            n_ctx: args.ctx_size,
+            max_binding_mb: None,
+            kv_budget_mb: args.kv_budget_mb,
+        };
         let engine = futures::executor::block_on(Engine::load(file, &opts))
             .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
         let tok = engine.tokenizer();

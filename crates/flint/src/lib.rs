@@ -53,11 +53,15 @@ pub struct LoadOptions {
     /// Caps each GPU weight buffer below the device's binding limit (MB); the
     /// `FLINT_MAX_BINDING_MB` environment variable does the same.
     pub max_binding_mb: Option<u64>,
+    /// GPU memory for the KV cache (MB): the context's blocks and, in what is left, earlier
+    /// requests' blocks for prefix reuse, evicted least recently used first. Never less than
+    /// the context needs; None = the context plus a quarter. The CPU backend ignores it.
+    pub kv_budget_mb: Option<u64>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { backend: BackendKind::Gpu, n_ctx: DEFAULT_CTX, max_binding_mb: None }
+        LoadOptions { backend: BackendKind::Gpu, n_ctx: DEFAULT_CTX, max_binding_mb: None, kv_budget_mb: None }
     }
 }
 
@@ -111,7 +115,9 @@ impl Engine {
             BackendKind::Cpu => (Box::new(CpuBackend::new(file.clone(), config, n_ctx).await?), None),
             BackendKind::Gpu => {
                 let ctx = Arc::new(GpuContext::new().await?);
-                (Box::new(GpuBackend::new(ctx.clone(), &file, config, n_ctx, opts.max_binding_mb).await?), Some(ctx))
+                let kv_budget = opts.kv_budget_mb.map(|mb| mb.saturating_mul(1 << 20));
+                let gpu = GpuBackend::with_kv_budget(ctx.clone(), &file, config, n_ctx, opts.max_binding_mb, kv_budget).await?;
+                (Box::new(gpu), Some(ctx))
             }
         };
         Ok(Engine { gpu, file, tokenizer, backend, cached: Vec::new(), clock: default_clock })
@@ -138,10 +144,11 @@ impl Engine {
         self.backend.as_mut()
     }
 
-    /// Drops every cached position (a new conversation; `resetChat`, `/clear`).
+    /// Drops every cached position, the prefix index's blocks included, so their memory is
+    /// free again (a new conversation; `resetChat`, `/clear`).
     pub fn reset(&mut self) {
         self.cached.clear();
-        self.backend.truncate(0);
+        self.backend.clear_cache();
     }
 
     pub fn backend_name(&self) -> String {
