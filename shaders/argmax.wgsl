@@ -70,7 +70,8 @@ const RADIX: u32 = 256u;
 // The histogram kernels give each thread one bucket.
 const_assert WG == RADIX;
 const NONE: u32 = 0xffffffffu;
-const NEG_MAX: f32 = -3.40282347e+38;
+// The most negative finite f32, spelled exactly (a rounded decimal is out of range for Tint).
+const NEG_MAX: f32 = -0x1.fffffep+127f;
 
 // state words
 const MAX_BITS: u32 = 0u;
