@@ -101,10 +101,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     let t0 = std::time::Instant::now();
     let mut engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
     let load_s = t0.elapsed().as_secs_f64();
-    // A fixed, ordinary-text prompt of exactly the requested length.
-    let seed_text = "The history of the printing press begins in the fifteenth century, when movable type spread across Europe. ";
-    let base = engine.tokenize_raw(seed_text).map_err(Failure::usage)?;
-    let prompt: Vec<u32> = base.iter().cycle().take(args.prompt_tokens).copied().collect();
+    let prompt = engine.bench_prompt(args.prompt_tokens).map_err(Failure::usage)?;
 
     let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.reps {

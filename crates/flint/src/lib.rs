@@ -1,6 +1,8 @@
 //! Flint's engine facade: load a model, run requests, stream token events. The CLI uses it
 //! now; the wasm bindings and the server use the same API.
 
+mod bench;
+
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -90,7 +92,7 @@ pub const DEFAULT_CTX: usize = 4096;
 pub struct Engine {
     gpu: Option<Arc<GpuContext>>,
     file: Arc<GgufFile>,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
     backend: Box<dyn Backend>,
     /// Tokens whose KV the backend holds, for prefix reuse by the next request.
     cached: Vec<u32>,
@@ -108,7 +110,7 @@ impl Engine {
     /// Validates a parsed file (architecture, tensor shapes, tokenizer) and builds the backend.
     pub async fn load(file: GgufFile, opts: &LoadOptions) -> Result<Engine, EngineError> {
         let config = ModelConfig::from_gguf(&file)?;
-        let tokenizer = Tokenizer::from_metadata(&file.metadata)?;
+        let tokenizer = Arc::new(Tokenizer::from_metadata(&file.metadata)?);
         let file = Arc::new(file);
         let n_ctx = if opts.n_ctx == 0 { config.n_ctx_train } else { opts.n_ctx };
         let (backend, gpu): (Box<dyn Backend>, _) = match opts.backend {
@@ -136,6 +138,10 @@ impl Engine {
     }
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+    /// The tokenizer, for callers that decode while a request holds the engine.
+    pub fn shared_tokenizer(&self) -> Arc<Tokenizer> {
+        self.tokenizer.clone()
     }
     /// The backend itself, for tools and tests that drive it step by step.
     pub fn backend_mut(&mut self) -> &mut dyn Backend {
