@@ -1,0 +1,43 @@
+// The public engine object: the OpenAI-shaped API plus control methods, over a core that
+// runs in this thread (LocalCore) or in a Web Worker (WorkerCore).
+
+import { openaiApi } from "./openai.js";
+import { fromWire } from "./errors.js";
+
+export class Engine {
+  #core;
+  constructor(core) {
+    this.#core = core;
+    const api = openaiApi(core, () => core.info?.name ?? core.info?.file ?? "flint");
+    this.chat = api.chat;
+    this.completions = api.completions;
+  }
+  /** architecture, name, n_ctx, n_vocab, n_layer, adapter, backend, has_chat_template, file, size */
+  get info() {
+    return this.#core.info;
+  }
+  /** Ends the running request after its current token; its finish_reason is "abort". */
+  interruptGenerate() {
+    this.#core.interrupt();
+  }
+  /** Forgets the conversation: the next request reuses no cached prompt. */
+  async resetChat() {
+    try {
+      await this.#core.reset();
+    } catch (e) {
+      throw fromWire(e);
+    }
+  }
+  /** `flint bench`'s measurement in this browser: {prefill_tok_s: [...], decode_tok_s: [...]}. */
+  async bench({ promptTokens = 128, genTokens = 32, reps = 3 } = {}) {
+    try {
+      return await this.#core.bench(promptTokens, genTokens, reps);
+    } catch (e) {
+      throw fromWire(e);
+    }
+  }
+  /** Frees the model's GPU memory; the engine cannot be used afterwards. */
+  async unload() {
+    await this.#core.unload();
+  }
+}

@@ -1,0 +1,95 @@
+// The engine in this thread: loads the wasm module, opens the model (cache, download or
+// local file) and runs requests. `createEngine` wraps it; the worker script runs it too.
+
+import init, { loadEngine } from "./wasm/flint_wasm.js";
+import { fromWire, ModelLoadError, WebGPUNotAvailableError, EngineUnloadedError } from "./errors.js";
+import { blobSource, rangeSource } from "./source.js";
+import { cachedModel, downloadToCache } from "./cache.js";
+
+let wasmReady = null;
+
+function initWasm(wasmUrl) {
+  wasmReady ??= init(wasmUrl ? { module_or_path: wasmUrl } : undefined).catch((e) => {
+    wasmReady = null;
+    throw new ModelLoadError(`cannot load the engine's wasm module: ${e?.message ?? e}`);
+  });
+  return wasmReady;
+}
+
+function report(cb, stage, loaded, total, text) {
+  const progress = total > 0 ? Math.min(1, loaded / total) : stage === "ready" ? 1 : 0;
+  cb?.({ stage, loaded, total, progress, text });
+}
+
+const MB = (n) => (n / 1e6).toFixed(1);
+
+/** Where the model's bytes come from, downloading into the browser's cache first if needed. */
+async function openModel(model, progress, useCache) {
+  if (typeof Blob !== "undefined" && model instanceof Blob) return { source: model, name: model.name ?? "model.gguf" };
+  if (typeof model !== "string" && !(model instanceof URL)) throw new ModelLoadError("model must be a URL, a File or a Blob");
+  const url = String(model);
+  const name = decodeURIComponent(url.split("/").pop().split("?")[0]) || url;
+  if (useCache) {
+    const cached = await cachedModel(url);
+    if (cached) {
+      report(progress, "cache", 0, cached.size, `found ${name} in the browser cache (${MB(cached.size)} MB)`);
+      return { source: cached, name };
+    }
+    const blob = await downloadToCache(url, (loaded, total) =>
+      report(progress, "download", loaded, total, `downloading ${name}: ${MB(loaded)} of ${MB(total)} MB`),
+    );
+    if (blob) return { source: blob, name };
+  }
+  return { source: url, name };
+}
+
+export class LocalCore {
+  #engine;
+  info;
+
+  static async load({ model, initProgressCallback, wasmUrl, nCtx, useCache = true }) {
+    if (typeof navigator === "undefined" || !navigator.gpu) {
+      throw new WebGPUNotAvailableError("WebGPU is not available in this browser (navigator.gpu is missing)");
+    }
+    await initWasm(wasmUrl);
+    const { source, name } = await openModel(model, initProgressCallback, useCache);
+    let loaded = 0;
+    const onRead = (n) => {
+      loaded += n;
+      report(initProgressCallback, "load", loaded, total, `loading ${name} onto the GPU: ${MB(loaded)} of ${MB(total)} MB`);
+    };
+    const reader = typeof source === "string" ? await rangeSource(source, onRead) : blobSource(source, onRead);
+    const total = reader.size;
+    const core = new LocalCore();
+    try {
+      core.#engine = await loadEngine(reader, JSON.stringify(nCtx ? { n_ctx: nCtx } : {}));
+    } catch (e) {
+      throw fromWire(e);
+    }
+    core.info = { ...JSON.parse(core.#engine.info()), file: name, size: total };
+    report(initProgressCallback, "ready", total, total, `${name} is ready`);
+    return core;
+  }
+
+  #live() {
+    if (!this.#engine) throw new EngineUnloadedError("the engine was unloaded");
+    return this.#engine;
+  }
+
+  generate(request, onToken) {
+    return this.#live().generate(request, onToken);
+  }
+  interrupt() {
+    this.#engine?.interrupt();
+  }
+  reset() {
+    this.#live().reset();
+  }
+  bench(nPrompt, nGen, reps) {
+    return this.#live().bench(nPrompt, nGen, reps).then(JSON.parse);
+  }
+  unload() {
+    this.#engine?.free();
+    this.#engine = null;
+  }
+}
