@@ -6,6 +6,7 @@ mod chat;
 mod info;
 mod pull;
 mod run;
+mod web;
 
 use std::process::ExitCode;
 
@@ -39,6 +40,8 @@ enum Command {
     },
     /// List catalog models and what is cached locally.
     List,
+    /// Serve the browser chat page and the cached models over HTTP (localhost).
+    Web(web::WebArgs),
 }
 
 /// An error with the exit status it should produce.
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
         Command::Info(args) => info::info(args),
         Command::Bench(args) => bench::bench(args),
         Command::Pull { names } => pull_all(&names),
+        Command::Web(args) => web::web(args),
         Command::List => {
             list();
             Ok(())
