@@ -55,11 +55,6 @@ impl PrefixIndex {
         self.entries.is_empty()
     }
 
-    /// Whether `block` is listed.
-    pub fn contains_block(&self, block: u32) -> bool {
-        self.entries.values().any(|e| e.block == block)
-    }
-
     /// The key of the block holding `tokens` after the block keyed `parent`, if indexed.
     fn find(&self, parent: u64, tokens: &[u32]) -> Option<u64> {
         let key = block_key(parent, tokens);
