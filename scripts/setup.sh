@@ -37,8 +37,11 @@ dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || apt_packages+=(mesa-vulkan-driver
 dpkg -s libvulkan1 >/dev/null 2>&1 || apt_packages+=(libvulkan1)
 # tmux drives `flint chat` under a pseudo-terminal in the Ctrl-C test.
 command -v tmux >/dev/null || apt_packages+=(tmux)
-# A later issue adds a browser for the web tests:
-#   command -v chromium >/dev/null || apt_packages+=(chromium)
+# The browser tests: headless Chromium (WebGPU on its SwiftShader) driven by playwright-core
+# from npm, under node.
+[[ -x /usr/bin/chromium ]] || apt_packages+=(chromium)
+command -v node >/dev/null || apt_packages+=(nodejs)
+command -v npm >/dev/null || apt_packages+=(npm)
 # --- end of GPU and browser test dependencies ----------------------------------------------------
 
 if ((${#apt_packages[@]})); then

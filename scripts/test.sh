@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds the CLI, fetches the test models, checks
-# that flint-core builds for wasm32, and runs every test of the workspace.
+# The test command: installs what is missing, builds the CLI, fetches the test models, builds
+# the browser engine (wasm32), the npm package and the chat page, runs every test of the
+# workspace, then the browser tests in headless Chromium.
 # Models are cached in $FLINT_HOME (default ~/.cache/flint/models); FLINT_REQUIRE_GPU=1 turns a
 # missing GPU adapter into a test failure instead of a skip.
 set -euo pipefail
@@ -51,6 +52,13 @@ run_tests() {
   return "$status"
 }
 
+# The browser tests (tests/web): headless Chromium, WebGPU on SwiftShader, the packed npm
+# package and the chat page against `flint web`.
+run_browser_tests() {
+  (cd tests/web && { [[ -d node_modules/playwright-core ]] || npm ci --no-audit --no-fund; })
+  node --test --test-concurrency=1 tests/web/
+}
+
 stage setup bash scripts/setup.sh
 # Mesa wants a private runtime directory; without one it prints a harmless error per device.
 if [[ -z "${XDG_RUNTIME_DIR:-}" || ! -d "${XDG_RUNTIME_DIR:-}" ]]; then
@@ -60,6 +68,9 @@ fi
 [[ -d "$HOME/.cargo/bin" ]] && export PATH="$HOME/.cargo/bin:$PATH"
 stage build cargo build --release -p flint-cli
 stage models pull_models
-stage wasm cargo check -p flint-core -p flint-gpu --target wasm32-unknown-unknown
+# The engine for the browser (flint-wasm, which builds flint-core, flint-gpu and flint for
+# wasm32), the npm package and the chat page's site.
+stage web-build bash scripts/build-web.sh
 stage test run_tests
+stage browser run_browser_tests
 

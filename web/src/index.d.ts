@@ -1,0 +1,161 @@
+// Types of flint-llm's public API (the JS in this folder is the implementation).
+
+export type Role = "system" | "user" | "assistant" | "tool";
+
+export interface ChatMessage {
+  role: Role | string;
+  content: string;
+  [extra: string]: unknown;
+}
+
+export interface InitProgressReport {
+  stage: "download" | "cache" | "load" | "ready";
+  loaded: number;
+  total: number;
+  /** 0..1 within the stage. */
+  progress: number;
+  text: string;
+}
+
+export interface EngineOptions {
+  model: string | URL | Blob | File;
+  initProgressCallback?: (report: InitProgressReport) => void;
+  /** Where the engine's .wasm is served from (self-hosting); default: next to this module. */
+  wasmUrl?: string | URL;
+  /** Context size in tokens (default 4096). */
+  nCtx?: number;
+  /** Keep URL models in the browser's cache (default true). */
+  useCache?: boolean;
+}
+
+export interface SamplingOptions {
+  max_tokens?: number;
+  max_completion_tokens?: number;
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  min_p?: number;
+  seed?: number;
+  stop?: string | string[];
+  presence_penalty?: number;
+  frequency_penalty?: number;
+  repetition_penalty?: number;
+  repeat_last_n?: number;
+  logit_bias?: Record<string, number>;
+  logprobs?: boolean;
+  top_logprobs?: number;
+  n?: 1;
+}
+
+export type FinishReason = "stop" | "length" | "abort";
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  cached_prompt_tokens: number;
+  prompt_tokens_details: { cached_tokens: number };
+  ttft_ms: number;
+  prefill_tok_s: number;
+  decode_tok_s: number;
+}
+
+export interface TokenLogprob {
+  token: string;
+  logprob: number;
+  top_logprobs: { token: string; logprob: number }[];
+}
+export interface Logprobs {
+  content: TokenLogprob[];
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: "chat.completion";
+  created: number;
+  model: string;
+  choices: { index: 0; message: { role: "assistant"; content: string }; finish_reason: FinishReason; logprobs: Logprobs | null }[];
+  usage: Usage;
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: "chat.completion.chunk";
+  created: number;
+  model: string;
+  choices: { index: 0; delta: { role?: "assistant"; content?: string }; finish_reason: FinishReason | null; logprobs: Logprobs | null }[];
+  /** On the last chunk only. */
+  usage?: Usage;
+}
+
+export interface Completion {
+  id: string;
+  object: "text_completion";
+  created: number;
+  model: string;
+  choices: { index: 0; text: string; finish_reason: FinishReason | null; logprobs: Logprobs | null }[];
+  usage?: Usage;
+}
+
+export interface ChatCompletionRequest extends SamplingOptions {
+  messages: ChatMessage[];
+  stream?: boolean;
+}
+export interface CompletionRequest extends SamplingOptions {
+  prompt: string;
+  stream?: boolean;
+}
+
+export interface EngineInfo {
+  architecture: string | null;
+  name: string | null;
+  n_ctx: number;
+  n_vocab: number;
+  n_layer: number;
+  adapter: string;
+  backend: string;
+  has_chat_template: boolean;
+  file: string;
+  size: number;
+}
+
+export interface Engine {
+  readonly info: EngineInfo;
+  chat: {
+    completions: {
+      create(req: ChatCompletionRequest & { stream: true }): Promise<AsyncIterable<ChatCompletionChunk>>;
+      create(req: ChatCompletionRequest & { stream?: false }): Promise<ChatCompletion>;
+    };
+  };
+  completions: {
+    create(req: CompletionRequest & { stream: true }): Promise<AsyncIterable<Completion>>;
+    create(req: CompletionRequest & { stream?: false }): Promise<Completion>;
+  };
+  /** Ends the running request after its current token (finish_reason "abort"). */
+  interruptGenerate(): void;
+  /** Forgets the conversation's cached prompt. */
+  resetChat(): Promise<void>;
+  /** Prefill and decode speed in this browser, as `flint bench` measures natively. */
+  bench(opts?: { promptTokens?: number; genTokens?: number; reps?: number }): Promise<{ prefill_tok_s: number[]; decode_tok_s: number[] }>;
+  /** Frees the model's GPU memory. */
+  unload(): Promise<void>;
+}
+
+export function createEngine(options: EngineOptions): Promise<Engine>;
+export function createWebWorkerEngine(worker: Worker, options: EngineOptions): Promise<Engine>;
+export function hasModelInCache(url: string | URL): Promise<boolean>;
+export function deleteModelFromCache(url: string | URL): Promise<boolean>;
+
+export class FlintError extends Error {
+  code: string;
+}
+export class WebGPUNotAvailableError extends FlintError {}
+export class ModelLoadError extends FlintError {}
+export class ContextWindowExceededError extends FlintError {}
+export class DeviceLostError extends FlintError {}
+export class InvalidRequestError extends FlintError {}
+export class ChatTemplateError extends FlintError {}
+export class EngineBusyError extends FlintError {}
+export class GPUError extends FlintError {}
+export class GenerationError extends FlintError {}
+export class EngineUnloadedError extends FlintError {}
