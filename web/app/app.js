@@ -70,7 +70,7 @@ function chosenModel() {
 }
 
 function refreshLoadButton() {
-  el.load.disabled = !state.gpuOk || !chosenModel();
+  el.load.disabled = !state.gpuOk || state.busy || !chosenModel();
 }
 
 function onProgress(p) {
@@ -83,7 +83,6 @@ async function loadModel() {
   const model = chosenModel();
   showError(null);
   setBusy(true);
-  el.load.disabled = true;
   try {
     await unloadModel();
     const { createWebWorkerEngine } = await import("./pkg/index.js");
@@ -101,7 +100,6 @@ async function loadModel() {
     await unloadModel();
   } finally {
     setBusy(false);
-    refreshLoadButton();
   }
 }
 
@@ -117,6 +115,7 @@ function setBusy(busy) {
   el.send.disabled = busy || !state.engine;
   el.stop.disabled = !busy || !state.engine;
   el.newChat.disabled = busy || !state.engine;
+  refreshLoadButton();
 }
 
 function clearChat() {
@@ -146,7 +145,7 @@ function formatStats(u, finish) {
     `decode ${u.decode_tok_s.toFixed(1)} tok/s`,
     `${u.prompt_tokens} prompt + ${u.completion_tokens} generated tokens`,
   ];
-  if (u.cached_prompt_tokens) parts.push(`${u.cached_prompt_tokens} prompt tokens reused`);
+  if (u.cached_prompt_tokens) parts.push(`cached prompt tokens: ${u.cached_prompt_tokens}`);
   if (finish) parts.push(`finish: ${finish}`);
   return parts.join(" · ");
 }
