@@ -182,6 +182,16 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 
 #ifdef Q_Q8_0
 // Block (34 B): d f16, qs[32] i8; y = q * d.
+#define HAS_DOT_CHUNK
+fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
+    let base = row_base + c * BLOCK_BYTES;
+    var s = vec4<f32>(bytes_i8(load_u32_at(base + 2u))) * x[xb];
+    for (var k = 1u; k < 8u; k++) {
+        s += vec4<f32>(bytes_i8(load_u32_at(base + 2u + 4u * k))) * x[xb + k];
+    }
+    return load_f16_at(base) * ((s.x + s.y) + (s.z + s.w));
+}
+
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let base = row_base + c * BLOCK_BYTES;
     let d = load_f16_at(base);

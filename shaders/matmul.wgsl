@@ -9,6 +9,9 @@
 // then the team sums its lanes' partials in workgroup memory.
 //   TOK = 1, no TILE: decode (n_tok fixed at 1).
 //   TOK > 1, TILE:    prefill; n_tok comes from the batch uniform, the grid's z walks tiles.
+// Decode on CPU-type adapters uses TPR = 1: a row is one invocation's loop, with no partial
+// sums to combine. Formats that define dot_chunk (HAS_DOT_CHUNK) fuse dequantization into the
+// decode dot product instead of materializing the chunk.
 // Row groups beyond 65535 fold into y (linear_group).
 //
 // Defines: the format (ShaderDefs::quant), WG, TPR, TOK, TILE, HAS_BIAS, ACCUMULATE.
@@ -46,6 +49,11 @@ struct Params {
 #endif
 
 #include "dequant.wgsl"
+#ifdef HAS_DOT_CHUNK
+#ifndef TILE
+#define DOT_CHUNK
+#endif
+#endif
 
 const ROWS: u32 = WG / TPR;
 
@@ -70,6 +78,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let row_base = r * p.row_bytes;
         let n_chunks = p.n_in / CHUNK;
         let x_row = p.n_in / 4u;
+#ifdef DOT_CHUNK
+        // Decode: the format's fused dequantize-and-dot, no chunk held in registers.
+        for (var c = lane; c < n_chunks; c += TPR) {
+            acc[0] += dot_chunk(row_base, c, c * 8u);
+        }
+#else
         for (var c = lane; c < n_chunks; c += TPR) {
             let wq = dequant_chunk(row_base, c);
             for (var j = 0u; j < TOK; j++) {
@@ -83,6 +97,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 }
             }
         }
+#endif
     }
 
     for (var j = 0u; j < TOK; j++) {

@@ -11,6 +11,9 @@ pub struct Caps {
     pub shader_f16: bool,
     pub subgroups: bool,
     pub timestamps: bool,
+    /// A CPU-type adapter (lavapipe, SwiftShader): its invocations run as SIMD lanes of CPU
+    /// threads, where cross-lane reductions and barriers cost more than uncoalesced reads.
+    pub cpu_like: bool,
 }
 
 /// Errors reported by wgpu outside error scopes, collected until the next check.
@@ -64,6 +67,7 @@ impl GpuContext {
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups: features.contains(wgpu::Features::SUBGROUP),
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            cpu_like: info.device_type == wgpu::DeviceType::Cpu,
         };
         for (on, f) in [
             (caps.shader_f16, wgpu::Features::SHADER_F16),

@@ -25,7 +25,7 @@ fn every_variant_preprocesses_and_validates() {
         Caps::default(),
         Caps { shader_f16: true, ..Default::default() },
         Caps { subgroups: true, ..Default::default() },
-        Caps { shader_f16: true, subgroups: true, timestamps: true },
+        Caps { shader_f16: true, subgroups: true, timestamps: true, cpu_like: true },
     ];
     let mut n = 0;
     let mut seen = std::collections::HashSet::new();

@@ -117,7 +117,8 @@ pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = Vec::new();
     for ty in QuantType::ALL {
         for kind in [Kind::Vector, Kind::Tile] {
-            for tpr in LANES_PER_ROW {
+            let row_per_lane = (kind == Kind::Vector).then_some(1);
+            for tpr in row_per_lane.into_iter().chain(LANES_PER_ROW) {
                 for bias in [false, true] {
                     for accumulate in [false, true] {
                         v.push(key(ty, kind, WG, tpr, bias, accumulate));
@@ -132,10 +133,19 @@ pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
 struct Kernel {
     pipeline: Arc<wgpu::ComputePipeline>,
     bind: wgpu::BindGroup,
+    /// The folded grid of row groups.
+    groups: (u32, u32),
 }
 
 impl Kernel {
-    async fn new(ctx: &GpuContext, cache: &PipelineCache, label: &str, key: PipelineKey, bufs: Vec<&wgpu::Buffer>) -> Result<Kernel> {
+    async fn new(
+        ctx: &GpuContext,
+        cache: &PipelineCache,
+        label: &str,
+        key: PipelineKey,
+        bufs: Vec<&wgpu::Buffer>,
+        groups: (u32, u32),
+    ) -> Result<Kernel> {
         let pipeline = cache.get(ctx, &key).await?;
         let label = format!("{label}:{}", key.label());
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -143,7 +153,7 @@ impl Kernel {
         if let Some(e) = scope.pop().await {
             return Err(GpuError::Shader { shader: label, message: e.to_string() });
         }
-        Ok(Kernel { pipeline, bind })
+        Ok(Kernel { pipeline, bind, groups })
     }
 }
 
@@ -152,8 +162,6 @@ pub struct Matmul {
     vector: Kernel,
     /// The prefill kernel; present exactly for TokenCount::Batch.
     tile: Option<Kernel>,
-    /// The folded grid of row groups.
-    groups: (u32, u32),
 }
 
 fn unsupported(message: String) -> GpuError {
@@ -226,35 +234,40 @@ impl Matmul {
         }
 
         let wg = workgroup_size(&ctx.limits);
-        let tpr = lanes_per_row(d.n_in / CHUNK, wg);
-        let rows_per_group = wg / tpr;
-        let groups = fold_groups(d.n_rows.div_ceil(rows_per_group));
-        let p = Params {
-            n_in: d.n_in,
-            n_rows: d.n_rows,
-            row_offset: d.row_offset,
-            y_stride: d.y_stride,
-            groups_x: groups.0,
-            row_bytes: row_bytes as u32,
-            _pad: [0; 2],
-        };
-        let pbuf = params(ctx, &format!("{}.params", d.label), &p);
-
         let build = |kind: Kind| {
+            // On CPU-type adapters a decode row is one invocation's loop: no cross-lane sum,
+            // no barrier. Elsewhere a team of lanes shares a row and reads it coalesced.
+            let tpr = match kind {
+                Kind::Vector if ctx.caps.cpu_like => 1,
+                _ => lanes_per_row(d.n_in / CHUNK, wg),
+            };
+            let groups = fold_groups(d.n_rows.div_ceil(wg / tpr));
+            let p = Params {
+                n_in: d.n_in,
+                n_rows: d.n_rows,
+                row_offset: d.row_offset,
+                y_stride: d.y_stride,
+                groups_x: groups.0,
+                row_bytes: row_bytes as u32,
+                _pad: [0; 2],
+            };
+            let pbuf = params(ctx, &format!("{}.params", d.label), &p);
             let key = key(d.ty, kind, wg, tpr, bias.is_some(), d.accumulate);
-            let mut bufs: Vec<&wgpu::Buffer> = vec![&pbuf, w, x, y];
-            bufs.extend(bias);
-            if kind == Kind::Tile {
-                bufs.push(&batch.info);
+            async move {
+                let mut bufs: Vec<&wgpu::Buffer> = vec![&pbuf, w, x, y];
+                bufs.extend(bias);
+                if kind == Kind::Tile {
+                    bufs.push(&batch.info);
+                }
+                Kernel::new(ctx, cache, d.label, key, bufs, groups).await
             }
-            Kernel::new(ctx, cache, d.label, key, bufs)
         };
         let vector = build(Kind::Vector).await?;
         let tile = match d.tokens {
             TokenCount::Batch => Some(build(Kind::Tile).await?),
             TokenCount::One => None,
         };
-        Ok(Matmul { vector, tile, groups })
+        Ok(Matmul { vector, tile })
     }
 
     /// Records the dispatch for `n_tok` tokens (ignored for TokenCount::One).
@@ -266,6 +279,6 @@ impl Matmul {
         };
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &kernel.bind, &[]);
-        pass.dispatch_workgroups(self.groups.0, self.groups.1, tiles);
+        pass.dispatch_workgroups(kernel.groups.0, kernel.groups.1, tiles);
     }
 }
