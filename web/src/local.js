@@ -16,15 +16,21 @@ function initWasm(wasmUrl) {
   return wasmReady;
 }
 
-function report(cb, stage, loaded, total, text) {
-  const progress = total > 0 ? Math.min(1, loaded / total) : stage === "ready" ? 1 : 0;
-  cb?.({ stage, loaded, total, progress, text });
+/** Reports progress: each stage's start and end, and steps of at least 0.5% between. */
+function reporter(cb) {
+  let last = { stage: null, progress: -1 };
+  return (stage, loaded, total, text) => {
+    const progress = total > 0 ? Math.min(1, loaded / total) : stage === "ready" ? 1 : 0;
+    if (stage === last.stage && progress < 1 && progress - last.progress < 0.005) return;
+    last = { stage, progress };
+    cb?.({ stage, loaded, total, progress, text });
+  };
 }
 
 const MB = (n) => (n / 1e6).toFixed(1);
 
 /** Where the model's bytes come from, downloading into the browser's cache first if needed. */
-async function openModel(model, progress, useCache) {
+async function openModel(model, report, useCache) {
   if (typeof Blob !== "undefined" && model instanceof Blob) return { source: model, name: model.name ?? "model.gguf" };
   if (typeof model !== "string" && !(model instanceof URL)) throw new ModelLoadError("model must be a URL, a File or a Blob");
   const url = String(model);
@@ -32,11 +38,11 @@ async function openModel(model, progress, useCache) {
   if (useCache) {
     const cached = await cachedModel(url);
     if (cached) {
-      report(progress, "cache", 0, cached.size, `found ${name} in the browser cache (${MB(cached.size)} MB)`);
+      report("cache", 0, cached.size, `found ${name} in the browser cache (${MB(cached.size)} MB)`);
       return { source: cached, name };
     }
     const blob = await downloadToCache(url, (loaded, total) =>
-      report(progress, "download", loaded, total, `downloading ${name}: ${MB(loaded)} of ${MB(total)} MB`),
+      report("download", loaded, total, `downloading ${name}: ${MB(loaded)} of ${MB(total)} MB`),
     );
     if (blob) return { source: blob, name };
   }
@@ -52,11 +58,12 @@ export class LocalCore {
       throw new WebGPUNotAvailableError("WebGPU is not available in this browser (navigator.gpu is missing)");
     }
     await initWasm(wasmUrl);
-    const { source, name } = await openModel(model, initProgressCallback, useCache);
+    const report = reporter(initProgressCallback);
+    const { source, name } = await openModel(model, report, useCache);
     let loaded = 0;
     const onRead = (n) => {
       loaded += n;
-      report(initProgressCallback, "load", loaded, total, `loading ${name} onto the GPU: ${MB(loaded)} of ${MB(total)} MB`);
+      report("load", loaded, total, `loading ${name} onto the GPU: ${MB(loaded)} of ${MB(total)} MB`);
     };
     const reader = typeof source === "string" ? await rangeSource(source, onRead) : blobSource(source, onRead);
     const total = reader.size;
@@ -67,7 +74,7 @@ export class LocalCore {
       throw fromWire(e);
     }
     core.info = { ...JSON.parse(core.#engine.info()), file: name, size: total };
-    report(initProgressCallback, "ready", total, total, `${name} is ready`);
+    report("ready", total, total, `${name} is ready`);
     return core;
   }
 
