@@ -56,7 +56,11 @@ run_tests() {
 # package and the chat page against `flint web`.
 run_browser_tests() {
   (cd tests/web && { [[ -d node_modules/playwright-core ]] || npm ci --no-audit --no-fund; })
-  node --test --test-concurrency=1 tests/web/
+  # One file at a time: each drives its own Chromium on the same two cores.
+  local f
+  for f in tests/web/*.test.mjs; do
+    node --test "$f"
+  done
 }
 
 stage setup bash scripts/setup.sh
