@@ -9,8 +9,8 @@
 // then the team sums its lanes' partials in workgroup memory.
 //   TOK = 1, no TILE: decode (n_tok fixed at 1).
 //   TOK > 1, TILE:    prefill; n_tok comes from the batch uniform, the grid's z walks tiles.
-// Decode on CPU-type adapters uses TPR = 1: a row is one invocation's loop, with no partial
-// sums to combine. Formats that define dot_chunk (HAS_DOT_CHUNK) fuse dequantization into the
+// CPU-type adapters use TPR = 1: a row (for TOK tokens) is one invocation's loop, with no
+// partial sums to combine. Formats that define dot_chunk (HAS_DOT_CHUNK) fuse dequantization into the
 // decode dot product instead of materializing the chunk.
 // Row groups beyond 65535 fold into y (linear_group).
 //
@@ -113,16 +113,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     workgroupBarrier();
 
-    // Lane j of the team writes token t0 + j.
-    if (live && lane < TOK && t0 + lane < n_tok) {
-        var v = partial[lane * WG + team * TPR];
+    // Lane l of the team writes tokens t0 + l, t0 + l + TPR, ...
+    for (var j = lane; j < TOK; j += TPR) {
+        if (live && t0 + j < n_tok) {
+            var v = partial[j * WG + team * TPR];
 #ifdef HAS_BIAS
-        v += bias[r];
+            v += bias[r];
 #endif
-        let yi = (t0 + lane) * p.y_stride + p.row_offset + r;
+            let yi = (t0 + j) * p.y_stride + p.row_offset + r;
 #ifdef ACCUMULATE
-        v = y[yi] + v;
+            v = y[yi] + v;
 #endif
-        y[yi] = v;
+            y[yi] = v;
+        }
     }
 }

@@ -24,9 +24,8 @@ pub const CHUNK: u32 = 32;
 pub const WG: u32 = 256;
 /// Lanes that may share one weight row; `lanes_per_row` picks one from the row length.
 pub const LANES_PER_ROW: [u32; 3] = [8, 16, 32];
-/// Tokens per workgroup in the prefill kernel; lanes 0..TILE_TOKENS of a row write them.
-pub const TILE_TOKENS: u32 = 8;
-const _: () = assert!(TILE_TOKENS <= LANES_PER_ROW[0]);
+/// Tokens per workgroup in the prefill kernel.
+pub const TILE_TOKENS: u32 = 16;
 
 /// Where the token count comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,8 +116,7 @@ pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = Vec::new();
     for ty in QuantType::ALL {
         for kind in [Kind::Vector, Kind::Tile] {
-            let row_per_lane = (kind == Kind::Vector).then_some(1);
-            for tpr in row_per_lane.into_iter().chain(LANES_PER_ROW) {
+            for tpr in std::iter::once(1).chain(LANES_PER_ROW) {
                 for bias in [false, true] {
                     for accumulate in [false, true] {
                         v.push(key(ty, kind, WG, tpr, bias, accumulate));
@@ -235,12 +233,9 @@ impl Matmul {
 
         let wg = workgroup_size(&ctx.limits);
         let build = |kind: Kind| {
-            // On CPU-type adapters a decode row is one invocation's loop: no cross-lane sum,
-            // no barrier. Elsewhere a team of lanes shares a row and reads it coalesced.
-            let tpr = match kind {
-                Kind::Vector if ctx.caps.cpu_like => 1,
-                _ => lanes_per_row(d.n_in / CHUNK, wg),
-            };
+            // On CPU-type adapters a row is one invocation's loop: no cross-lane sum, no
+            // barrier. Elsewhere a team of lanes shares a row and reads it coalesced.
+            let tpr = if ctx.caps.cpu_like { 1 } else { lanes_per_row(d.n_in / CHUNK, wg) };
             let groups = fold_groups(d.n_rows.div_ceil(wg / tpr));
             let p = Params {
                 n_in: d.n_in,
