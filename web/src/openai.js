@@ -11,7 +11,6 @@ const REQUEST_FIELDS = [
 
 /** The engine's request: the sampling fields OpenAI's API names, and the prompt or messages. */
 function engineRequest(params, input) {
-  if (params == null || typeof params !== "object") throw new InvalidRequestError("the request must be an object");
   const req = { ...input };
   for (const k of REQUEST_FIELDS) if (params[k] != null) req[k] = params[k];
   if (typeof req.stop === "string") req.stop = [req.stop];
@@ -45,6 +44,10 @@ class Channel {
   #waiting = null;
   #done = false;
   #error = null;
+  #onCancel;
+  constructor(onCancel) {
+    this.#onCancel = onCancel;
+  }
   push(v) {
     this.#items.push(v);
     this.#wake();
@@ -60,14 +63,28 @@ class Channel {
     w?.();
   }
   async *[Symbol.asyncIterator]() {
-    for (;;) {
-      if (this.#items.length) yield this.#items.shift();
-      else if (this.#done) {
-        if (this.#error) throw this.#error;
-        return;
-      } else await new Promise((r) => (this.#waiting = r));
+    try {
+      for (;;) {
+        if (this.#items.length) yield this.#items.shift();
+        else if (this.#done) {
+          if (this.#error) throw this.#error;
+          return;
+        } else await new Promise((r) => (this.#waiting = r));
+      }
+    } finally {
+      if (!this.#done) this.#onCancel?.();
     }
   }
+}
+
+/** Requests on one engine run one after another, in the order they were made. */
+function serialize(core) {
+  let tail = Promise.resolve();
+  return (request, onDelta) => {
+    const result = tail.then(() => run(core, request, onDelta));
+    tail = result.catch(() => {});
+    return result;
+  };
 }
 
 /** One request's run: streams deltas (text, logprobs) and returns the final summary. */
@@ -86,9 +103,10 @@ function parseLogprobs(lp) {
 }
 
 /** `create` for one endpoint; `shape` builds the non-streamed object and the chunks. */
-function endpoint(core, model, toInput, shape) {
+function endpoint(core, queue, model, toInput, shape) {
   return {
     async create(params) {
+      if (params == null || typeof params !== "object") throw new InvalidRequestError("the request must be an object");
       const request = engineRequest(params, toInput(params));
       const id = newId(shape.prefix);
       const created = Math.floor(Date.now() / 1000);
@@ -96,16 +114,17 @@ function endpoint(core, model, toInput, shape) {
       if (!params.stream) {
         let text = "";
         const content = [];
-        const summary = await run(core, request, (t, lp) => {
+        const summary = await queue(request, (t, lp) => {
           text += t;
           if ((lp = parseLogprobs(lp))) content.push(lp);
         });
         const logprobs = params.logprobs ? { content } : null;
         return { ...head, object: shape.object, choices: [shape.choice(text, summary.finish_reason, logprobs)], usage: usage(summary) };
       }
-      const channel = new Channel();
+      // A consumer that stops iterating early ends the generation too.
+      const channel = new Channel(() => core.interrupt());
       let first = true;
-      run(core, request, (t, lp) => {
+      queue(request, (t, lp) => {
         lp = parseLogprobs(lp);
         if (!t && !lp) return;
         channel.push({ ...head, object: shape.chunkObject, choices: [shape.delta(t, first, lp ? { content: [lp] } : null)] });
@@ -124,9 +143,11 @@ function endpoint(core, model, toInput, shape) {
 
 /** `chat.completions` and `completions` over `core`; `model()` names the loaded model. */
 export function openaiApi(core, model) {
+  const queue = serialize(core);
   const chat = {
     completions: endpoint(
       core,
+      queue,
       model,
       (p) => {
         if (!Array.isArray(p.messages) || !p.messages.length) throw new InvalidRequestError("messages must be a non-empty array");
@@ -149,6 +170,7 @@ export function openaiApi(core, model) {
   };
   const completions = endpoint(
     core,
+    queue,
     model,
     (p) => {
       if (typeof p.prompt !== "string") throw new InvalidRequestError("prompt must be a string");
