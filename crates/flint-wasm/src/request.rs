@@ -28,8 +28,8 @@ pub struct Request {
     pub repeat_last_n: Option<i32>,
     /// Token id (as a string key, as in OpenAI's API) → bias.
     pub logit_bias: Option<BTreeMap<String, f32>>,
-    /// How many alternatives to report per token (OpenAI's `top_logprobs`); 0 with
-    /// `logprobs: true` reports the chosen token only.
+    /// `logprobs: true` reports each token's log-probability with `top_logprobs`
+    /// alternatives (at least one: the engine's smallest request).
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<usize>,
 }
