@@ -18,6 +18,10 @@ const F16_SUBNORMAL_UNIT: f32 = 5.9604644775390625e-8;
 const BYTE_SHIFTS: vec4<u32> = vec4<u32>(0u, 8u, 16u, 24u);
 
 // The byte at byte offset b.
+fn hsum4(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
 fn load_u8_at(b: u32) -> u32 {
     return (w[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu;
 }
@@ -147,6 +151,20 @@ fn q5_high(qh: u32, j: u32) -> vec4<u32> {
 
 #ifdef Q_Q5_0
 // Block (22 B): d f16, qh u32, qs[16]; y = (q - 16) * d.
+#define HAS_DOT_CHUNK
+fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
+    let base = row_base + c * BLOCK_BYTES;
+    let qh = load_u32_at(base + 2u);
+    var s = vec4<f32>(0.0);
+    for (var k = 0u; k < 4u; k++) {
+        let q = load_u32_at(base + 6u + 4u * k);
+        let lo = vec4<i32>(nibbles_lo(q) | q5_high(qh, 4u * k)) - vec4<i32>(16);
+        let hi = vec4<i32>(nibbles_hi(q) | q5_high(qh, 4u * k + 16u)) - vec4<i32>(16);
+        s += vec4<f32>(lo) * x[xb + k] + vec4<f32>(hi) * x[xb + k + 4u];
+    }
+    return load_f16_at(base) * hsum4(s);
+}
+
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let base = row_base + c * BLOCK_BYTES;
     let d = load_f16_at(base);
@@ -189,7 +207,7 @@ fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
     for (var k = 1u; k < 8u; k++) {
         s += vec4<f32>(bytes_i8(load_u32_at(base + 2u + 4u * k))) * x[xb + k];
     }
-    return load_f16_at(base) * ((s.x + s.y) + (s.z + s.w));
+    return load_f16_at(base) * hsum4(s);
 }
 
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
@@ -215,6 +233,25 @@ fn scale_min_k4(sb: u32, j: u32) -> vec2<u32> {
 #ifdef Q_Q4_K
 // Super-block (144 B): d, dmin f16, scales[12], qs[128]; chunk j of the block is sub-block j:
 // y = d*sc * q - dmin*m, q the low (j even) or high (j odd) nibbles of qs[32 * (j / 2) ..].
+#define HAS_DOT_CHUNK
+// Σ (d1 q - m1) x = d1 Σ q x - m1 Σ x.
+fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
+    let j = c & 7u;
+    let base = row_base + (c >> 3u) * BLOCK_BYTES;
+    let qs = base + 16u + 32u * (j >> 1u);
+    let shift = BYTE_SHIFTS + vec4<u32>(4u * (j & 1u));
+    var sq = vec4<f32>(0.0);
+    var sx = vec4<f32>(0.0);
+    for (var k = 0u; k < 8u; k++) {
+        let q = (vec4<u32>(load_u32_at(qs + 4u * k)) >> shift) & vec4<u32>(15u);
+        let xv = x[xb + k];
+        sq += vec4<f32>(q) * xv;
+        sx += xv;
+    }
+    let sm = scale_min_k4(base + 4u, j);
+    return load_f16_at(base) * f32(sm.x) * hsum4(sq) - load_f16_at(base + 2u) * f32(sm.y) * hsum4(sx);
+}
+
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
     let base = row_base + (c >> 3u) * BLOCK_BYTES;
@@ -258,6 +295,35 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // Super-block (210 B): ql[128], qh[64], scales[16] i8, d f16; two halves of 128 elements, each
 // four quarters (chunks) qq of 32: q = nibble (qq / 2) of ql[32 * (qq % 2) + l] | bits 2qq..2qq+2
 // of qh[l] << 4; y = (d * sc[l / 16 + 2qq]) * (q - 32).
+#define HAS_DOT_CHUNK
+fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
+    let j = c & 7u;
+    let half = j >> 2u;
+    let qq = j & 3u;
+    let base = row_base + (c >> 3u) * BLOCK_BYTES;
+    let ql = base + 64u * half + 32u * (qq & 1u);
+    let qh = base + 128u + 32u * half;
+    let ql_shift = BYTE_SHIFTS + vec4<u32>(4u * (qq >> 1u));
+    let qh_shift = BYTE_SHIFTS + vec4<u32>(2u * qq);
+    // Elements 0..16 take scale ds0, 16..32 scale ds1.
+    var s0 = vec4<f32>(0.0);
+    var s1 = vec4<f32>(0.0);
+    for (var k = 0u; k < 8u; k++) {
+        let lo = (vec4<u32>(load_u32_at(ql + 4u * k)) >> ql_shift) & vec4<u32>(15u);
+        let hi = (vec4<u32>(load_u32_at(qh + 4u * k)) >> qh_shift) & vec4<u32>(3u);
+        let p = vec4<f32>(vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(32)) * x[xb + k];
+        if (k < 4u) {
+            s0 += p;
+        } else {
+            s1 += p;
+        }
+    }
+    let d = load_f16_at(base + 208u);
+    let ds0 = d * f32(load_i8_at(base + 192u + 8u * half + 2u * qq));
+    let ds1 = d * f32(load_i8_at(base + 193u + 8u * half + 2u * qq));
+    return ds0 * hsum4(s0) + ds1 * hsum4(s1);
+}
+
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
     let half = j >> 2u;
