@@ -107,8 +107,8 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     for _ in 0..args.reps {
         let r = futures::executor::block_on(engine.bench_once(&prompt, args.gen_tokens)).map_err(Failure::runtime)?;
         ttft.push(r.ttft_s * 1e3);
-        prefill.push(args.prompt_tokens as f64 / r.prefill_s);
-        decode.push(args.gen_tokens as f64 / r.decode_s);
+        prefill.push(r.prefill_tok_s);
+        decode.push(r.decode_tok_s);
     }
     let copy_gbs = futures::executor::block_on(engine.copy_bandwidth_gbs()).map_err(Failure::runtime)?;
     let profile = if args.profile { Some(profile_decode(&mut engine, &prompt)?) } else { None };

@@ -278,8 +278,8 @@ impl WasmEngine {
             let (mut prefill, mut decode) = (Vec::new(), Vec::new());
             for _ in 0..reps.max(1) {
                 let r = engine.bench_once(&prompt, n_gen).await.map_err(|e| engine_error(&e, false))?;
-                prefill.push(n_prompt as f64 / r.prefill_s);
-                decode.push(n_gen as f64 / r.decode_s);
+                prefill.push(r.prefill_tok_s);
+                decode.push(r.decode_tok_s);
             }
             engine.reset();
             Ok(JsValue::from_str(&json!({ "prefill_tok_s": prefill, "decode_tok_s": decode }).to_string()))

@@ -72,6 +72,10 @@ pub struct BenchRun {
     pub ttft_s: f64,
     pub prefill_s: f64,
     pub decode_s: f64,
+    /// Prompt tokens per second of prefill.
+    pub prefill_tok_s: f64,
+    /// Generated tokens per second of decode.
+    pub decode_tok_s: f64,
 }
 
 fn host_copy_bandwidth_gbs(clock: Clock) -> f64 {
@@ -182,7 +186,14 @@ impl Engine {
             tok = self.backend.forward_sample(std::slice::from_ref(&tok), &mut sampler).await?.id;
         }
         let t2 = clock();
-        Ok(BenchRun { ttft_s: (t1 - t0) / 1e3, prefill_s: (t1 - t0) / 1e3, decode_s: (t2 - t1) / 1e3 })
+        let (prefill_s, decode_s) = ((t1 - t0) / 1e3, (t2 - t1) / 1e3);
+        Ok(BenchRun {
+            ttft_s: prefill_s,
+            prefill_s,
+            decode_s,
+            prefill_tok_s: prompt.len() as f64 / prefill_s,
+            decode_tok_s: n_gen as f64 / decode_s,
+        })
     }
 
     /// The device's buffer-copy bandwidth (GB/s, bytes read + written), measured now.
