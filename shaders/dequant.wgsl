@@ -17,18 +17,8 @@ const F16_TO_F32_BIAS: u32 = 112u;
 const F16_SUBNORMAL_UNIT: f32 = 5.9604644775390625e-8;
 const BYTE_SHIFTS: vec4<u32> = vec4<u32>(0u, 8u, 16u, 24u);
 
-// The byte at byte offset b.
 fn hsum4(v: vec4<f32>) -> f32 {
     return (v.x + v.y) + (v.z + v.w);
-}
-
-fn load_u8_at(b: u32) -> u32 {
-    return (w[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu;
-}
-
-// The signed byte at byte offset b.
-fn load_i8_at(b: u32) -> i32 {
-    return bitcast<i32>(load_u8_at(b) << 24u) >> 24u;
 }
 
 // The u16 at an even byte offset b (every 16-bit field of every format is 2-aligned).
@@ -59,6 +49,43 @@ fn load_u32_at(b: u32) -> u32 {
     let i = b >> 2u;
     let s = (b & 3u) * 8u;
     return (w[i] >> s) | ((w[i + 1u] << (31u - s)) << 1u);
+}
+
+// The u32 that starts s bits into the 64-bit pair (a low, b high), s < 32.
+fn funnel(a: u32, b: u32, s: u32) -> u32 {
+    return (a >> s) | ((b << (31u - s)) << 1u);
+}
+
+// The 4 consecutive u32 at any byte offset b, from 5 aligned loads.
+fn load_4_words_at(b: u32) -> array<u32, 4> {
+    let i = b >> 2u;
+    let s = (b & 3u) * 8u;
+    let a0 = w[i];
+    let a1 = w[i + 1u];
+    let a2 = w[i + 2u];
+    let a3 = w[i + 3u];
+    let a4 = w[i + 4u];
+    return array<u32, 4>(funnel(a0, a1, s), funnel(a1, a2, s), funnel(a2, a3, s), funnel(a3, a4, s));
+}
+
+// The 8 consecutive u32 at any byte offset b, from 9 aligned loads (where every load costs,
+// as on CPU adapters, this halves load_u32_at's two per word).
+fn load_8_words_at(b: u32) -> array<u32, 8> {
+    let i = b >> 2u;
+    let s = (b & 3u) * 8u;
+    let a0 = w[i];
+    let a1 = w[i + 1u];
+    let a2 = w[i + 2u];
+    let a3 = w[i + 3u];
+    let a4 = w[i + 4u];
+    let a5 = w[i + 5u];
+    let a6 = w[i + 6u];
+    let a7 = w[i + 7u];
+    let a8 = w[i + 8u];
+    return array<u32, 8>(
+        funnel(a0, a1, s), funnel(a1, a2, s), funnel(a2, a3, s), funnel(a3, a4, s),
+        funnel(a4, a5, s), funnel(a5, a6, s), funnel(a6, a7, s), funnel(a7, a8, s),
+    );
 }
 
 // Low and high nibbles of the 4 bytes of q, in byte order.
@@ -150,16 +177,28 @@ fn q5_high(qh: u32, j: u32) -> vec4<u32> {
 }
 
 #ifdef Q_Q5_0
-// Block (22 B): d f16, qh u32, qs[16]; y = (q - 16) * d.
+// Block (22 B): d f16, qh u32, qs[16]; y = (q - 16) * d. q5_0_words: qh, then the 4 words of qs.
 #define HAS_DOT_CHUNK
+fn q5_0_words(base: u32) -> array<u32, 5> {
+    let b = base + 2u;
+    let i = b >> 2u;
+    let s = (b & 3u) * 8u;
+    let a0 = w[i];
+    let a1 = w[i + 1u];
+    let a2 = w[i + 2u];
+    let a3 = w[i + 3u];
+    let a4 = w[i + 4u];
+    let a5 = w[i + 5u];
+    return array<u32, 5>(funnel(a0, a1, s), funnel(a1, a2, s), funnel(a2, a3, s), funnel(a3, a4, s), funnel(a4, a5, s));
+}
+
 fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
     let base = row_base + c * BLOCK_BYTES;
-    let qh = load_u32_at(base + 2u);
+    let q = q5_0_words(base);
     var s = vec4<f32>(0.0);
     for (var k = 0u; k < 4u; k++) {
-        let q = load_u32_at(base + 6u + 4u * k);
-        let lo = vec4<i32>(nibbles_lo(q) | q5_high(qh, 4u * k)) - vec4<i32>(16);
-        let hi = vec4<i32>(nibbles_hi(q) | q5_high(qh, 4u * k + 16u)) - vec4<i32>(16);
+        let lo = vec4<i32>(nibbles_lo(q[k + 1u]) | q5_high(q[0], 4u * k)) - vec4<i32>(16);
+        let hi = vec4<i32>(nibbles_hi(q[k + 1u]) | q5_high(q[0], 4u * k + 16u)) - vec4<i32>(16);
         s += vec4<f32>(lo) * x[xb + k] + vec4<f32>(hi) * x[xb + k + 4u];
     }
     return load_f16_at(base) * hsum4(s);
@@ -168,12 +207,11 @@ fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let base = row_base + c * BLOCK_BYTES;
     let d = load_f16_at(base);
-    let qh = load_u32_at(base + 2u);
+    let q = q5_0_words(base);
     var out: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {
-        let q = load_u32_at(base + 6u + 4u * k);
-        let lo = nibbles_lo(q) | q5_high(qh, 4u * k);
-        let hi = nibbles_hi(q) | q5_high(qh, 4u * k + 16u);
+        let lo = nibbles_lo(q[k + 1u]) | q5_high(q[0], 4u * k);
+        let hi = nibbles_hi(q[k + 1u]) | q5_high(q[0], 4u * k + 16u);
         out[k] = vec4<f32>(vec4<i32>(lo) - vec4<i32>(16)) * d;
         out[k + 4u] = vec4<f32>(vec4<i32>(hi) - vec4<i32>(16)) * d;
     }
@@ -203,9 +241,10 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 #define HAS_DOT_CHUNK
 fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
     let base = row_base + c * BLOCK_BYTES;
-    var s = vec4<f32>(bytes_i8(load_u32_at(base + 2u))) * x[xb];
+    let q = load_8_words_at(base + 2u);
+    var s = vec4<f32>(bytes_i8(q[0])) * x[xb];
     for (var k = 1u; k < 8u; k++) {
-        s += vec4<f32>(bytes_i8(load_u32_at(base + 2u + 4u * k))) * x[xb + k];
+        s += vec4<f32>(bytes_i8(q[k])) * x[xb + k];
     }
     return load_f16_at(base) * hsum4(s);
 }
@@ -213,21 +252,39 @@ fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let base = row_base + c * BLOCK_BYTES;
     let d = load_f16_at(base);
+    let q = load_8_words_at(base + 2u);
     var out: array<vec4<f32>, 8>;
     for (var k = 0u; k < 8u; k++) {
-        out[k] = vec4<f32>(bytes_i8(load_u32_at(base + 2u + 4u * k))) * d;
+        out[k] = vec4<f32>(bytes_i8(q[k])) * d;
     }
     return out;
 }
 #endif
 
-// Q4_K / Q5_K: 6-bit scale and min of sub-block j (0..8) from the 12 bytes at byte sb.
-fn scale_min_k4(sb: u32, j: u32) -> vec2<u32> {
-    if (j < 4u) {
-        return vec2<u32>(load_u8_at(sb + j) & 63u, load_u8_at(sb + j + 4u) & 63u);
-    }
-    let a = load_u8_at(sb + j + 4u);
-    return vec2<u32>((a & 15u) | ((load_u8_at(sb + j - 4u) >> 6u) << 4u), (a >> 4u) | ((load_u8_at(sb + j) >> 6u) << 4u));
+// Q4_K / Q5_K: the super-block's first 16 bytes (d, dmin, scales[12]) as 4 words.
+fn k_header(base: u32) -> array<u32, 4> {
+    return load_4_words_at(base);
+}
+
+// Byte n (< 12) of the scales, which are words 1..4 of the header.
+fn k_scale_byte(h: array<u32, 4>, n: u32) -> u32 {
+    let word = select(select(h[3], h[2], n < 8u), h[1], n < 4u);
+    return (word >> ((n & 3u) * 8u)) & 0xffu;
+}
+
+// 6-bit scale and min of sub-block j (0..8), without branches.
+fn k_scale_min(h: array<u32, 4>, j: u32) -> vec2<u32> {
+    let lo = vec2<u32>(k_scale_byte(h, j) & 63u, k_scale_byte(h, j + 4u) & 63u);
+    let a = k_scale_byte(h, j + 4u);
+    // For j < 4, j - 4u wraps; that lane of the select is unused.
+    let hi = vec2<u32>((a & 15u) | ((k_scale_byte(h, j - 4u) >> 6u) << 4u), (a >> 4u) | ((k_scale_byte(h, j) >> 6u) << 4u));
+    return select(hi, lo, j < 4u);
+}
+
+// d * sc and dmin * m of sub-block j.
+fn k_scales(h: array<u32, 4>, j: u32) -> vec2<f32> {
+    let sm = vec2<f32>(k_scale_min(h, j));
+    return f16_to_f32(vec4<u32>(h[0], h[0] >> 16u, 0u, 0u) & vec4<u32>(0xffffu)).xy * sm;
 }
 
 #ifdef Q_Q4_K
@@ -238,32 +295,30 @@ fn scale_min_k4(sb: u32, j: u32) -> vec2<u32> {
 fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
     let j = c & 7u;
     let base = row_base + (c >> 3u) * BLOCK_BYTES;
-    let qs = base + 16u + 32u * (j >> 1u);
+    let qs = load_8_words_at(base + 16u + 32u * (j >> 1u));
     let shift = BYTE_SHIFTS + vec4<u32>(4u * (j & 1u));
     var sq = vec4<f32>(0.0);
     var sx = vec4<f32>(0.0);
     for (var k = 0u; k < 8u; k++) {
-        let q = (vec4<u32>(load_u32_at(qs + 4u * k)) >> shift) & vec4<u32>(15u);
+        let q = (vec4<u32>(qs[k]) >> shift) & vec4<u32>(15u);
         let xv = x[xb + k];
         sq += vec4<f32>(q) * xv;
         sx += xv;
     }
-    let sm = scale_min_k4(base + 4u, j);
-    return load_f16_at(base) * f32(sm.x) * hsum4(sq) - load_f16_at(base + 2u) * f32(sm.y) * hsum4(sx);
+    let dm = k_scales(k_header(base), j);
+    return dm.x * hsum4(sq) - dm.y * hsum4(sx);
 }
 
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
     let base = row_base + (c >> 3u) * BLOCK_BYTES;
-    let sm = scale_min_k4(base + 4u, j);
-    let d1 = load_f16_at(base) * f32(sm.x);
-    let m1 = load_f16_at(base + 2u) * f32(sm.y);
-    let qs = base + 16u + 32u * (j >> 1u);
+    let dm = k_scales(k_header(base), j);
+    let qs = load_8_words_at(base + 16u + 32u * (j >> 1u));
     let shift = BYTE_SHIFTS + vec4<u32>(4u * (j & 1u));
     var out: array<vec4<f32>, 8>;
     for (var k = 0u; k < 8u; k++) {
-        let q = (vec4<u32>(load_u32_at(qs + 4u * k)) >> shift) & vec4<u32>(15u);
-        out[k] = d1 * vec4<f32>(q) - m1;
+        let q = (vec4<u32>(qs[k]) >> shift) & vec4<u32>(15u);
+        out[k] = dm.x * vec4<f32>(q) - dm.y;
     }
     return out;
 }
@@ -275,17 +330,15 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
     let base = row_base + (c >> 3u) * BLOCK_BYTES;
-    let sm = scale_min_k4(base + 4u, j);
-    let d1 = load_f16_at(base) * f32(sm.x);
-    let m1 = load_f16_at(base + 2u) * f32(sm.y);
-    let qh = base + 16u;
-    let qs = base + 48u + 32u * (j >> 1u);
+    let dm = k_scales(k_header(base), j);
+    let qh = load_8_words_at(base + 16u);
+    let qs = load_8_words_at(base + 48u + 32u * (j >> 1u));
     let shift = BYTE_SHIFTS + vec4<u32>(4u * (j & 1u));
     var out: array<vec4<f32>, 8>;
     for (var k = 0u; k < 8u; k++) {
-        let lo = (vec4<u32>(load_u32_at(qs + 4u * k)) >> shift) & vec4<u32>(15u);
-        let hi = ((vec4<u32>(load_u32_at(qh + 4u * k)) >> (BYTE_SHIFTS + vec4<u32>(j))) & vec4<u32>(1u)) << vec4<u32>(4u);
-        out[k] = d1 * vec4<f32>(lo + hi) - m1;
+        let lo = (vec4<u32>(qs[k]) >> shift) & vec4<u32>(15u);
+        let hi = ((vec4<u32>(qh[k]) >> (BYTE_SHIFTS + vec4<u32>(j))) & vec4<u32>(1u)) << vec4<u32>(4u);
+        out[k] = dm.x * vec4<f32>(lo + hi) - dm.y;
     }
     return out;
 }
@@ -296,21 +349,28 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // four quarters (chunks) qq of 32: q = nibble (qq / 2) of ql[32 * (qq % 2) + l] | bits 2qq..2qq+2
 // of qh[l] << 4; y = (d * sc[l / 16 + 2qq]) * (q - 32).
 #define HAS_DOT_CHUNK
+// d * sc for the chunk's two 16-element halves.
+fn q6_k_scales(base: u32, half: u32, qq: u32) -> vec2<f32> {
+    let sc = load_u16_at(base + 192u + 8u * half + 2u * qq);
+    let q = vec2<i32>(bitcast<i32>(sc << 24u) >> 24u, bitcast<i32>(sc << 16u) >> 24u);
+    return load_f16_at(base + 208u) * vec2<f32>(q);
+}
+
 fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
     let j = c & 7u;
     let half = j >> 2u;
     let qq = j & 3u;
     let base = row_base + (c >> 3u) * BLOCK_BYTES;
-    let ql = base + 64u * half + 32u * (qq & 1u);
-    let qh = base + 128u + 32u * half;
+    let ql = load_8_words_at(base + 64u * half + 32u * (qq & 1u));
+    let qh = load_8_words_at(base + 128u + 32u * half);
     let ql_shift = BYTE_SHIFTS + vec4<u32>(4u * (qq >> 1u));
     let qh_shift = BYTE_SHIFTS + vec4<u32>(2u * qq);
-    // Elements 0..16 take scale ds0, 16..32 scale ds1.
+    // Elements 0..16 take scale ds.x, 16..32 scale ds.y.
     var s0 = vec4<f32>(0.0);
     var s1 = vec4<f32>(0.0);
     for (var k = 0u; k < 8u; k++) {
-        let lo = (vec4<u32>(load_u32_at(ql + 4u * k)) >> ql_shift) & vec4<u32>(15u);
-        let hi = (vec4<u32>(load_u32_at(qh + 4u * k)) >> qh_shift) & vec4<u32>(3u);
+        let lo = (vec4<u32>(ql[k]) >> ql_shift) & vec4<u32>(15u);
+        let hi = (vec4<u32>(qh[k]) >> qh_shift) & vec4<u32>(3u);
         let p = vec4<f32>(vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(32)) * x[xb + k];
         if (k < 4u) {
             s0 += p;
@@ -318,10 +378,8 @@ fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
             s1 += p;
         }
     }
-    let d = load_f16_at(base + 208u);
-    let ds0 = d * f32(load_i8_at(base + 192u + 8u * half + 2u * qq));
-    let ds1 = d * f32(load_i8_at(base + 193u + 8u * half + 2u * qq));
-    return ds0 * hsum4(s0) + ds1 * hsum4(s1);
+    let ds = q6_k_scales(base, half, qq);
+    return ds.x * hsum4(s0) + ds.y * hsum4(s1);
 }
 
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
@@ -329,19 +387,17 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let half = j >> 2u;
     let qq = j & 3u;
     let base = row_base + (c >> 3u) * BLOCK_BYTES;
-    let d = load_f16_at(base + 208u);
-    let ds0 = d * f32(load_i8_at(base + 192u + 8u * half + 2u * qq));
-    let ds1 = d * f32(load_i8_at(base + 193u + 8u * half + 2u * qq));
-    let ql = base + 64u * half + 32u * (qq & 1u);
-    let qh = base + 128u + 32u * half;
+    let ds = q6_k_scales(base, half, qq);
+    let ql = load_8_words_at(base + 64u * half + 32u * (qq & 1u));
+    let qh = load_8_words_at(base + 128u + 32u * half);
     let ql_shift = BYTE_SHIFTS + vec4<u32>(4u * (qq >> 1u));
     let qh_shift = BYTE_SHIFTS + vec4<u32>(2u * qq);
     var out: array<vec4<f32>, 8>;
     for (var k = 0u; k < 8u; k++) {
-        let lo = (vec4<u32>(load_u32_at(ql + 4u * k)) >> ql_shift) & vec4<u32>(15u);
-        let hi = (vec4<u32>(load_u32_at(qh + 4u * k)) >> qh_shift) & vec4<u32>(3u);
+        let lo = (vec4<u32>(ql[k]) >> ql_shift) & vec4<u32>(15u);
+        let hi = (vec4<u32>(qh[k]) >> qh_shift) & vec4<u32>(3u);
         let q = vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(32);
-        out[k] = select(ds1, ds0, k < 4u) * vec4<f32>(q);
+        out[k] = select(ds.y, ds.x, k < 4u) * vec4<f32>(q);
     }
     return out;
 }

@@ -19,6 +19,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("glu.wgsl", include_str!("../../../shaders/glu.wgsl")),
     ("kv_write.wgsl", include_str!("../../../shaders/kv_write.wgsl")),
     ("matmul.wgsl", include_str!("../../../shaders/matmul.wgsl")),
+    ("matmul_blocked.wgsl", include_str!("../../../shaders/matmul_blocked.wgsl")),
     ("penalize.wgsl", include_str!("../../../shaders/penalize.wgsl")),
     ("rms_norm.wgsl", include_str!("../../../shaders/rms_norm.wgsl")),
     ("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
@@ -71,6 +72,12 @@ impl ShaderDefs {
         self
     }
 
+    /// Defines `name` as generated WGSL (several lines); labels show only the name.
+    pub fn code(mut self, name: &str, wgsl: String) -> Self {
+        self.defs.insert(name.into(), wgsl);
+        self
+    }
+
     pub fn get(&self, name: &str) -> Option<&str> {
         self.defs.get(name).map(|s| s.as_str())
     }
@@ -79,7 +86,7 @@ impl ShaderDefs {
     pub fn label(&self) -> String {
         self.defs
             .iter()
-            .map(|(k, v)| if v == "true" { k.clone() } else { format!("{k}={v}") })
+            .map(|(k, v)| if v == "true" || v.contains('\n') { k.clone() } else { format!("{k}={v}") })
             .collect::<Vec<_>>()
             .join(",")
     }

@@ -1,0 +1,51 @@
+//! Times one quantized matmul on the default adapter (wall clock), for kernel tuning:
+//!   cargo run --release -p flint-gpu --example matmul_speed -- Q5_0 896 4864 128 [reps]
+//! (format, n_in, n_rows, tokens). Prints milliseconds per dispatch and GMAC/s; the first
+//! dispatch (pipeline warm-up) is not timed.
+
+use flint_core::quant::QuantType;
+use flint_gpu::buffer::{read_f32, storage_init};
+use flint_gpu::ops::matmul::{Matmul, MatmulDesc, TokenCount};
+use flint_gpu::ops::Batch;
+use flint_gpu::pipeline::PipelineCache;
+use flint_gpu::testing::{f16_nearest, random_quant, TestRng};
+use flint_gpu::GpuContext;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ty = QuantType::ALL
+        .into_iter()
+        .find(|t| t.to_string().eq_ignore_ascii_case(args.first().map_or("Q5_0", |s| s)))
+        .expect("unknown format");
+    let num = |i: usize, d: u32| args.get(i).map_or(d, |s| s.parse().expect("a number"));
+    let (n_in, n_rows, n_tok, reps) = (num(1, 896), num(2, 4864), num(3, 128), num(4, 3));
+    futures::executor::block_on(async {
+        let ctx = GpuContext::new().await.expect("adapter");
+        let cache = PipelineCache::new();
+        let batch = Batch::new(&ctx, n_tok, 1, 1, 16).unwrap();
+        let pos: Vec<u32> = (0..n_tok).collect();
+        batch.write(&ctx, &vec![0; n_tok as usize], &pos, &vec![0; n_tok as usize], &[&[0]]);
+        let mut rng = TestRng::new(7);
+        let w = storage_init(&ctx, "w", &random_quant(ty, (n_in * n_rows) as usize, &mut rng, f16_nearest)).unwrap();
+        let x = storage_init(&ctx, "x", bytemuck::cast_slice(&rng.vec((n_in * n_tok) as usize))).unwrap();
+        let y = storage_init(&ctx, "y", &vec![0u8; (n_rows * n_tok * 4) as usize]).unwrap();
+        let desc = MatmulDesc { label: "speed", ty, n_in, n_rows, row_offset: 0, y_stride: n_rows, tokens: TokenCount::Batch, accumulate: false };
+        let mm = Matmul::new(&ctx, &cache, &batch, &desc, &w, &x, &y, None).await.unwrap();
+        let run = |n: u32| {
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            for _ in 0..n {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                mm.encode(&mut pass, n_tok);
+            }
+            ctx.queue.submit([enc.finish()]);
+        };
+        run(1);
+        read_f32(&ctx, &y, 0, 1).await.unwrap();
+        let t0 = std::time::Instant::now();
+        run(reps);
+        read_f32(&ctx, &y, 0, 1).await.unwrap();
+        let ms = t0.elapsed().as_secs_f64() * 1e3 / reps as f64;
+        let gmac = n_in as f64 * n_rows as f64 * n_tok as f64 / (ms * 1e6);
+        println!("{ty} {n_in}x{n_rows} x {n_tok} tokens on {}: {ms:.1} ms, {gmac:.2} GMAC/s", ctx.adapter_name());
+    });
+}
