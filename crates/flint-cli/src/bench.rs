@@ -33,7 +33,8 @@ pub struct BenchArgs {
     backend: BackendArg,
     #[arg(long, value_enum, default_value_t = BenchFormat::Text)]
     format: BenchFormat,
-    /// Also time every kernel of one decode step (GPU timestamp queries) and print where it goes.
+    /// Also time every kernel of the prompt's prefill (up to 256 tokens) and of one decode step
+    /// (GPU timestamp queries) and print where the time goes.
     #[arg(long)]
     profile: bool,
 }
@@ -68,17 +69,30 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// Prefills `prompt`, then times each op of one decode step; returns per-op-kind totals
-/// (label, microseconds, count), largest first.
-fn profile_decode(engine: &mut Engine, prompt: &[u32]) -> Result<Vec<(String, f64, usize)>, Failure> {
+/// The most prompt tokens a profiled prefill step takes (the GPU backend's prefill chunk).
+const PROFILE_MAX_TOKENS: usize = 256;
+
+/// Per-op-kind totals (label, microseconds, dispatches), largest first.
+type Profile = Vec<(String, f64, usize)>;
+
+/// Times each op of the prompt's prefill as one step, then (after prefilling the prompt) each
+/// op of one decode step.
+fn profile_steps(engine: &mut Engine, prompt: &[u32]) -> Result<(Profile, Profile), Failure> {
     let backend = engine.backend_mut();
-    let ops = futures::executor::block_on(async {
+    let (prefill, decode) = futures::executor::block_on(async {
+        backend.truncate(0);
+        let prefill = backend.profile(&prompt[..prompt.len().min(PROFILE_MAX_TOKENS)]).await?;
         backend.truncate(0);
         backend.forward(prompt).await?;
-        backend.profile(&prompt[..1]).await
+        let decode = backend.profile(&prompt[..1]).await?;
+        Ok::<_, flint_core::backend::BackendError>((prefill, decode))
     })
     .map_err(Failure::runtime)?;
-    let mut by_kind: Vec<(String, f64, usize)> = Vec::new();
+    Ok((by_kind(prefill), by_kind(decode)))
+}
+
+fn by_kind(ops: Vec<(String, f64)>) -> Profile {
+    let mut by_kind: Profile = Vec::new();
     for (label, ns) in ops {
         match by_kind.iter_mut().find(|k| k.0 == label) {
             Some(k) => {
@@ -89,7 +103,19 @@ fn profile_decode(engine: &mut Engine, prompt: &[u32]) -> Result<Vec<(String, f6
         }
     }
     by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
-    Ok(by_kind)
+    by_kind
+}
+
+fn profile_json(p: &Profile) -> serde_json::Value {
+    json!(p.iter().map(|(k, us, n)| json!({"op": k, "us": round2(*us), "dispatches": n})).collect::<Vec<_>>())
+}
+
+fn print_profile(what: &str, p: &Profile) {
+    let total: f64 = p.iter().map(|r| r.1).sum();
+    println!("{what} profile (GPU time, one op per timed pass): {:.1} ms", total / 1e3);
+    for (k, us, n) in p {
+        println!("  {k:<14} {:>9.1} ms {:>5.1}%  ({n} dispatches)", us / 1e3, 100.0 * us / total);
+    }
 }
 
 pub fn bench(args: BenchArgs) -> Result<(), Failure> {
@@ -111,7 +137,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         decode.push(r.decode_tok_s);
     }
     let copy_gbs = futures::executor::block_on(engine.copy_bandwidth_gbs()).map_err(Failure::runtime)?;
-    let profile = if args.profile { Some(profile_decode(&mut engine, &prompt)?) } else { None };
+    let profile = if args.profile { Some(profile_steps(&mut engine, &prompt)?) } else { None };
     let (prefill, decode, ttft) = (stats(prefill), stats(decode), stats(ttft));
     let bytes_per_token = engine.bytes_per_decode_token(args.prompt_tokens + args.gen_tokens / 2) as f64;
     let decode_gbs = bytes_per_token * decode.median / 1e9;
@@ -133,8 +159,9 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         "decode_bandwidth_pct": round2(pct),
     });
     let mut report = report;
-    if let Some(p) = &profile {
-        report["decode_profile_us"] = json!(p.iter().map(|(k, us, n)| json!({"op": k, "us": round2(*us), "dispatches": n})).collect::<Vec<_>>());
+    if let Some((prefill, decode)) = &profile {
+        report["prefill_profile_us"] = profile_json(prefill);
+        report["decode_profile_us"] = profile_json(decode);
     }
     match args.format {
         BenchFormat::Json => println!("{report}"),
@@ -149,12 +176,9 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             println!("ttft       {:.1} ms (min {:.1}, max {:.1})", ttft.median, ttft.min, ttft.max);
             println!("peak rss   {:.0} MB", peak_rss_mb());
             println!("bandwidth  decode {decode_gbs:.2} GB/s = {pct:.1}% of measured copy bandwidth {copy_gbs:.2} GB/s");
-            if let Some(p) = &profile {
-                let total: f64 = p.iter().map(|r| r.1).sum();
-                println!("decode step profile (GPU time, one op per timed pass): {:.1} ms", total / 1e3);
-                for (k, us, n) in p {
-                    println!("  {k:<14} {:>9.1} ms {:>5.1}%  ({n} dispatches)", us / 1e3, 100.0 * us / total);
-                }
+            if let Some((prefill, decode)) = &profile {
+                print_profile(&format!("prefill ({} tokens)", args.prompt_tokens.min(PROFILE_MAX_TOKENS)), prefill);
+                print_profile("decode step", decode);
             }
         }
     }
