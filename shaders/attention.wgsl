@@ -204,3 +204,94 @@ fn combine(
         out[(t * params.n_head + h) * dv + d] = o / l;
     }
 }
+
+#ifdef HEAD_DIM
+// CPU-type adapters (lavapipe, SwiftShader): each invocation runs one (token, head, split)
+// serially, q and the output row in private registers and an online softmax over its
+// positions. There a workgroup's invocations are SIMD lanes of one CPU thread, so `split`'s
+// cross-lane reductions cost a barrier (a coroutine switch) per step, while serial loads are
+// cheap. Grid: (ceil(n_tok * n_head / WG_ROWS), S); the (t, h) pair is the linear invocation id,
+// and S > 1 writes partial records for `combine` as `split` does.
+// Defines: HEAD_DIM, HEAD_DIM_V (multiples of 4, equal to the params), WG_ROWS.
+const HD4: u32 = HEAD_DIM / 4u;
+const HDV4: u32 = HEAD_DIM_V / 4u;
+
+@compute @workgroup_size(WG_ROWS)
+fn rows(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let i = wg.x * WG_ROWS + lid;
+    let h = i % params.n_head;
+    let t = i / params.n_head;
+    let s = wg.y;
+    let n_split = nwg.y;
+    if (t >= info.n_tok) {
+        return;
+    }
+    let p = tok_pos[t];
+    let table = tok_seq[t] * info.max_blocks;
+    let kvh = h / params.group;
+    var first = 0u;
+    if (params.window > 0u && p + 1u > params.window) {
+        first = p + 1u - params.window;
+    }
+    let per = max((p + 1u - first + n_split - 1u) / n_split, params.split_min);
+    let lo = min(first + s * per, p + 1u);
+    let hi = min(lo + per, p + 1u);
+
+    var qv: array<vec4<f32>, HD4>;
+    let q0 = (t * params.n_head + h) * HD4;
+    for (var k = 0u; k < HD4; k++) {
+        qv[k] = q[q0 + k] * params.scale;
+    }
+    var acc: array<vec4<f32>, HDV4>;
+    var m = NEG_BIG;
+    var l = 0.0;
+    let kv_dim4 = params.kv_dim / 4u;
+    for (var j = lo; j < hi; j++) {
+        let slot = block_table[table + j / info.block_size] * info.block_size + j % info.block_size;
+        let krow = slot * kv_dim4 + kvh * HD4;
+        var d4 = vec4<f32>(0.0);
+        for (var k = 0u; k < HD4; k++) {
+            d4 = fma(qv[k], k_cache[krow + k], d4);
+        }
+        let sc = d4.x + d4.y + d4.z + d4.w;
+        let m_new = max(m, sc);
+        let alpha = exp(m - m_new);
+        let pj = exp(sc - m_new);
+        l = l * alpha + pj;
+        m = m_new;
+        let vrow = slot * params.v_dim + kvh * HEAD_DIM_V;
+        for (var k = 0u; k < HDV4; k++) {
+            let v = vec4<f32>(v_cache[vrow + 4u * k], v_cache[vrow + 4u * k + 1u], v_cache[vrow + 4u * k + 2u], v_cache[vrow + 4u * k + 3u]);
+            acc[k] = fma(vec4<f32>(pj), v, acc[k] * alpha);
+        }
+    }
+
+    let row = t * params.n_head + h;
+    if (n_split == 1u) {
+        let o = row * HEAD_DIM_V;
+        for (var k = 0u; k < HDV4; k++) {
+            let r = acc[k] / l;
+            out[o + 4u * k] = r.x;
+            out[o + 4u * k + 1u] = r.y;
+            out[o + 4u * k + 2u] = r.z;
+            out[o + 4u * k + 3u] = r.w;
+        }
+    } else {
+        let rec = row * n_split + s;
+        let o = rec * HEAD_DIM_V;
+        for (var k = 0u; k < HDV4; k++) {
+            part[o + 4u * k] = acc[k].x;
+            part[o + 4u * k + 1u] = acc[k].y;
+            part[o + 4u * k + 2u] = acc[k].z;
+            part[o + 4u * k + 3u] = acc[k].w;
+        }
+        let ml = params.part_cap * HEAD_DIM_V + 2u * rec;
+        part[ml] = m;
+        part[ml + 1u] = l;
+    }
+}
+#endif

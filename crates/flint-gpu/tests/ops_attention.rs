@@ -2,7 +2,7 @@
 //! tables, GQA, sliding windows, prefill and long decode, forced split counts, sentinels.
 
 use flint_gpu::buffer::{read_f32, storage_init};
-use flint_gpu::ops::attention::{encode_block_copy, Attention, AttentionDesc, KvWrite, SPLIT_TARGET_GROUPS};
+use flint_gpu::ops::attention::{encode_block_copy, Attention, AttentionDesc, KvWrite, ROWS_TARGET_INVOCATIONS, SPLIT_TARGET_GROUPS};
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
 use flint_gpu::testing::{nmse, TestRng, NMSE_F32};
@@ -73,7 +73,9 @@ fn reference(d: &AttentionDesc, q: &[f32], k: &Rows, v: &Rows, pos: usize) -> Ve
 
 /// Runs kv_write then attention in one pass; checks caches exactly, sentinels, and returns
 /// the output's NMSE against the reference.
-async fn run_case(ctx: &GpuContext, c: &Case) -> f64 {
+/// Runs `c` (with `split` forced when `force_split`); returns the NMSE and whether the serial
+/// kernel ran.
+async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) {
     let d = &c.desc;
     let (kv_dim, v_dim, q_dim, out_dim) = (d.kv_dim() as usize, d.v_dim() as usize, d.q_dim() as usize, d.out_dim() as usize);
     let bs = c.block_size as usize;
@@ -143,7 +145,10 @@ async fn run_case(ctx: &GpuContext, c: &Case) -> f64 {
 
     let cache = PipelineCache::new();
     let write = KvWrite::new(ctx, &cache, &batch, d, &k_buf, &v_buf, &kc_buf, &vc_buf).await.unwrap();
-    let attn = Attention::new(ctx, &cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf).await.unwrap();
+    let mut attn = Attention::new(ctx, &cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf).await.unwrap();
+    if force_split {
+        attn.force_split();
+    }
     let max_kv = toks.iter().map(|&(_, p)| p as u32 + 1).max().unwrap();
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     {
@@ -178,15 +183,22 @@ async fn run_case(ctx: &GpuContext, c: &Case) -> f64 {
         .flat_map(|(t, &(s, p))| reference(d, &q[t * q_dim..][..q_dim], &hist[s].0, &hist[s].1, p))
         .collect();
     assert!(got.iter().all(|x| x.is_finite()), "non-finite attention output");
-    nmse(got, &want)
+    (nmse(got, &want), attn.serial())
 }
 
 fn check(c: Case) {
     flint_gpu::gpu_test!(ctx => {
-        let t0 = std::time::Instant::now();
-        let e = run_case(ctx, &c).await;
-        eprintln!("{:?} seqs {:?} bs {} split {:?}: nmse {e:.3e} in {:.2?}", c.desc, c.seqs, c.block_size, c.split, t0.elapsed());
-        assert!(e <= NMSE_F32, "nmse {e:e} > {NMSE_F32:e}");
+        // Both kernels where the adapter picks the serial one.
+        for force_split in [false, true] {
+            let t0 = std::time::Instant::now();
+            let (e, serial) = run_case(ctx, &c, force_split).await;
+            let kernel = if serial { "rows" } else { "split" };
+            eprintln!("{:?} seqs {:?} bs {} split {:?} {kernel}: nmse {e:.3e} in {:.2?}", c.desc, c.seqs, c.block_size, c.split, t0.elapsed());
+            assert!(e <= NMSE_F32, "{kernel}: nmse {e:e} > {NMSE_F32:e}");
+            if !serial && !force_split {
+                break;
+            }
+        }
     });
 }
 
@@ -274,7 +286,8 @@ fn split_count_policy() {
         let (q, out) = (b(512 * 14 * 64 * 4), b(512 * 14 * 64 * 4));
         let (kc, vc) = (b(256 * 16 * 128 * 4), b(256 * 16 * 128 * 4));
         let attn = Attention::new(ctx, &PipelineCache::new(), &batch, &d, &q, &kc, &vc, &out).await.unwrap();
-        assert_eq!(attn.n_splits(1, 8192), SPLIT_TARGET_GROUPS / 14);
+        let target = if attn.serial() { ROWS_TARGET_INVOCATIONS } else { SPLIT_TARGET_GROUPS };
+        assert_eq!(attn.n_splits(1, 8192), target / 14);
         assert_eq!(attn.n_splits(1, 100), 2);
         assert_eq!(attn.n_splits(1, 1), 1);
         assert_eq!(attn.n_splits(512, 4096), 1);

@@ -22,6 +22,13 @@ pub const MAX_HEAD_DIM: u32 = 256;
 pub const SPLIT_TARGET_GROUPS: u32 = 1024;
 /// A split takes at least this many positions before the next split gets any.
 pub const SPLIT_MIN_POSITIONS: u32 = 64;
+/// Invocations of one `rows` workgroup (the serial kernel for CPU-type adapters).
+pub const ROWS_WG: u32 = 64;
+/// On CPU-type adapters the KV length is split until about this many `rows` invocations run
+/// (two workgroups' worth, one per CPU thread of a small machine).
+pub const ROWS_TARGET_INVOCATIONS: u32 = 2 * ROWS_WG;
+/// Head sizes the serial kernel is built for (head_dim = head_dim_v); others use `split`.
+pub const ROWS_HEAD_DIMS: [u32; 4] = [64, 80, 128, 256];
 /// Grid dimensions are limited to this many workgroups (WebGPU's minimum).
 const MAX_GRID_DIM: u32 = 65535;
 
@@ -95,8 +102,15 @@ fn combine_key() -> PipelineKey {
     PipelineKey::new("attention.wgsl", "combine", attention_defs())
 }
 
+fn rows_key(head_dim: u32) -> PipelineKey {
+    let defs = attention_defs().u32("HEAD_DIM", head_dim).u32("HEAD_DIM_V", head_dim).u32("WG_ROWS", ROWS_WG);
+    PipelineKey::new("attention.wgsl", "rows", defs)
+}
+
 pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
-    vec![kv_write_key(), split_key(), combine_key()]
+    let mut v = vec![kv_write_key(), split_key(), combine_key()];
+    v.extend(ROWS_HEAD_DIMS.map(rows_key));
+    v
 }
 
 fn need(op: &'static str, what: &str, buf: &wgpu::Buffer, bytes: u64) -> Result<()> {
@@ -213,6 +227,9 @@ struct AttnParams {
 /// head_dim]`, out: `[n_tok, n_head * head_dim_v]`, both f32.
 pub struct Attention {
     split: Arc<wgpu::ComputePipeline>,
+    /// The serial kernel and its bindings, on CPU-type adapters for the head sizes it is built
+    /// for; it replaces `split`.
+    rows: Option<(Arc<wgpu::ComputePipeline>, wgpu::BindGroup)>,
     combine: Arc<wgpu::ComputePipeline>,
     split_bind: wgpu::BindGroup,
     combine_bind: wgpu::BindGroup,
@@ -272,8 +289,24 @@ impl Attention {
             &[&batch.info, &p, &batch.pos, &batch.seq, &batch.block_table, q, k_cache, v_cache, out, &part],
         );
         let combine_bind = bind_at(ctx, &combine_key.label(), &combine, &[(0, &batch.info), (1, &p), (8, out), (9, &part)]);
+        let rows_grid = (batch.max_tokens as u64 * desc.n_head as u64).div_ceil(ROWS_WG as u64);
+        let serial = ctx.caps.cpu_like && desc.head_dim == desc.head_dim_v && ROWS_HEAD_DIMS.contains(&desc.head_dim);
+        let rows = if serial && rows_grid <= MAX_GRID_DIM as u64 {
+            let key = rows_key(desc.head_dim);
+            let pipeline = cache.get(ctx, &key).await?;
+            let bind = crate::ops::bind(
+                ctx,
+                &key.label(),
+                &pipeline,
+                &[&batch.info, &p, &batch.pos, &batch.seq, &batch.block_table, q, k_cache, v_cache, out, &part],
+            );
+            Some((pipeline, bind))
+        } else {
+            None
+        };
         Ok(Attention {
             split,
+            rows,
             combine,
             split_bind,
             combine_bind,
@@ -284,11 +317,22 @@ impl Attention {
         })
     }
 
+    /// Whether the serial kernel (CPU-type adapters) runs instead of `split`.
+    pub fn serial(&self) -> bool {
+        self.rows.is_some()
+    }
+
+    /// Runs `split` even where the serial kernel was chosen (tests of both kernels).
+    pub fn force_split(&mut self) {
+        self.rows = None;
+    }
+
     /// The split count for `n_tok` tokens whose longest visible context is `max_kv_len`:
     /// enough `split` workgroups to fill the device, no split shorter than the minimum.
     pub fn n_splits(&self, n_tok: u32, max_kv_len: u32) -> u32 {
         let rows = n_tok.max(1) * self.n_head;
-        let by_device = SPLIT_TARGET_GROUPS / rows;
+        let target = if self.rows.is_some() { ROWS_TARGET_INVOCATIONS } else { SPLIT_TARGET_GROUPS };
+        let by_device = target / rows;
         let by_len = max_kv_len.div_ceil(SPLIT_MIN_POSITIONS);
         by_device.min(by_len).max(1)
     }
@@ -316,9 +360,18 @@ impl Attention {
         if n_tok == 0 {
             return;
         }
-        pass.set_pipeline(&self.split);
-        pass.set_bind_group(0, &self.split_bind, &[]);
-        pass.dispatch_workgroups(n_split, self.n_head, n_tok);
+        match &self.rows {
+            Some((rows, bind)) => {
+                pass.set_pipeline(rows);
+                pass.set_bind_group(0, bind, &[]);
+                pass.dispatch_workgroups((n_tok * self.n_head).div_ceil(ROWS_WG), n_split, 1);
+            }
+            None => {
+                pass.set_pipeline(&self.split);
+                pass.set_bind_group(0, &self.split_bind, &[]);
+                pass.dispatch_workgroups(n_split, self.n_head, n_tok);
+            }
+        }
         if n_split > 1 {
             pass.set_pipeline(&self.combine);
             pass.set_bind_group(0, &self.combine_bind, &[]);
