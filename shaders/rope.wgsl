@@ -5,6 +5,7 @@
 // explicit range reduction, so large positions stay accurate on every GPU.
 // Defines: WG (threads per workgroup), NEOX (half-split pairs).
 #include "common.wgsl"
+#include "rope_common.wgsl"
 
 struct Params {
     n_heads: u32,
@@ -22,30 +23,6 @@ struct Params {
 @group(0) @binding(3) var<storage, read> inv_freq: array<f32>;
 // x: [n_tok, n_heads, head_dim] f32, rotated in place
 @group(0) @binding(4) var<storage, read_write> x: array<f32>;
-
-// pi/2 split for Cody-Waite reduction: P1..P3 have at most 7 significant bits, so k·Pi is
-// exact for |k| < 2^17 (|theta| < ~205000).
-const PIO2_1: f32 = 1.5625;
-const PIO2_2: f32 = 0.0081787109375;
-const PIO2_3: f32 = 0.00011730194091796875;
-const PIO2_4: f32 = 3.1391647326017846e-07;
-const TWO_OVER_PI: f32 = 0.6366197723675814;
-
-// (sin, cos) of theta; minimax polynomials on [-pi/4, pi/4] (Cephes sinf/cosf).
-fn sin_cos(theta: f32) -> vec2<f32> {
-    let k = floor(theta * TWO_OVER_PI + 0.5);
-    let r = ((theta - k * PIO2_1) - k * PIO2_2) - k * PIO2_3 - k * PIO2_4;
-    let z = r * r;
-    let s = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r;
-    let c = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z - 0.5 * z + 1.0;
-    let q = u32(i32(k)) & 3u;
-    switch q {
-        case 0u: { return vec2<f32>(s, c); }
-        case 1u: { return vec2<f32>(c, -s); }
-        case 2u: { return vec2<f32>(-s, -c); }
-        default: { return vec2<f32>(-c, s); }
-    }
-}
 
 @compute @workgroup_size(WG)
 fn main(

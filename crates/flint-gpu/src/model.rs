@@ -55,7 +55,6 @@ encode_with_n_tok!(
     ops::embed::Embed => "embed",
     ops::attention::KvWrite => "kv_write",
     ops::rms_norm::RmsNorm => "rms_norm",
-    ops::rope::Rope => "rope",
     ops::glu::Glu => "glu",
     ops::add::Add => "add"
 );
@@ -296,17 +295,6 @@ impl GpuModel {
                 body.push(Box::new(norm(&ctx, &cache, &batch, eps, &a.q, &qn, &a.q, c.head_dim, ops::rms_norm::Rows::PerToken(c.n_head as u32)).await?));
                 body.push(Box::new(norm(&ctx, &cache, &batch, eps, &a.k, &kn, &a.k, c.head_dim, ops::rms_norm::Rows::PerToken(c.n_head_kv as u32)).await?));
             }
-            for (buf, heads) in [(&a.q, c.n_head), (&a.k, c.n_head_kv)] {
-                let desc = ops::rope::RopeDesc {
-                    n_heads: heads as u32,
-                    head_dim: c.head_dim as u32,
-                    rope_dim: c.rope_dim as u32,
-                    style: c.rope_style,
-                    base: lc.rope_base,
-                    freq_scale: lc.rope_freq_scale,
-                };
-                body.push(Box::new(ops::rope::Rope::new(&ctx, &cache, &batch, desc, buf).await?));
-            }
             let desc = ops::attention::AttentionDesc {
                 n_head: c.n_head as u32,
                 n_head_kv: c.n_head_kv as u32,
@@ -314,6 +302,13 @@ impl GpuModel {
                 head_dim_v: c.head_dim_v as u32,
                 scale: c.attn_scale,
                 window: lc.sliding_window,
+                // RoPE is fused: kv_write rotates K, attention rotates q as it loads it.
+                rope: Some(ops::rope::RopeSpec {
+                    rope_dim: c.rope_dim as u32,
+                    style: c.rope_style,
+                    base: lc.rope_base,
+                    freq_scale: lc.rope_freq_scale,
+                }),
             };
             let (kc, vc) = &kv[il];
             let kv_batch = match (&ring, lc.sliding_window) {

@@ -23,6 +23,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("penalize.wgsl", include_str!("../../../shaders/penalize.wgsl")),
     ("rms_norm.wgsl", include_str!("../../../shaders/rms_norm.wgsl")),
     ("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
+    ("rope_common.wgsl", include_str!("../../../shaders/rope_common.wgsl")),
 ];
 
 const MAX_INCLUDE_DEPTH: usize = 8;

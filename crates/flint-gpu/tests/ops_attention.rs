@@ -3,6 +3,9 @@
 
 use flint_gpu::buffer::{read_f32, storage_init};
 use flint_gpu::ops::attention::{encode_block_copy, Attention, AttentionDesc, KvWrite, ROWS_TARGET_INVOCATIONS, SPLIT_TARGET_GROUPS};
+use flint_core::arch::RopeStyle;
+use flint_core::reference::ops::rope;
+use flint_gpu::ops::rope::RopeSpec;
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
 use flint_gpu::testing::{nmse, TestRng, NMSE_F32};
@@ -39,7 +42,7 @@ struct Case {
 }
 
 fn desc(n_head: u32, n_head_kv: u32, hd: u32, window: Option<u32>) -> AttentionDesc {
-    AttentionDesc { n_head, n_head_kv, head_dim: hd, head_dim_v: hd, scale: 1.0 / (hd as f32).sqrt(), window }
+    AttentionDesc { n_head, n_head_kv, head_dim: hd, head_dim_v: hd, scale: 1.0 / (hd as f32).sqrt(), window, rope: None }
 }
 
 fn shuffle<T>(v: &mut [T], rng: &mut TestRng) {
@@ -130,6 +133,21 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
         v_step[t * v_dim..][..v_dim].copy_from_slice(&hist[s].1[p]);
     }
     q.iter_mut().skip(n_tok as usize * q_dim).for_each(|x| *x = SENTINEL);
+    // With fused RoPE the reference sees q and this step's K rows rotated at their positions
+    // (cached rows count as rotated when they were written).
+    let mut q_ref = q.clone();
+    let mut hist = hist;
+    if let Some(r) = &d.rope {
+        let rot = |row: &mut [f32], hd: usize, p: usize| {
+            for head in row.chunks_mut(hd) {
+                rope(head, p, r.rope_dim as usize, r.base, r.freq_scale, r.style);
+            }
+        };
+        for (t, &(s, p)) in toks.iter().enumerate() {
+            rot(&mut q_ref[t * q_dim..][..q_dim], d.head_dim as usize, p);
+            rot(&mut hist[s].0[p], d.head_dim as usize, p);
+        }
+    }
 
     let batch = Batch::new(ctx, max_tokens, c.seqs.len() as u32, max_blocks, c.block_size).unwrap();
     let tok_ids: Vec<u32> = (0..n_tok).collect();
@@ -169,10 +187,16 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
 
     // The caches now hold every history row in its slot and SENTINEL elsewhere, bit for bit.
     for (t, &(s, p)) in toks.iter().enumerate() {
-        k_cache[slot(s, p) * kv_dim..][..kv_dim].copy_from_slice(&k_step[t * kv_dim..][..kv_dim]);
+        k_cache[slot(s, p) * kv_dim..][..kv_dim].copy_from_slice(&hist[s].0[p]);
         v_cache[slot(s, p) * v_dim..][..v_dim].copy_from_slice(&v_step[t * v_dim..][..v_dim]);
     }
-    assert!(kc == k_cache, "k_cache differs after kv_write");
+    if d.rope.is_some() {
+        // Rotated K rows: the same f32 operations as the reference, up to sin/cos rounding.
+        let e = nmse(&kc, &k_cache);
+        assert!(e <= NMSE_F32, "k_cache after kv_write with RoPE: nmse {e:e}");
+    } else {
+        assert!(kc == k_cache, "k_cache differs after kv_write");
+    }
     assert!(vc == v_cache, "v_cache differs after kv_write");
 
     let (got, tail) = out.split_at(n_tok as usize * out_dim);
@@ -180,7 +204,7 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
     let want: Vec<f32> = toks
         .iter()
         .enumerate()
-        .flat_map(|(t, &(s, p))| reference(d, &q[t * q_dim..][..q_dim], &hist[s].0, &hist[s].1, p))
+        .flat_map(|(t, &(s, p))| reference(d, &q_ref[t * q_dim..][..q_dim], &hist[s].0, &hist[s].1, p))
         .collect();
     assert!(got.iter().all(|x| x.is_finite()), "non-finite attention output");
     (nmse(got, &want), attn.serial())
@@ -255,8 +279,35 @@ fn gqa_4_1_hd256_sliding_window() {
 }
 
 #[test]
+fn fused_rope_both_styles_partial_rotation() {
+    // q and this step's K rows rotated by attention and kv_write, against the CPU reference.
+    let cases: [(RopeStyle, u32, &'static [(u32, u32)]); 2] = [(RopeStyle::Neox, 64, &[(0, 9), (30, 1)]), (RopeStyle::Normal, 32, &[(70, 2)])];
+    for (style, rope_dim, seqs) in cases {
+        let rope = Some(RopeSpec { rope_dim, style, base: 10000.0, freq_scale: 0.5 });
+        check(Case { desc: AttentionDesc { rope, ..desc(14, 2, 64, None) }, block_size: 16, seqs, split: Split::Auto, shuffle_tokens: true, seed: 11 });
+    }
+    let rope = Some(RopeSpec { rope_dim: 256, style: RopeStyle::Neox, base: 1e6, freq_scale: 1.0 });
+    check(Case { desc: AttentionDesc { rope, ..desc(4, 1, 256, Some(50)) }, block_size: 16, seqs: &[(100, 3)], split: Split::Kv, shuffle_tokens: false, seed: 12 });
+}
+
+#[test]
 fn prefill_with_small_window() {
     check(Case { desc: desc(4, 1, 256, Some(5)), block_size: 8, seqs: &[(0, 17)], split: Split::Auto, shuffle_tokens: false, seed: 6 });
+}
+
+#[test]
+fn long_prefill_chunk_hd256_windowed() {
+    // gemma-3-270m's shape: a 173-token chunk after 1024 cached positions, window 512 (golden
+    // prompt 7's last chunk).
+    check(Case { desc: desc(4, 1, 256, Some(512)), block_size: 16, seqs: &[(1024, 173)], split: Split::Kv, shuffle_tokens: false, seed: 13 });
+    check(Case { desc: desc(4, 1, 256, None), block_size: 16, seqs: &[(1024, 173)], split: Split::Kv, shuffle_tokens: false, seed: 14 });
+}
+
+#[test]
+fn serial_kernel_walks_past_65535_loop_iterations() {
+    // One split of 1024 positions at head size 256: 66k iterations had the per-position loops
+    // been loops (llvmpipe stops a loop nest there).
+    check(Case { desc: desc(4, 1, 256, None), block_size: 16, seqs: &[(1024, 1)], split: Split::Fixed(1), shuffle_tokens: false, seed: 15 });
 }
 
 #[test]

@@ -9,6 +9,7 @@ use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::ops::{params, Batch};
 use crate::pipeline::{PipelineCache, PipelineKey};
+use crate::ops::rope::{RopeSpec, RopeTables};
 use crate::shader::ShaderDefs;
 
 /// Invocations of one `split` workgroup; also the positions it scores per tile.
@@ -27,6 +28,9 @@ pub const ROWS_WG: u32 = 64;
 /// On CPU-type adapters the KV length is split until about this many `rows` invocations run
 /// (two workgroups' worth, one per CPU thread of a small machine).
 pub const ROWS_TARGET_INVOCATIONS: u32 = 2 * ROWS_WG;
+/// Most positions one serial-kernel invocation walks: llvmpipe ends a loop after 65535
+/// iterations, so longer ranges take more splits.
+pub const ROWS_MAX_POSITIONS: u32 = 32768;
 /// Head sizes the serial kernel is built for (head_dim = head_dim_v); others use `split`.
 pub const ROWS_HEAD_DIMS: [u32; 4] = [64, 80, 128, 256];
 /// Grid dimensions are limited to this many workgroups (WebGPU's minimum).
@@ -42,6 +46,8 @@ pub struct AttentionDesc {
     pub head_dim_v: u32,
     pub scale: f32,
     pub window: Option<u32>,
+    /// RoPE fused into the step: kv_write rotates K rows, attention rotates q as it loads it.
+    pub rope: Option<RopeSpec>,
 }
 
 impl AttentionDesc {
@@ -82,34 +88,60 @@ impl AttentionDesc {
         if !self.scale.is_finite() {
             return bad(format!("scale {} is not finite", self.scale));
         }
+        if let Some(r) = &self.rope {
+            r.validate(self.head_dim)?;
+        }
         Ok(())
     }
 }
 
-fn kv_write_key() -> PipelineKey {
-    PipelineKey::new("kv_write.wgsl", "main", ShaderDefs::new().u32("WG", KV_WRITE_WG))
+fn kv_write_key(rope: Option<&RopeSpec>) -> PipelineKey {
+    PipelineKey::new("kv_write.wgsl", "main", RopeSpec::defs(rope, ShaderDefs::new().u32("WG", KV_WRITE_WG)))
 }
 
 fn attention_defs() -> ShaderDefs {
     ShaderDefs::new().u32("WG", SPLIT_WG).u32("WG_COMBINE", COMBINE_WG).u32("MAX_HEAD_DIM", MAX_HEAD_DIM)
 }
 
-fn split_key() -> PipelineKey {
-    PipelineKey::new("attention.wgsl", "split", attention_defs())
+fn split_key(rope: Option<&RopeSpec>) -> PipelineKey {
+    PipelineKey::new("attention.wgsl", "split", RopeSpec::defs(rope, attention_defs()))
 }
 
 fn combine_key() -> PipelineKey {
     PipelineKey::new("attention.wgsl", "combine", attention_defs())
 }
 
-fn rows_key(head_dim: u32) -> PipelineKey {
-    let defs = attention_defs().u32("HEAD_DIM", head_dim).u32("HEAD_DIM_V", head_dim).u32("WG_ROWS", ROWS_WG);
-    PipelineKey::new("attention.wgsl", "rows", defs)
+/// The serial kernel's per-position statements for one head size: ROWS_DOT (q·k) and
+/// ROWS_ACC (the output row's update), one line per vec4 so the kernel has no inner loop.
+pub fn rows_code(head_dim: u32) -> (String, String) {
+    let (mut dot, mut acc) = (String::new(), String::new());
+    for k in 0..head_dim / 4 {
+        dot += &format!("d4 = fma(qv[{k}], k_cache[krow + {k}u], d4);\n");
+        acc += &format!("acc[{k}] = fma(vec4<f32>(pj), v_quad(vrow + {}u), acc[{k}] * alpha);\n", 4 * k);
+    }
+    (dot, acc)
+}
+
+fn rows_key(head_dim: u32, rope: Option<&RopeSpec>) -> PipelineKey {
+    let (dot, acc) = rows_code(head_dim);
+    let defs = attention_defs()
+        .u32("HEAD_DIM", head_dim)
+        .u32("HEAD_DIM_V", head_dim)
+        .u32("WG_ROWS", ROWS_WG)
+        .code("ROWS_DOT", dot)
+        .code("ROWS_ACC", acc);
+    PipelineKey::new("attention.wgsl", "rows", RopeSpec::defs(rope, defs))
 }
 
 pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
-    let mut v = vec![kv_write_key(), split_key(), combine_key()];
-    v.extend(ROWS_HEAD_DIMS.map(rows_key));
+    let mut v = vec![combine_key()];
+    let spec = |style| RopeSpec { rope_dim: 64, style, base: 10000.0, freq_scale: 1.0 };
+    let ropes = [None, Some(spec(flint_core::arch::RopeStyle::Normal)), Some(spec(flint_core::arch::RopeStyle::Neox))];
+    for rope in &ropes {
+        v.push(kv_write_key(rope.as_ref()));
+        v.push(split_key(rope.as_ref()));
+        v.extend(ROWS_HEAD_DIMS.map(|hd| rows_key(hd, rope.as_ref())));
+    }
     v
 }
 
@@ -151,13 +183,15 @@ fn bind_at(ctx: &GpuContext, label: &str, pipeline: &wgpu::ComputePipeline, buff
 struct KvWriteParams {
     kv_dim: u32,
     v_dim: u32,
-    _pad: [u32; 2],
+    head_dim: u32,
+    _pad: u32,
 }
 
 /// Copies a step's K `[n_tok, kv_dim]` and V `[n_tok, v_dim]` rows into the paged caches
 /// `[n_slots, kv_dim]` / `[n_slots, v_dim]` at each token's (sequence, position) slot.
 pub struct KvWrite {
     pipeline: Arc<wgpu::ComputePipeline>,
+    _rope: Option<RopeTables>,
     bind: wgpu::BindGroup,
     groups_x: u32,
     max_tokens: u32,
@@ -183,16 +217,16 @@ impl KvWrite {
         need(OP, "v", v, batch.max_tokens as u64 * v_dim as u64 * 4)?;
         check_cache(ctx, OP, "k_cache", k_cache, kv_dim, batch.block_size)?;
         check_cache(ctx, OP, "v_cache", v_cache, v_dim, batch.block_size)?;
-        let key = kv_write_key();
+        let key = kv_write_key(desc.rope.as_ref());
         let pipeline = cache.get(ctx, &key).await?;
-        let p = params(ctx, "kv_write_params", &KvWriteParams { kv_dim, v_dim, _pad: [0; 2] });
-        let bind = crate::ops::bind(
-            ctx,
-            &key.label(),
-            &pipeline,
-            &[&batch.info, &p, &batch.pos, &batch.seq, &batch.block_table, k, v, k_cache, v_cache],
-        );
-        Ok(KvWrite { pipeline, bind, groups_x: (kv_dim + v_dim).div_ceil(KV_WRITE_WG), max_tokens: batch.max_tokens })
+        let p = params(ctx, "kv_write_params", &KvWriteParams { kv_dim, v_dim, head_dim: desc.head_dim, _pad: 0 });
+        let rope = desc.rope.as_ref().map(|r| RopeTables::new(ctx, "kv_write", r, desc.head_dim)).transpose()?;
+        let mut bufs = vec![&batch.info, &p, &batch.pos, &batch.seq, &batch.block_table, k, v, k_cache, v_cache];
+        if let Some(r) = &rope {
+            bufs.extend([&r.params, &r.inv_freq]);
+        }
+        let bind = crate::ops::bind(ctx, &key.label(), &pipeline, &bufs);
+        Ok(KvWrite { pipeline, _rope: rope, bind, groups_x: (kv_dim + v_dim).div_ceil(KV_WRITE_WG), max_tokens: batch.max_tokens })
     }
 
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32) {
@@ -235,6 +269,7 @@ pub struct Attention {
     combine_bind: wgpu::BindGroup,
     /// Split partials: [part_cap, head_dim_v] then [part_cap, 2] f32.
     part: wgpu::Buffer,
+    _rope: Option<RopeTables>,
     n_head: u32,
     max_tokens: u32,
     max_ctx: u32,
@@ -260,7 +295,7 @@ impl Attention {
         need(OP, "out", out, mt * desc.out_dim() as u64 * 4)?;
         check_cache(ctx, OP, "k_cache", k_cache, desc.kv_dim(), batch.block_size)?;
         check_cache(ctx, OP, "v_cache", v_cache, desc.v_dim(), batch.block_size)?;
-        let (split_key, combine_key) = (split_key(), combine_key());
+        let (split_key, combine_key) = (split_key(desc.rope.as_ref()), combine_key());
         let split = cache.get(ctx, &split_key).await?;
         let combine = cache.get(ctx, &combine_key).await?;
         let part_cap = SPLIT_TARGET_GROUPS;
@@ -282,24 +317,19 @@ impl Attention {
                 _pad: [0; 2],
             },
         );
-        let split_bind = crate::ops::bind(
-            ctx,
-            &split_key.label(),
-            &split,
-            &[&batch.info, &p, &batch.pos, &batch.seq, &batch.block_table, q, k_cache, v_cache, out, &part],
-        );
+        let rope = desc.rope.as_ref().map(|r| RopeTables::new(ctx, "attention", r, desc.head_dim)).transpose()?;
+        let mut bufs = vec![&batch.info, &p, &batch.pos, &batch.seq, &batch.block_table, q, k_cache, v_cache, out, &part];
+        if let Some(r) = &rope {
+            bufs.extend([&r.params, &r.inv_freq]);
+        }
+        let split_bind = crate::ops::bind(ctx, &split_key.label(), &split, &bufs);
         let combine_bind = bind_at(ctx, &combine_key.label(), &combine, &[(0, &batch.info), (1, &p), (8, out), (9, &part)]);
         let rows_grid = (batch.max_tokens as u64 * desc.n_head as u64).div_ceil(ROWS_WG as u64);
         let serial = ctx.caps.cpu_like && desc.head_dim == desc.head_dim_v && ROWS_HEAD_DIMS.contains(&desc.head_dim);
         let rows = if serial && rows_grid <= MAX_GRID_DIM as u64 {
-            let key = rows_key(desc.head_dim);
+            let key = rows_key(desc.head_dim, desc.rope.as_ref());
             let pipeline = cache.get(ctx, &key).await?;
-            let bind = crate::ops::bind(
-                ctx,
-                &key.label(),
-                &pipeline,
-                &[&batch.info, &p, &batch.pos, &batch.seq, &batch.block_table, q, k_cache, v_cache, out, &part],
-            );
+            let bind = crate::ops::bind(ctx, &key.label(), &pipeline, &bufs);
             Some((pipeline, bind))
         } else {
             None
@@ -311,6 +341,7 @@ impl Attention {
             split_bind,
             combine_bind,
             part,
+            _rope: rope,
             n_head: desc.n_head,
             max_tokens: batch.max_tokens,
             max_ctx: batch.max_blocks.saturating_mul(batch.block_size),
@@ -328,45 +359,67 @@ impl Attention {
     }
 
     /// The split count for `n_tok` tokens whose longest visible context is `max_kv_len`:
-    /// enough `split` workgroups to fill the device, no split shorter than the minimum.
+    /// enough workgroups (serial kernel: invocations) to fill the device, no split shorter than
+    /// the minimum, and for the serial kernel none longer than [`ROWS_MAX_POSITIONS`].
     pub fn n_splits(&self, n_tok: u32, max_kv_len: u32) -> u32 {
+        self.splits_for(self.rows.is_some(), n_tok, max_kv_len)
+    }
+
+    fn splits_for(&self, serial: bool, n_tok: u32, max_kv_len: u32) -> u32 {
         let rows = n_tok.max(1) * self.n_head;
-        let target = if self.rows.is_some() { ROWS_TARGET_INVOCATIONS } else { SPLIT_TARGET_GROUPS };
-        let by_device = target / rows;
-        let by_len = max_kv_len.div_ceil(SPLIT_MIN_POSITIONS);
-        by_device.min(by_len).max(1)
+        let target = if serial { ROWS_TARGET_INVOCATIONS } else { SPLIT_TARGET_GROUPS };
+        let n = (target / rows).min(max_kv_len.div_ceil(SPLIT_MIN_POSITIONS)).max(1);
+        if serial {
+            n.max(max_kv_len.div_ceil(ROWS_MAX_POSITIONS))
+        } else {
+            n
+        }
+    }
+
+    /// Whether `n_split` splits of `n_tok` tokens fit the split scratch.
+    fn fits(&self, n_tok: u32, n_split: u32) -> bool {
+        n_split == 1 || n_split as u64 * n_tok as u64 * self.n_head as u64 <= SPLIT_TARGET_GROUPS as u64
     }
 
     /// Encodes attention for `n_tok` tokens, splitting for the longest context the batch allows.
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32) {
-        self.encode_splits(pass, n_tok, self.n_splits(n_tok, self.max_ctx));
+        self.encode_kv(pass, n_tok, self.max_ctx);
     }
 
     /// Like [`encode`](Self::encode) when the caller knows no token sees more than
     /// `max_kv_len` positions (e.g. n_past + n_tok), which avoids empty splits.
     pub fn encode_kv(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32, max_kv_len: u32) {
-        self.encode_splits(pass, n_tok, self.n_splits(n_tok, max_kv_len));
+        let serial = self.rows.is_some();
+        let n = self.splits_for(serial, n_tok, max_kv_len);
+        if serial && !self.fits(n_tok, n) {
+            // Too long for the serial kernel's scratch (a context past ROWS_MAX_POSITIONS
+            // with many tokens): the split kernel.
+            self.encode_with(pass, n_tok, self.splits_for(false, n_tok, max_kv_len), false);
+        } else {
+            self.encode_with(pass, n_tok, n, serial);
+        }
     }
 
     /// Encodes with an explicit split count (tests and tuning); `n_split * n_tok * n_head`
     /// must fit the scratch when `n_split > 1`.
     pub fn encode_splits(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32, n_split: u32) {
+        self.encode_with(pass, n_tok, n_split, self.rows.is_some());
+    }
+
+    fn encode_with(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32, n_split: u32, serial: bool) {
         assert!(n_tok <= self.max_tokens, "attention: {n_tok} tokens, batch holds {}", self.max_tokens);
         let n_split = n_split.max(1);
-        assert!(
-            n_split == 1 || n_split as u64 * n_tok as u64 * self.n_head as u64 <= SPLIT_TARGET_GROUPS as u64,
-            "attention: {n_split} splits of {n_tok} tokens overflow the split scratch"
-        );
+        assert!(self.fits(n_tok, n_split), "attention: {n_split} splits of {n_tok} tokens overflow the split scratch");
         if n_tok == 0 {
             return;
         }
-        match &self.rows {
-            Some((rows, bind)) => {
+        match (&self.rows, serial) {
+            (Some((rows, bind)), true) => {
                 pass.set_pipeline(rows);
                 pass.set_bind_group(0, bind, &[]);
                 pass.dispatch_workgroups((n_tok * self.n_head).div_ceil(ROWS_WG), n_split, 1);
             }
-            None => {
+            _ => {
                 pass.set_pipeline(&self.split);
                 pass.set_bind_group(0, &self.split_bind, &[]);
                 pass.dispatch_workgroups(n_split, self.n_head, n_tok);

@@ -1,5 +1,7 @@
 //! RoPE in place (`shaders/rope.wgsl`) on [n_tok, n_heads, head_dim] at each token's
 //! Batch position; Normal (adjacent pairs) or Neox (halves) style, base and freq_scale per op.
+//! The model fuses the same rotation into kv_write (K) and attention (q) through
+//! [`RopeSpec`] and [`RopeTables`] (`shaders/rope_common.wgsl`); this op is the standalone form.
 
 use std::sync::Arc;
 
@@ -24,6 +26,59 @@ pub struct RopeDesc {
     pub base: f32,
     /// Multiplies positions (1 / linear scaling factor).
     pub freq_scale: f32,
+}
+
+/// The rotation a fused kernel applies to each head of the rows it copies.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeSpec {
+    /// Rotated dimensions of each head (the first `rope_dim`); even, ≤ head_dim.
+    pub rope_dim: u32,
+    pub style: RopeStyle,
+    pub base: f32,
+    /// Multiplies positions (1 / linear scaling factor).
+    pub freq_scale: f32,
+}
+
+impl RopeSpec {
+    pub fn validate(&self, head_dim: u32) -> Result<()> {
+        if !self.rope_dim.is_multiple_of(2) || self.rope_dim == 0 || self.rope_dim > head_dim {
+            return Err(GpuError::Unsupported {
+                op: "rope",
+                message: format!("rope_dim {} must be even, nonzero and ≤ head_dim {head_dim}", self.rope_dim),
+            });
+        }
+        Ok(())
+    }
+
+    /// Defines for a fused kernel: ROPE, and NEOX for half-split pairs.
+    pub fn defs(spec: Option<&RopeSpec>, defs: ShaderDefs) -> ShaderDefs {
+        defs.flag("ROPE", spec.is_some()).flag("NEOX", spec.is_some_and(|s| s.style == RopeStyle::Neox))
+    }
+}
+
+/// `RopeParams` (uniform) and `inv_freq` (storage) of `shaders/rope_common.wgsl`.
+pub struct RopeTables {
+    pub params: wgpu::Buffer,
+    pub inv_freq: wgpu::Buffer,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct FusedParams {
+    n_pairs: u32,
+    freq_scale: f32,
+    _pad: [u32; 2],
+}
+
+impl RopeTables {
+    pub fn new(ctx: &GpuContext, label: &str, spec: &RopeSpec, head_dim: u32) -> Result<RopeTables> {
+        spec.validate(head_dim)?;
+        let p = FusedParams { n_pairs: spec.rope_dim / 2, freq_scale: spec.freq_scale, _pad: [0; 2] };
+        let params = params(ctx, &format!("{label}.rope"), &p);
+        let freqs = inv_freq(spec.rope_dim, spec.base);
+        let inv_freq = crate::buffer::storage_init(ctx, &format!("{label}.inv_freq"), bytemuck::cast_slice(&freqs))?;
+        Ok(RopeTables { params, inv_freq })
+    }
 }
 
 #[repr(C)]
@@ -60,9 +115,7 @@ impl Rope {
     /// `x`: [max_tokens, n_heads, head_dim] f32, rotated in place at `batch.pos`.
     pub async fn new(ctx: &GpuContext, cache: &PipelineCache, batch: &Batch, desc: RopeDesc, x: &wgpu::Buffer) -> Result<Rope> {
         let bad = |message: String| Err(GpuError::Unsupported { op: "rope", message });
-        if !desc.rope_dim.is_multiple_of(2) || desc.rope_dim == 0 || desc.rope_dim > desc.head_dim {
-            return bad(format!("rope_dim {} must be even, nonzero and ≤ head_dim {}", desc.rope_dim, desc.head_dim));
-        }
+        RopeSpec { rope_dim: desc.rope_dim, style: desc.style, base: desc.base, freq_scale: desc.freq_scale }.validate(desc.head_dim)?;
         let need = batch.max_tokens as u64 * desc.n_heads as u64 * desc.head_dim as u64 * 4;
         if x.size() < need {
             return bad(format!("x holds {} bytes, needs {need} for [{}, {}, {}] f32", x.size(), batch.max_tokens, desc.n_heads, desc.head_dim));
