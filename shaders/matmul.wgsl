@@ -12,9 +12,12 @@
 // CPU-type adapters use TPR = 1: a row (for TOK tokens) is one invocation's loop, with no
 // partial sums to combine. Formats that define dot_chunk (HAS_DOT_CHUNK) fuse dequantization into the
 // decode dot product instead of materializing the chunk.
-// Row groups beyond 65535 fold into y (linear_group).
+// With SUBGROUP_REDUCE (adapters with subgroups whose smallest subgroup holds a team), a
+// team sums its lanes with a butterfly of subgroup shuffles instead of workgroup memory and
+// barriers. Row groups beyond 65535 fold into y (linear_group).
 //
-// Defines: the format (ShaderDefs::quant), WG, TPR, TOK, TILE, HAS_BIAS, ACCUMULATE.
+// Defines: the format (ShaderDefs::quant), WG, TPR, TOK, TILE, HAS_BIAS, ACCUMULATE,
+// SUBGROUP_REDUCE.
 
 #include "common.wgsl"
 
@@ -57,8 +60,10 @@ struct Params {
 
 const ROWS: u32 = WG / TPR;
 
+#ifndef SUBGROUP_REDUCE
 // Lane partial sums, [TOK][WG]: a team's lanes are contiguous.
 var<workgroup> partial: array<f32, TOK * WG>;
+#endif
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -100,6 +105,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #endif
     }
 
+#ifdef SUBGROUP_REDUCE
+    // The team's lanes are consecutive invocations of one subgroup: after the butterfly every
+    // lane holds the row's sums.
+    for (var j = 0u; j < TOK; j++) {
+        var v = acc[j];
+        for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+            v += subgroupShuffleXor(v, s);
+        }
+        acc[j] = v;
+    }
+#else
     for (var j = 0u; j < TOK; j++) {
         partial[j * WG + lid] = acc[j];
     }
@@ -112,11 +128,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
     }
     workgroupBarrier();
+#endif
 
     // Lane l of the team writes tokens t0 + l, t0 + l + TPR, ...
     for (var j = lane; j < TOK; j += TPR) {
         if (live && t0 + j < n_tok) {
+#ifdef SUBGROUP_REDUCE
+            var v = acc[j];
+#else
             var v = partial[j * WG + team * TPR];
+#endif
 #ifdef HAS_BIAS
             v += bias[r];
 #endif

@@ -10,6 +10,9 @@ use crate::error::{GpuError, Result};
 pub struct Caps {
     pub shader_f16: bool,
     pub subgroups: bool,
+    /// The adapter's smallest subgroup (0 without subgroups): kernels that need a group of
+    /// lanes inside one subgroup use subgroup operations only up to this size.
+    pub subgroup_min_size: u32,
     pub timestamps: bool,
     /// A CPU-type adapter (lavapipe, SwiftShader): its invocations run as SIMD lanes of CPU
     /// threads, where cross-lane reductions and barriers cost more than uncoalesced reads.
@@ -66,6 +69,7 @@ impl GpuContext {
         let caps = Caps {
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups: features.contains(wgpu::Features::SUBGROUP),
+            subgroup_min_size: if features.contains(wgpu::Features::SUBGROUP) { info.subgroup_min_size } else { 0 },
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             cpu_like: info.device_type == wgpu::DeviceType::Cpu,
         };

@@ -64,6 +64,10 @@ impl Case {
 
 /// Runs `case` on the GPU and checks it against the CPU reference; returns the NMSE.
 async fn run(ctx: &GpuContext, case: Case, seed: u64) -> f64 {
+    run_in(ctx, &CACHE, case, seed).await
+}
+
+async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case, seed: u64) -> f64 {
     let Case { ty, n_in, n_rows, n_tok, row_offset, y_stride, tokens, bias, accumulate } = case;
     let (n_in, n_rows, n_tok_u, y_stride_u) = (n_in as usize, n_rows as usize, n_tok as usize, y_stride as usize);
     let mut rng = TestRng::new(seed);
@@ -91,7 +95,7 @@ async fn run(ctx: &GpuContext, case: Case, seed: u64) -> f64 {
     let y_buf = storage_init(ctx, "y", bytemuck::cast_slice(&y0)).unwrap();
     let b_buf = storage_init(ctx, "bias", bytemuck::cast_slice(&b)).unwrap();
     let desc = MatmulDesc { label: "test", ty, n_in: n_in as u32, n_rows: n_rows as u32, row_offset, y_stride, tokens, accumulate };
-    let mm = Matmul::new(ctx, &CACHE, &batch, &desc, &w_buf, &x_buf, &y_buf, bias.then_some(&b_buf))
+    let mm = Matmul::new(ctx, cache, &batch, &desc, &w_buf, &x_buf, &y_buf, bias.then_some(&b_buf))
         .await
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let mut enc = ctx.device.create_command_encoder(&Default::default());
@@ -192,6 +196,32 @@ fn several_token_tiles_and_ragged_row_blocks() {
             for (bias, accumulate) in [(false, false), (true, true)] {
                 let case = Case { row_offset: 2, y_stride: 47, bias, accumulate, ..Case::new(ty, 43, 37) };
                 run(ctx, case, 45).await;
+            }
+        }
+    });
+}
+
+#[test]
+fn gpu_kernels_lane_teams_with_and_without_subgroups() {
+    // The kernels a discrete GPU takes (lanes sharing a row; subgroup shuffles where the
+    // adapter has subgroups), run on this adapter by a second context that is told it is not
+    // CPU-like: lavapipe and SwiftShader otherwise only run their own kernels.
+    flint_gpu::gpu_test!(shared => {
+        for subgroups in [true, false] {
+            let mut ctx = GpuContext::new().await.unwrap();
+            ctx.caps.cpu_like = false;
+            if !subgroups {
+                ctx.caps.subgroups = false;
+                ctx.caps.subgroup_min_size = 0;
+            }
+            eprintln!("{} as a GPU, subgroups {} (smallest {})", shared.adapter_name(), ctx.caps.subgroups, ctx.caps.subgroup_min_size);
+            let cache = PipelineCache::new();
+            // Rows of 5, 41 and 64 chunks: teams of 8, 16 and 32 lanes.
+            for (ty, n_in) in [(QuantType::Q5_0, 5 * 32), (QuantType::Q8_0, 41 * 32), (QuantType::Q4K, 2048)] {
+                for n_tok in [1, 13, 37] {
+                    let case = Case { n_in, row_offset: 1, y_stride: 44, bias: true, accumulate: n_tok == 13, ..Case::new(ty, 43, n_tok) };
+                    run_in(&ctx, &cache, case, 60 + n_tok as u64).await;
+                }
             }
         }
     });

@@ -24,8 +24,8 @@ fn every_variant_preprocesses_and_validates() {
     let cap_sets = [
         Caps::default(),
         Caps { shader_f16: true, ..Default::default() },
-        Caps { subgroups: true, ..Default::default() },
-        Caps { shader_f16: true, subgroups: true, timestamps: true, cpu_like: true },
+        Caps { subgroups: true, subgroup_min_size: 32, ..Default::default() },
+        Caps { shader_f16: true, subgroups: true, subgroup_min_size: 8, timestamps: true, cpu_like: true },
     ];
     let mut n = 0;
     let mut seen = std::collections::HashSet::new();

@@ -38,6 +38,12 @@ pub const BLOCK_TOKENS: u32 = 16;
 /// Invocations per workgroup of the CPU-adapter prefill kernel: small, so that even a
 /// 128-row matrix's blocks spread over the CPU's threads through the token axis.
 const BLOCK_WG: u32 = 64;
+/// Rows per invocation of the CPU-adapter decode kernel (the blocked kernel with one token):
+/// each invocation loads all of x, so x's loads are shared by this many rows.
+pub const DECODE_ROWS: u32 = 8;
+/// Invocations per workgroup of the CPU-adapter decode kernel: one 8-lane SIMD group, so a
+/// 256-row matrix still spans several workgroups (CPU threads).
+const DECODE_WG: u32 = 8;
 
 /// Where the token count comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +93,8 @@ enum Kind {
     Tile,
     /// The prefill kernel for CPU-type adapters.
     Blocked,
+    /// The decode kernel for CPU-type adapters: the blocked kernel with one token.
+    BlockedVector,
 }
 
 /// Lanes per row for rows of `chunks` chunks: the fewest idle lane-slots (lanes × rounds),
@@ -107,11 +115,13 @@ pub fn lanes_per_row(chunks: u32, wg: u32) -> u32 {
 /// dequantized chunks are indexed by constants only.
 pub fn blocked_code(rows: u32, tokens: u32) -> String {
     use std::fmt::Write;
-    let (rq, tq) = (rows / 4, tokens / 4);
+    let (rq, tq) = (rows / 4, tokens.div_ceil(4));
+    // One token: vec4 accumulators (4 rows) and activation quads; else 4 × 4 matrices.
+    let acc_ty = if tokens == 1 { "vec4<f32>" } else { "mat4x4<f32>" };
     let mut s = String::from("struct Block {\n");
     for i in 0..rq {
         for j in 0..tq {
-            let _ = writeln!(s, "    a{i}_{j}: mat4x4<f32>,");
+            let _ = writeln!(s, "    a{i}_{j}: {acc_ty},");
         }
     }
     s.push_str("}\n\nfn block(r0: u32, t0: u32) {\n");
@@ -132,8 +142,12 @@ pub fn blocked_code(rows: u32, tokens: u32) -> String {
             let _ = writeln!(s, "            let w{i} = quad_rows({}, {}, {}, {});", q(0), q(1), q(2), q(3));
         }
         for j in 0..tq {
-            let t = |r: u32| format!("x{}", 4 * j + r);
-            let _ = writeln!(s, "            let u{j} = quad_tokens({}, {}, {}, {}, xo);", t(0), t(1), t(2), t(3));
+            if tokens == 1 {
+                let _ = writeln!(s, "            let u{j} = x[x0 + xo];");
+            } else {
+                let t = |r: u32| format!("x{}", 4 * j + r);
+                let _ = writeln!(s, "            let u{j} = quad_tokens({}, {}, {}, {}, xo);", t(0), t(1), t(2), t(3));
+            }
         }
         for i in 0..rq {
             for j in 0..tq {
@@ -145,23 +159,34 @@ pub fn blocked_code(rows: u32, tokens: u32) -> String {
     s.push_str("    }\n");
     for i in 0..rq {
         for j in 0..tq {
-            let _ = writeln!(s, "    store(acc.a{i}_{j}, r0 + {}u, t0 + {}u);", 4 * i, 4 * j);
+            if tokens == 1 {
+                let _ = writeln!(s, "    store_rows(acc.a{i}_{j}, r0 + {}u, t0);", 4 * i);
+            } else {
+                let _ = writeln!(s, "    store(acc.a{i}_{j}, r0 + {}u, t0 + {}u);", 4 * i, 4 * j);
+            }
         }
     }
     s.push_str("}\n");
     s
 }
 
-/// The shader variant for `ty` with workgroup size `wg` and `tpr` lanes per row.
-fn key(ty: QuantType, kind: Kind, wg: u32, tpr: u32, bias: bool, accumulate: bool) -> PipelineKey {
-    if kind == Kind::Blocked {
-        let rows = BLOCK_ROWS;
+/// Whether a team of `tpr` lanes sums with subgroup shuffles on an adapter with `caps`.
+fn subgroup_reduce(caps: &crate::Caps, tpr: u32) -> bool {
+    caps.subgroups && !caps.cpu_like && tpr > 1 && tpr <= caps.subgroup_min_size
+}
+
+/// The shader variant for `ty` with workgroup size `wg` and `tpr` lanes per row (`subgroups`:
+/// the team sums with subgroup shuffles).
+fn key(ty: QuantType, kind: Kind, wg: u32, tpr: u32, bias: bool, accumulate: bool, subgroups: bool) -> PipelineKey {
+    if matches!(kind, Kind::Blocked | Kind::BlockedVector) {
+        let (rows, tokens) = if kind == Kind::Blocked { (BLOCK_ROWS, BLOCK_TOKENS) } else { (DECODE_ROWS, 1) };
         let defs = ShaderDefs::new()
             .quant(ty)
             .u32("WG", wg)
             .u32("RB", rows)
-            .u32("TB", BLOCK_TOKENS)
-            .code("BLOCK_CODE", blocked_code(rows, BLOCK_TOKENS))
+            .u32("TB", tokens)
+            .code("BLOCK_CODE", blocked_code(rows, tokens))
+            .flag("ONE_TOKEN", kind == Kind::BlockedVector)
             .flag("HAS_BIAS", bias)
             .flag("ACCUMULATE", accumulate);
         return PipelineKey::new("matmul_blocked.wgsl", "main", defs);
@@ -176,6 +201,7 @@ fn key(ty: QuantType, kind: Kind, wg: u32, tpr: u32, bias: bool, accumulate: boo
         .u32("TPR", tpr)
         .u32("TOK", tok)
         .flag("TILE", kind == Kind::Tile)
+        .flag("SUBGROUP_REDUCE", subgroups)
         .flag("HAS_BIAS", bias)
         .flag("ACCUMULATE", accumulate);
     PipelineKey::new(SHADER, "main", defs)
@@ -187,22 +213,26 @@ fn workgroup_size(limits: &wgpu::Limits) -> u32 {
     1 << (31 - most.max(1).leading_zeros())
 }
 
-/// Every variant the engine may build on an adapter with WebGPU's default limits.
-pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
+/// Every variant the engine may build on an adapter with WebGPU's default limits and `caps`.
+pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = Vec::new();
     for ty in QuantType::ALL {
         for kind in [Kind::Vector, Kind::Tile] {
             for tpr in std::iter::once(1).chain(LANES_PER_ROW) {
                 for bias in [false, true] {
                     for accumulate in [false, true] {
-                        v.push(key(ty, kind, WG, tpr, bias, accumulate));
+                        v.push(key(ty, kind, WG, tpr, bias, accumulate, false));
+                        if subgroup_reduce(caps, tpr) {
+                            v.push(key(ty, kind, WG, tpr, bias, accumulate, true));
+                        }
                     }
                 }
             }
         }
         for bias in [false, true] {
             for accumulate in [false, true] {
-                v.push(key(ty, Kind::Blocked, BLOCK_WG, 1, bias, accumulate));
+                v.push(key(ty, Kind::Blocked, BLOCK_WG, 1, bias, accumulate, false));
+                v.push(key(ty, Kind::BlockedVector, DECODE_WG, 1, bias, accumulate, false));
             }
         }
     }
@@ -325,6 +355,7 @@ impl Matmul {
                 Kind::Vector => (wg, wg / tpr, 1),
                 Kind::Tile => (wg, wg / tpr, TILE_TOKENS),
                 Kind::Blocked => (BLOCK_WG.min(wg), BLOCK_WG.min(wg) * BLOCK_ROWS, BLOCK_TOKENS),
+                Kind::BlockedVector => (DECODE_WG.min(wg), DECODE_WG.min(wg) * DECODE_ROWS, 1),
             };
             let groups = fold_groups(d.n_rows.div_ceil(rows_per_group));
             let p = Params {
@@ -337,17 +368,17 @@ impl Matmul {
                 _pad: [0; 2],
             };
             let pbuf = params(ctx, &format!("{}.params", d.label), &p);
-            let key = key(d.ty, kind, wg, tpr, bias.is_some(), d.accumulate);
+            let key = key(d.ty, kind, wg, tpr, bias.is_some(), d.accumulate, subgroup_reduce(&ctx.caps, tpr));
             async move {
                 let mut bufs: Vec<&wgpu::Buffer> = vec![&pbuf, w, x, y];
                 bufs.extend(bias);
-                if kind != Kind::Vector {
+                if matches!(kind, Kind::Tile | Kind::Blocked) {
                     bufs.push(&batch.info);
                 }
                 Kernel::new(ctx, cache, d.label, key, bufs, groups, tokens).await
             }
         };
-        let vector = build(Kind::Vector).await?;
+        let vector = build(if ctx.caps.cpu_like { Kind::BlockedVector } else { Kind::Vector }).await?;
         let tile = match d.tokens {
             TokenCount::Batch if ctx.caps.cpu_like => Some(build(Kind::Blocked).await?),
             TokenCount::Batch => Some(build(Kind::Tile).await?),
