@@ -66,6 +66,18 @@ var<workgroup> red: array<f32, WG>;
 var<workgroup> p_sh: array<f32, WG>;
 var<workgroup> slot_sh: array<u32, WG>;
 
+// Split s of n_split's positions [lo, hi) for a token at position p: the visible positions
+// (the window's, or all up to p) in near-equal ranges, none shorter than split_min.
+fn split_range(p: u32, s: u32, n_split: u32) -> vec2<u32> {
+    var first = 0u;
+    if (params.window > 0u && p + 1u > params.window) {
+        first = p + 1u - params.window;
+    }
+    let per = max((p + 1u - first + n_split - 1u) / n_split, params.split_min);
+    let lo = min(first + s * per, p + 1u);
+    return vec2<u32>(lo, min(lo + per, p + 1u));
+}
+
 fn reduce_max(tid: u32, x: f32) -> f32 {
     red[tid] = x;
     workgroupBarrier();
@@ -110,14 +122,9 @@ fn split(
     let p = tok_pos[t];
     let table = tok_seq[t] * info.max_blocks;
     let kvh = h / params.group;
-    var first = 0u;
-    if (params.window > 0u && p + 1u > params.window) {
-        first = p + 1u - params.window;
-    }
-    // This split's positions [lo, hi): S near-equal ranges, none shorter than split_min.
-    let per = max((p + 1u - first + n_split - 1u) / n_split, params.split_min);
-    let lo = min(first + s * per, p + 1u);
-    let hi = min(lo + per, p + 1u);
+    let range = split_range(p, s, n_split);
+    let lo = range.x;
+    let hi = range.y;
 
     let hd4 = params.head_dim / 4u;
     for (var i = tid; i < hd4; i += WG) {
@@ -265,13 +272,9 @@ fn rows(
     let p = tok_pos[t];
     let table = tok_seq[t] * info.max_blocks;
     let kvh = h / params.group;
-    var first = 0u;
-    if (params.window > 0u && p + 1u > params.window) {
-        first = p + 1u - params.window;
-    }
-    let per = max((p + 1u - first + n_split - 1u) / n_split, params.split_min);
-    let lo = min(first + s * per, p + 1u);
-    let hi = min(lo + per, p + 1u);
+    let range = split_range(p, s, n_split);
+    let lo = range.x;
+    let hi = range.y;
 
     var qv: array<vec4<f32>, HD4>;
     let q0 = (t * params.n_head + h) * HD4;

@@ -20,33 +20,11 @@
 // Defines: the format (ShaderDefs::quant), WG, RB, TB, BLOCK_CODE, ONE_TOKEN, HAS_BIAS,
 // ACCUMULATE.
 
-#include "common.wgsl"
-
-struct Params {
-    n_in: u32,
-    n_rows: u32,
-    row_offset: u32,
-    y_stride: u32,
-    groups_x: u32,
-    row_bytes: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-#ifdef HAS_BIAS
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
 #ifndef ONE_TOKEN
-@group(0) @binding(5) var<uniform> batch: BatchInfo;
+#define HAS_BATCH
 #endif
-#else
-#ifndef ONE_TOKEN
-@group(0) @binding(4) var<uniform> batch: BatchInfo;
-#endif
-#endif
+#include "matmul_io.wgsl"
+#include "dequant.wgsl"
 
 fn n_tok() -> u32 {
 #ifdef ONE_TOKEN
@@ -55,8 +33,6 @@ fn n_tok() -> u32 {
     return batch.n_tok;
 #endif
 }
-
-#include "dequant.wgsl"
 
 // Byte offset of row r0 + i, clamped to the last row.
 fn row_base(r0: u32, i: u32) -> u32 {

@@ -20,6 +20,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("kv_write.wgsl", include_str!("../../../shaders/kv_write.wgsl")),
     ("matmul.wgsl", include_str!("../../../shaders/matmul.wgsl")),
     ("matmul_blocked.wgsl", include_str!("../../../shaders/matmul_blocked.wgsl")),
+    ("matmul_io.wgsl", include_str!("../../../shaders/matmul_io.wgsl")),
     ("penalize.wgsl", include_str!("../../../shaders/penalize.wgsl")),
     ("rms_norm.wgsl", include_str!("../../../shaders/rms_norm.wgsl")),
     ("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
