@@ -8,6 +8,7 @@
 // With ROPE, q is rotated at the token's position as it is loaded (rope_common.wgsl).
 // Grid for both entries: (S, n_head, n_tok); S is read back as num_workgroups.x.
 #include "common.wgsl"
+#include "paged.wgsl"
 #include "rope_common.wgsl"
 
 struct Params {
@@ -120,7 +121,7 @@ fn split(
         return;
     }
     let p = tok_pos[t];
-    let table = tok_seq[t] * info.max_blocks;
+    let seq = tok_seq[t];
     let kvh = h / params.group;
     let range = split_range(p, s, n_split);
     let lo = range.x;
@@ -149,7 +150,7 @@ fn split(
         var sc = NEG_BIG;
         var slot = 0u;
         if (j < hi) {
-            slot = block_table[table + j / info.block_size] * info.block_size + j % info.block_size;
+            slot = kv_slot(seq, j);
             let row = slot * kv_dim4 + k_off;
             var dot4 = vec4<f32>(0.0);
             for (var i = 0u; i < hd4; i++) {
@@ -270,7 +271,7 @@ fn rows(
         return;
     }
     let p = tok_pos[t];
-    let table = tok_seq[t] * info.max_blocks;
+    let seq = tok_seq[t];
     let kvh = h / params.group;
     let range = split_range(p, s, n_split);
     let lo = range.x;
@@ -286,7 +287,7 @@ fn rows(
     var l = 0.0;
     let kv_dim4 = params.kv_dim / 4u;
     for (var j = lo; j < hi; j++) {
-        let slot = block_table[table + j / info.block_size] * info.block_size + j % info.block_size;
+        let slot = kv_slot(seq, j);
         let krow = slot * kv_dim4 + kvh * HD4;
         var d4 = vec4<f32>(0.0);
         // d4 = fma(qv[k], k_cache[krow + k], d4) for each k < HD4.

@@ -47,8 +47,7 @@ fn load_f16_at(b: u32) -> f32 {
 // b is aligned, so there is no branch.
 fn load_u32_at(b: u32) -> u32 {
     let i = b >> 2u;
-    let s = (b & 3u) * 8u;
-    return (w[i] >> s) | ((w[i + 1u] << (31u - s)) << 1u);
+    return funnel(w[i], w[i + 1u], (b & 3u) * 8u);
 }
 
 // The u32 that starts s bits into the 64-bit pair (a low, b high), s < 32.

@@ -3,6 +3,7 @@
 // With ROPE, K rows are rotated at their positions on the way (rope_common.wgsl).
 // Grid: (ceil((kv_dim + v_dim) / WG), n_tok); one element per invocation.
 #include "common.wgsl"
+#include "paged.wgsl"
 #include "rope_common.wgsl"
 
 struct Params {
@@ -34,7 +35,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         return;
     }
     let p = tok_pos[t];
-    let slot = block_table[tok_seq[t] * info.max_blocks + p / info.block_size] * info.block_size + p % info.block_size;
+    let slot = kv_slot(tok_seq[t], p);
     if (e < params.kv_dim) {
         // A bad block id is dropped rather than written past the cache.
         if (slot < arrayLength(&k_cache) / params.kv_dim) {

@@ -9,9 +9,8 @@
 // then the team sums its lanes' partials in workgroup memory.
 //   TOK = 1, no TILE: decode (n_tok fixed at 1).
 //   TOK > 1, TILE:    prefill; n_tok comes from the batch uniform, the grid's z walks tiles.
-// CPU-type adapters use TPR = 1: a row (for TOK tokens) is one invocation's loop, with no
-// partial sums to combine. Formats that define dot_chunk (HAS_DOT_CHUNK) fuse dequantization into the
-// decode dot product instead of materializing the chunk.
+// Formats that define dot_chunk (HAS_DOT_CHUNK) fuse dequantization into the decode dot
+// product instead of materializing the chunk. CPU-type adapters use matmul_blocked.wgsl.
 // With SUBGROUP_REDUCE (adapters with subgroups whose smallest subgroup holds a team), a
 // team sums its lanes with a butterfly of subgroup shuffles instead of workgroup memory and
 // barriers. Row groups beyond 65535 fold into y (linear_group).

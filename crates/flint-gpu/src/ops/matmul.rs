@@ -3,10 +3,10 @@
 //!
 //! Two kernels: the vector kernel (one token; reads each weight byte once) for decode and the
 //! logits row, and for prefill the token-tile kernel (TILE_TOKENS tokens per workgroup, each
-//! dequantized weight reused across the tile). Both are `shaders/matmul.wgsl`; on CPU-type
-//! adapters the prefill kernel is `shaders/matmul_blocked.wgsl` instead (an 8-row × 8-token
-//! block per invocation, since there loads cost more than arithmetic). `encode` picks by the
-//! step's token count.
+//! dequantized weight reused across the tile). On GPUs both are `shaders/matmul.wgsl`, a team
+//! of lanes per row; on CPU-type adapters, where loads cost more than arithmetic, both are
+//! `shaders/matmul_blocked.wgsl`, a block of rows (× tokens) per invocation. `encode` picks
+//! by the step's token count.
 
 use std::sync::Arc;
 
@@ -218,7 +218,7 @@ pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = Vec::new();
     for ty in QuantType::ALL {
         for kind in [Kind::Vector, Kind::Tile] {
-            for tpr in std::iter::once(1).chain(LANES_PER_ROW) {
+            for tpr in LANES_PER_ROW {
                 for bias in [false, true] {
                     for accumulate in [false, true] {
                         v.push(key(ty, kind, WG, tpr, bias, accumulate, false));
@@ -348,9 +348,8 @@ impl Matmul {
 
         let wg = workgroup_size(&ctx.limits);
         let build = |kind: Kind| {
-            // On CPU-type adapters a row is one invocation's loop: no cross-lane sum, no
-            // barrier. Elsewhere a team of lanes shares a row and reads it coalesced.
-            let tpr = if ctx.caps.cpu_like { 1 } else { lanes_per_row(d.n_in / CHUNK, wg) };
+            // A team of lanes shares a row and reads it coalesced (the matmul.wgsl kernels).
+            let tpr = lanes_per_row(d.n_in / CHUNK, wg);
             let (wg, rows_per_group, tokens) = match kind {
                 Kind::Vector => (wg, wg / tpr, 1),
                 Kind::Tile => (wg, wg / tpr, TILE_TOKENS),
