@@ -1,100 +1,278 @@
-//! The interface every compute backend implements (the CPU reference here, the GPU next),
-//! so the generation loop and every front end are written once.
+//! The interface every compute backend implements (the CPU reference and the GPU): one
+//! batched forward step over several sequences' tokens. Each entry brings its tokens, their
+//! first position and its block tables (the KV cache manager's, see [`crate::kv`]); the
+//! backend stores their K and V where the tables say, and draws a token for every output row
+//! with that row's sampler. The scheduler and every front end are written once above it.
+//!
+//! `step` is async on every target: the GPU backend awaits its readback, the browser cannot
+//! block, and the CPU reference simply completes at once.
 
 use futures::future::LocalBoxFuture;
 use thiserror::Error;
 
 use crate::arch::{ArchError, ModelConfig};
-use crate::sampling::{Sampled, Sampler};
 use crate::gguf::GgufError;
+use crate::kv::{GroupCopy, KvCache, KvError, KvLayout, PoolRequest, KV_BLOCK_SIZE, NO_BLOCK, WINDOW_SLACK};
+use crate::sampling::{Sampled, Sampler};
 
 #[derive(Debug, Error)]
 pub enum BackendError {
-    #[error("the context is full: {needed} tokens needed, the context holds {n_ctx}")]
-    ContextFull { needed: usize, n_ctx: usize },
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     BadToken { id: u32, n_vocab: usize },
-    #[error("nothing to run: the batch is empty")]
+    #[error("nothing to run: the step is empty")]
     EmptyBatch,
+    #[error("malformed step: {0}")]
+    BadStep(String),
     #[error(transparent)]
     Gguf(#[from] GgufError),
     #[error(transparent)]
     Arch(#[from] ArchError),
     #[error(transparent)]
+    Kv(#[from] KvError),
+    #[error(transparent)]
     Sampling(#[from] crate::sampling::SamplingError),
+    #[error("the GPU device was lost: {0}")]
+    DeviceLost(String),
+    #[error("GPU out of memory: {0}")]
+    OutOfMemory(String),
+    #[error("GPU validation error: {0}")]
+    Validation(String),
     #[error("{0}")]
     Device(String),
 }
 
-/// A model instance with one sequence's KV cache.
-///
-/// `forward` is async on every target: the GPU backend awaits its readback, the browser
-/// cannot block, and the CPU reference simply completes at once.
+/// How a backend is built: the context, the step's size and the KV pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendOptions {
+    /// The most positions one sequence holds (clamped to the model's training context).
+    pub n_ctx: usize,
+    /// Sequences one step may run.
+    pub max_seqs: usize,
+    /// Tokens one step may run.
+    pub max_batch_tokens: usize,
+    /// Output rows one step may sample.
+    pub max_outputs: usize,
+    /// Bytes for the KV pool, every group together; None = one context plus a quarter.
+    pub kv_budget_bytes: Option<u64>,
+}
+
+impl BackendOptions {
+    /// The KV pool request for a context of `n_ctx` and buffers of at most `max_buffer_bytes`.
+    pub fn pool_request(&self, n_ctx: usize, max_buffer_bytes: u64) -> PoolRequest {
+        PoolRequest {
+            n_ctx,
+            max_seqs: self.max_seqs,
+            max_batch_tokens: self.max_batch_tokens,
+            budget_bytes: self.kv_budget_bytes,
+            max_buffer_bytes,
+            block_size: KV_BLOCK_SIZE,
+            slack: WINDOW_SLACK,
+        }
+    }
+}
+
+/// What one step may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepLimits {
+    /// Tokens, all entries together.
+    pub max_tokens: usize,
+    /// Entries (sequences).
+    pub max_seqs: usize,
+    /// Output rows, all entries together.
+    pub max_outputs: usize,
+}
+
+/// One output row: the logits after token `index` of its entry, and the sampler that draws
+/// from them (its settings, seed, stream and penalty history).
+pub struct OutputRow<'a> {
+    pub index: usize,
+    pub sampler: &'a mut Sampler,
+}
+
+/// One sequence's share of a step.
+pub struct StepEntry<'a> {
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`.
+    pub start: usize,
+    /// One block table per KV group (see [`KvLayout`]).
+    pub tables: Vec<&'a [u32]>,
+    pub outputs: Vec<OutputRow<'a>>,
+}
+
+pub struct StepBatch<'a> {
+    pub entries: Vec<StepEntry<'a>>,
+    /// Copy-on-write block copies, performed before the step's KV writes.
+    pub copies: &'a [GroupCopy],
+    /// Also return every output row's logits (tests and tools; a full readback).
+    pub logits: bool,
+}
+
+/// What a step produced, in output-row order (entries in order, rows in order within each).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepResult {
+    pub sampled: Vec<Sampled>,
+    /// Empty unless the batch asked for logits.
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// A model instance whose KV storage is laid out as [`Backend::kv_layout`] says.
 pub trait Backend {
     fn config(&self) -> &ModelConfig;
-    /// The most positions the KV cache holds.
-    fn n_ctx(&self) -> usize;
-    /// Positions already in the KV cache.
-    fn n_past(&self) -> usize;
-    /// Runs `tokens` at positions `n_past()..`, appends them to the KV cache and returns
-    /// the logits of the last one (`n_vocab` values).
-    fn forward<'a>(&'a mut self, tokens: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>, BackendError>>;
-    /// Runs `tokens` like `forward` and draws the next token with `sampler`. Backends that
-    /// can sample on the device override this so the logits never leave it.
-    fn forward_sample<'a>(
-        &'a mut self,
-        tokens: &'a [u32],
-        sampler: &'a mut Sampler,
-    ) -> LocalBoxFuture<'a, Result<Sampled, BackendError>> {
-        Box::pin(async move {
-            let logits = self.forward(tokens).await?;
-            Ok(sampler.sample_full(&logits))
-        })
-    }
-    /// Runs one step of `tokens` with per-op device timings: (op label, nanoseconds).
-    fn profile<'a>(&'a mut self, tokens: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<(String, f64)>, BackendError>> {
-        let _ = tokens;
+    /// The block groups the backend stores; the KV cache manager hands out their ids.
+    fn kv_layout(&self) -> &KvLayout;
+    fn limits(&self) -> StepLimits;
+    /// Runs one step (see the module docs).
+    fn step<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<StepResult, BackendError>>;
+    /// Runs one step with per-op device timings: (op label, nanoseconds). Nothing is sampled.
+    fn profile<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<Vec<(String, f64)>, BackendError>> {
+        let _ = batch;
         Box::pin(async { Err(BackendError::Device(format!("{} has no per-op profiler", self.name()))) })
-    }
-    /// How much of an `n`-position cached prefix can be kept when rolling back to it: `n`,
-    /// or less where layers keep only a window (a ring cannot give back overwritten positions).
-    fn reusable_prefix(&self, n: usize) -> usize {
-        n
-    }
-    /// Drops cached positions from `n` on (0 clears the cache).
-    fn truncate(&mut self, n: usize);
-    /// Extends the cache from earlier requests' blocks without recomputing them: when the
-    /// backend's prefix index holds a longer prefix of `tokens` than the `n_past()` positions
-    /// cached now (which must hold `tokens[..n_past()]`), the cache switches to it. Returns the
-    /// positions cached after, at most `tokens.len()`. Backends without an index keep what
-    /// they have.
-    fn restore_prefix(&mut self, tokens: &[u32]) -> usize {
-        self.n_past().min(tokens.len())
-    }
-    /// Records that the cached positions hold `tokens`, so that their full blocks can serve
-    /// later requests through [`Backend::restore_prefix`]. A no-op without an index.
-    fn commit(&mut self, tokens: &[u32]) {
-        let _ = tokens;
-    }
-    /// Drops every cached position and everything the prefix index holds (a new conversation).
-    fn clear_cache(&mut self) {
-        self.truncate(0);
     }
     /// A short name for reports: `cpu`, `gpu (llvmpipe)`.
     fn name(&self) -> String;
 }
 
-/// Checks a batch against the context and vocabulary before any work is done.
-pub fn check_batch(tokens: &[u32], n_past: usize, n_ctx: usize, n_vocab: usize) -> Result<(), BackendError> {
-    if tokens.is_empty() {
+/// Checks a step against the limits, the layout and the vocabulary before any work is done:
+/// every position an entry writes or its attention reads must lie in a block it holds.
+pub fn check_step(batch: &StepBatch, limits: &StepLimits, layout: &KvLayout, n_vocab: usize) -> Result<(), BackendError> {
+    let bad = |m: String| Err(BackendError::BadStep(m));
+    if batch.entries.is_empty() {
         return Err(BackendError::EmptyBatch);
     }
-    let needed = n_past + tokens.len();
-    if needed > n_ctx {
-        return Err(BackendError::ContextFull { needed, n_ctx });
+    let n_tok: usize = batch.entries.iter().map(|e| e.tokens.len()).sum();
+    let n_out: usize = batch.entries.iter().map(|e| e.outputs.len()).sum();
+    if n_tok > limits.max_tokens || batch.entries.len() > limits.max_seqs || n_out > limits.max_outputs {
+        return bad(format!(
+            "{n_tok} tokens, {} entries, {n_out} outputs; the backend takes {} / {} / {}",
+            batch.entries.len(),
+            limits.max_tokens,
+            limits.max_seqs,
+            limits.max_outputs
+        ));
     }
-    if let Some(&id) = tokens.iter().find(|&&id| id as usize >= n_vocab) {
-        return Err(BackendError::BadToken { id, n_vocab });
+    let bs = layout.block_size as usize;
+    for (i, e) in batch.entries.iter().enumerate() {
+        if e.tokens.is_empty() {
+            return bad(format!("entry {i} has no tokens"));
+        }
+        if let Some(&id) = e.tokens.iter().find(|&&id| id as usize >= n_vocab) {
+            return Err(BackendError::BadToken { id, n_vocab });
+        }
+        if e.tables.len() != layout.groups.len() {
+            return bad(format!("entry {i} has {} block tables, the layout {} groups", e.tables.len(), layout.groups.len()));
+        }
+        let end = e.start + e.tokens.len();
+        for (g, (table, spec)) in e.tables.iter().zip(&layout.groups).enumerate() {
+            if table.len() > layout.max_blocks_per_seq as usize || table.len() * bs < end {
+                return bad(format!("entry {i}: group {g}'s table of {} blocks cannot hold {end} positions", table.len()));
+            }
+            // The earliest position a query of this step sees.
+            let first = spec.window.map_or(0, |w| (e.start + 1).saturating_sub(w as usize));
+            if let Some(&b) = table[first / bs..end.div_ceil(bs)].iter().find(|&&b| b == NO_BLOCK || b >= spec.n_blocks) {
+                return bad(format!("entry {i}: group {g} lists block {b}, outside its pool of {}", spec.n_blocks));
+            }
+        }
+        for o in &e.outputs {
+            if o.index >= e.tokens.len() {
+                return bad(format!("entry {i}: output row at token {} of {}", o.index, e.tokens.len()));
+            }
+            o.sampler.check_vocab(n_vocab)?;
+        }
+    }
+    for c in batch.copies {
+        let Some(spec) = layout.groups.get(c.group) else { return bad(format!("copy in group {}", c.group)) };
+        if c.src >= spec.n_blocks || c.dst >= spec.n_blocks {
+            return bad(format!("copy {} → {} outside group {}'s pool of {}", c.src, c.dst, c.group, spec.n_blocks));
+        }
     }
     Ok(())
+}
+
+/// One sequence driven straight on a backend, without a scheduler: for tests and tools. It
+/// keeps its own KV cache manager over the backend's layout, so it must not share a backend
+/// with an engine.
+pub struct Solo {
+    kv: KvCache,
+    tokens: Vec<u32>,
+}
+
+const SOLO: u64 = 1;
+
+impl Solo {
+    pub fn new(backend: &dyn Backend) -> Solo {
+        let mut kv = KvCache::new(backend.kv_layout().clone());
+        kv.open(SOLO);
+        Solo { kv, tokens: Vec::new() }
+    }
+
+    /// Positions in the cache.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Runs `tokens` after the cached positions, in steps of at most the backend's limit, and
+    /// samples after the last with `sampler`; with `logits`, also returns the last logits.
+    pub async fn run(
+        &mut self,
+        backend: &mut dyn Backend,
+        tokens: &[u32],
+        sampler: &mut Sampler,
+        logits: bool,
+    ) -> Result<(Sampled, Option<Vec<f32>>), BackendError> {
+        if tokens.is_empty() {
+            return Err(BackendError::EmptyBatch);
+        }
+        let chunks: Vec<&[u32]> = tokens.chunks(backend.limits().max_tokens).collect();
+        let mut last = None;
+        for (i, chunk) in chunks.iter().enumerate() {
+            let start = self.tokens.len();
+            let copies = self.kv.reserve(SOLO, start + chunk.len())?;
+            let final_chunk = i + 1 == chunks.len();
+            let outputs = if final_chunk { vec![OutputRow { index: chunk.len() - 1, sampler: &mut *sampler }] } else { Vec::new() };
+            let entry = StepEntry { tokens: chunk, start, tables: self.kv.tables(SOLO), outputs };
+            let batch = StepBatch { entries: vec![entry], copies: &copies, logits: logits && final_chunk };
+            let r = backend.step(batch).await;
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    self.kv.truncate(SOLO, start)?;
+                    return Err(e);
+                }
+            };
+            self.tokens.extend_from_slice(chunk);
+            self.kv.commit(SOLO, &self.tokens);
+            self.kv.slide(SOLO);
+            last = Some(r);
+        }
+        let mut r = last.expect("at least one chunk");
+        let sampled = r.sampled.pop().ok_or_else(|| BackendError::Device("the step returned no sample".into()))?;
+        Ok((sampled, r.logits.pop()))
+    }
+
+    /// The last position's logits after `tokens` (a full readback).
+    pub async fn forward(&mut self, backend: &mut dyn Backend, tokens: &[u32]) -> Result<Vec<f32>, BackendError> {
+        let mut greedy = Sampler::new(crate::sampling::SamplingParams::greedy())?;
+        let (_, logits) = self.run(backend, tokens, &mut greedy, true).await?;
+        logits.ok_or_else(|| BackendError::Device("the step returned no logits".into()))
+    }
+
+    /// The token `sampler` draws after `tokens`.
+    pub async fn forward_sample(&mut self, backend: &mut dyn Backend, tokens: &[u32], sampler: &mut Sampler) -> Result<Sampled, BackendError> {
+        Ok(self.run(backend, tokens, sampler, false).await?.0)
+    }
+
+    /// Rolls back to `n` positions (0 clears the sequence).
+    pub fn truncate(&mut self, n: usize) -> Result<(), BackendError> {
+        if n == 0 {
+            self.kv.reset(SOLO);
+        } else {
+            self.kv.truncate(SOLO, n)?;
+        }
+        self.tokens.truncate(n);
+        Ok(())
+    }
 }

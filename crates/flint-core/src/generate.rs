@@ -1,13 +1,12 @@
-//! The generation loop: prefill the prompt, then sample, stream and feed back one token at
-//! a time until an end-of-generation token, the token limit, a full context or an abort.
-
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+//! One choice of a request as it generates: its sampler (settings, seed and random stream,
+//! penalty history), the streaming detokenizer, the stop-string matcher, its limits and
+//! timings. It holds no backend and no KV: the engine's run loop feeds it each token a step
+//! sampled for it and forwards the events it returns, whatever else shares the step.
 
 use thiserror::Error;
 
-use crate::backend::{Backend, BackendError};
-use crate::sampling::{Sampler, SamplingError, SamplingParams};
+use crate::backend::BackendError;
+use crate::sampling::{Sampled, Sampler, SamplingError, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 #[derive(Debug, Error)]
@@ -20,6 +19,8 @@ pub enum GenerateError {
     MaxTokens,
     #[error("a stop string may not be empty")]
     EmptyStop,
+    #[error("n must be in 1..={max}, got {n}")]
+    BadN { n: usize, max: usize },
     #[error(transparent)]
     Sampling(#[from] SamplingError),
     #[error(transparent)]
@@ -28,7 +29,7 @@ pub enum GenerateError {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An end-of-generation token (not emitted).
+    /// An end-of-generation token (not emitted) or a stop string.
     Stop,
     /// The token limit or the end of the context.
     Length,
@@ -50,21 +51,25 @@ impl FinishReason {
 pub struct Summary {
     pub finish_reason: FinishReason,
     pub prompt_tokens: usize,
-    /// Prompt tokens whose KV was reused from earlier requests (not prefilled again).
+    /// Prompt tokens whose KV was reused from earlier or concurrent requests (not prefilled).
     pub cached_prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// From the request's submission to its first token (queueing included).
     pub ttft_ms: f64,
+    /// Prompt tokens prefilled per second, from the first step that ran them to the first token.
     pub prefill_tok_s: f64,
+    /// Tokens after the first per second.
     pub decode_tok_s: f64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    /// One generated token and the text it completes (empty while a UTF-8 character is split
-    /// or while it may begin a stop string), with log-probabilities when asked for.
-    Token { id: u32, text: String, logprobs: Option<TokenLogprobs> },
-    /// The end; `text` holds whatever the detokenizer still had buffered.
-    Done { summary: Summary, text: String },
+    /// One generated token of choice `choice` and the text it completes (empty while a UTF-8
+    /// character is split or while it may begin a stop string), with log-probabilities when
+    /// asked for, and the logits it was drawn from when the request asked for them (tests).
+    Token { choice: usize, id: u32, text: String, logprobs: Option<TokenLogprobs>, logits: Option<Vec<f32>> },
+    /// The end of choice `choice`; `text` holds whatever the detokenizer still had buffered.
+    Done { choice: usize, summary: Summary, text: String },
 }
 
 /// log p of the chosen token and of the most likely alternatives.
@@ -82,6 +87,8 @@ pub struct GenerateParams {
     /// Generation ends when the text contains one of these (matched across token
     /// boundaries); the stop string itself is not emitted.
     pub stop: Vec<String>,
+    /// End-of-generation tokens are generated like any other (benchmarks).
+    pub ignore_eos: bool,
 }
 
 impl GenerateParams {
@@ -113,179 +120,156 @@ pub fn default_clock() -> f64 {
     0.0
 }
 
-/// One request in flight. `cache` lists the tokens whose KV the backend holds (from earlier
-/// requests); the longest common prefix with the new prompt is reused, not prefilled again,
-/// or a longer one the backend's prefix index holds (see [`Backend::restore_prefix`]).
-pub struct Generation<'a> {
-    backend: &'a mut dyn Backend,
-    tokenizer: &'a Tokenizer,
-    cache: &'a mut Vec<u32>,
+/// One choice in flight.
+pub struct Generation {
+    choice: usize,
     sampler: Sampler,
     decoder: StreamDecoder,
-    prompt: Vec<u32>,
-    /// Prompt tokens already in the KV cache.
-    reused: usize,
     stop: Vec<String>,
     /// Decoded text not yet emitted because it might begin a stop string.
     held: String,
-    /// A stop string appeared; the next step ends the generation.
     stop_hit: bool,
     max_tokens: Option<usize>,
-    abort: Arc<AtomicBool>,
-    clock: Clock,
-    last: Option<u32>,
-    prefilled: bool,
-    finished: bool,
+    ignore_eos: bool,
+    prompt_tokens: usize,
+    cached: usize,
     completion: usize,
-    t_start: f64,
-    t_first: f64,
+    t_submit: f64,
+    t_start: Option<f64>,
+    t_first: Option<f64>,
+    done: bool,
 }
 
-impl<'a> Generation<'a> {
-    /// Validates everything up front: a request that cannot run fails before any work.
+impl Generation {
+    /// Choice `choice` of a request for `prompt`; it draws from the random stream
+    /// (`seed`, `choice`). Settings are validated here, so a request that cannot run fails
+    /// before any work.
     pub fn new(
-        backend: &'a mut dyn Backend,
-        tokenizer: &'a Tokenizer,
-        cache: &'a mut Vec<u32>,
-        prompt: Vec<u32>,
-        params: GenerateParams,
-        abort: Arc<AtomicBool>,
-        clock: Clock,
-    ) -> Result<Generation<'a>, GenerateError> {
+        prompt: &[u32],
+        params: &GenerateParams,
+        seed: u64,
+        choice: usize,
+        n_vocab: usize,
+        t_submit: f64,
+    ) -> Result<Generation, GenerateError> {
         if prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
         params.validate()?;
-        let n_ctx = backend.n_ctx();
-        if prompt.len() + 1 > n_ctx {
-            return Err(GenerateError::ContextExceeded { prompt: prompt.len(), n_ctx });
-        }
-        let mut sampler = Sampler::new(params.sampling)?;
-        sampler.check_vocab(backend.config().n_vocab)?;
+        let mut sampler = Sampler::with_stream(params.sampling.clone(), seed, choice as u32)?;
         // Repetition penalties see the whole prompt, reused prefix included.
-        sampler.accept_all(&prompt);
-        // Reuse the longest cached prefix, keeping at least one prompt token to run: what the
-        // live sequence shares with the prompt, or a longer prefix from the backend's index.
-        cache.truncate(backend.n_past());
-        let common = cache.iter().zip(&prompt).take_while(|(a, b)| a == b).count();
-        let runnable = &prompt[..prompt.len() - 1];
-        backend.truncate(backend.reusable_prefix(common.min(runnable.len())));
-        let keep = backend.restore_prefix(runnable).min(runnable.len());
-        cache.clear();
-        cache.extend_from_slice(&prompt[..keep]);
+        sampler.accept_all(prompt);
+        sampler.check_vocab(n_vocab)?;
         Ok(Generation {
-            backend,
-            tokenizer,
-            cache,
+            choice,
             sampler,
             decoder: StreamDecoder::new(),
-            prompt,
-            reused: keep,
-            stop: params.stop,
+            stop: params.stop.clone(),
             held: String::new(),
             stop_hit: false,
             max_tokens: params.max_tokens,
-            abort,
-            clock,
-            last: None,
-            prefilled: false,
-            finished: false,
+            ignore_eos: params.ignore_eos,
+            prompt_tokens: prompt.len(),
+            cached: 0,
             completion: 0,
-            t_start: 0.0,
-            t_first: 0.0,
+            t_submit,
+            t_start: None,
+            t_first: None,
+            done: false,
         })
     }
 
-    /// The next event, or None after `Done`.
-    pub async fn next_event(&mut self) -> Option<Result<Event, GenerateError>> {
-        if self.finished {
-            return None;
-        }
-        let r = self.step().await;
-        if !matches!(r, Ok(Event::Token { .. })) {
-            self.finished = true;
-        }
-        Some(r)
+    pub fn choice(&self) -> usize {
+        self.choice
     }
 
-    async fn step(&mut self) -> Result<Event, GenerateError> {
-        if self.stop_hit {
-            return Ok(self.finish(FinishReason::Stop));
+    pub fn sampler_mut(&mut self) -> &mut Sampler {
+        &mut self.sampler
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Tokens generated so far.
+    pub fn completion_tokens(&self) -> usize {
+        self.completion
+    }
+
+    /// The first step that runs this choice's prompt starts at `now`, `cached` prompt tokens
+    /// having come from the prefix cache.
+    pub fn started(&mut self, now: f64, cached: usize) {
+        if self.t_start.is_none() {
+            self.t_start = Some(now);
+            self.cached = cached;
         }
-        if self.abort.load(Ordering::Relaxed) {
-            return Ok(self.finish(FinishReason::Abort));
-        }
-        if !self.prefilled {
-            self.t_start = (self.clock)();
-        }
-        let sampled = if !self.prefilled {
-            self.prefilled = true;
-            let new = &self.prompt[self.reused..];
-            let sampled = self.backend.forward_sample(new, &mut self.sampler).await?;
-            self.cache.extend_from_slice(new);
-            // The prompt's blocks serve later requests even if this one is abandoned.
-            self.backend.commit(self.cache.as_slice());
-            sampled
-        } else {
-            let Some(tok) = self.last else { return Ok(self.finish(FinishReason::Stop)) };
-            if self.max_tokens.is_some_and(|m| self.completion >= m) || self.backend.n_past() >= self.backend.n_ctx() {
-                return Ok(self.finish(FinishReason::Length));
-            }
-            let sampled = self.backend.forward_sample(std::slice::from_ref(&tok), &mut self.sampler).await?;
-            self.cache.push(tok);
-            sampled
-        };
+    }
+
+    /// The token a step sampled for this choice. Returns the events to emit and whether the
+    /// choice goes on (the token then joins its sequence); `room` says whether the context
+    /// has a position left for it.
+    pub fn on_sampled(&mut self, tokenizer: &Tokenizer, sampled: Sampled, now: f64, room: bool) -> (Vec<Event>, bool) {
+        self.t_first.get_or_insert(now);
         let id = sampled.id;
+        if !self.ignore_eos && tokenizer.is_eog(id) {
+            return (vec![self.finish(FinishReason::Stop, now)], false);
+        }
         let logprobs = sampled.logprob.map(|logprob| TokenLogprobs { logprob, top: sampled.top_logprobs });
-        if self.completion == 0 {
-            self.t_first = (self.clock)();
-        }
-        if self.tokenizer.is_eog(id) {
-            return Ok(self.finish(FinishReason::Stop));
-        }
-        self.last = Some(id);
         self.completion += 1;
         self.sampler.accept(id);
-        let piece = self.decoder.push(self.tokenizer, id);
+        let piece = self.decoder.push(tokenizer, id);
+        let choice = self.choice;
+        let mut events = Vec::with_capacity(2);
         if self.stop.is_empty() {
-            return Ok(Event::Token { id, text: piece, logprobs });
+            events.push(Event::Token { choice, id, text: piece, logprobs, logits: None });
+        } else {
+            self.held.push_str(&piece);
+            if let Some(at) = self.stop.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+                let text = self.held[..at].to_string();
+                self.held.clear();
+                self.stop_hit = true;
+                events.push(Event::Token { choice, id, text, logprobs, logits: None });
+                events.push(self.finish(FinishReason::Stop, now));
+                return (events, false);
+            }
+            // Emit all but the longest tail that could still begin a stop string.
+            let keep = self.stop.iter().map(|s| longest_prefix_suffix(&self.held, s)).max().unwrap_or(0);
+            let cut = self.held.len() - keep;
+            let text: String = self.held.drain(..cut).collect();
+            events.push(Event::Token { choice, id, text, logprobs, logits: None });
         }
-        self.held.push_str(&piece);
-        if let Some(at) = self.stop.iter().filter_map(|s| self.held.find(s.as_str())).min() {
-            let text = self.held[..at].to_string();
-            self.held.clear();
-            self.stop_hit = true;
-            return Ok(Event::Token { id, text, logprobs });
+        if self.max_tokens.is_some_and(|m| self.completion >= m) || !room {
+            events.push(self.finish(FinishReason::Length, now));
+            return (events, false);
         }
-        // Emit all but the longest tail that could still begin a stop string.
-        let keep = self.stop.iter().map(|s| longest_prefix_suffix(&self.held, s)).max().unwrap_or(0);
-        let cut = self.held.len() - keep;
-        let text: String = self.held.drain(..cut).collect();
-        Ok(Event::Token { id, text, logprobs })
+        (events, true)
     }
 
-    fn finish(&mut self, finish_reason: FinishReason) -> Event {
-        self.backend.commit(self.cache.as_slice());
+    /// Ends the choice: the summary, and any text still buffered (unless a stop string cut it).
+    pub fn finish(&mut self, finish_reason: FinishReason, now: f64) -> Event {
+        self.done = true;
         let mut text = std::mem::take(&mut self.held);
-        let now = (self.clock)();
-        let ttft_ms = if self.prefilled { self.t_first - self.t_start } else { 0.0 };
         let per_s = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+        let (ttft_ms, prefill_tok_s) = match (self.t_start, self.t_first) {
+            (Some(start), Some(first)) => (first - self.t_submit, per_s(self.prompt_tokens - self.cached, first - start)),
+            _ => (0.0, 0.0),
+        };
         // The first token comes from the prefill; the rest each cost one decode step.
-        let decode_steps = self.completion.saturating_sub(1);
+        let decode_tok_s = self.t_first.map_or(0.0, |first| per_s(self.completion.saturating_sub(1), now - first));
         let summary = Summary {
             finish_reason,
-            prompt_tokens: self.prompt.len(),
-            cached_prompt_tokens: self.reused,
+            prompt_tokens: self.prompt_tokens,
+            cached_prompt_tokens: self.cached,
             completion_tokens: self.completion,
             ttft_ms,
-            prefill_tok_s: per_s(self.prompt.len() - self.reused, ttft_ms),
-            decode_tok_s: per_s(decode_steps, now - self.t_first),
+            prefill_tok_s,
+            decode_tok_s,
         };
         let tail = self.decoder.finish();
         if !self.stop_hit {
             text.push_str(&tail);
         }
-        Event::Done { summary, text }
+        Event::Done { choice: self.choice, summary, text }
     }
 }
 

@@ -9,12 +9,22 @@
 //!
 //! [`PrefixIndex`] lists full blocks of earlier sequences by the tokens they hold, so a new
 //! sequence can start from them; it holds a reference on each, so the same rule keeps them intact.
+//! [`KvCache`] puts these together for many sequences and one block group per kind of layer
+//! (full attention, sliding window), as vLLM's `KVCacheManager`; [`KvLayout`] sizes the groups.
 
+pub mod cache;
+pub mod layout;
 pub mod prefix;
 
 use thiserror::Error;
 
+pub use cache::{KvCache, SeqId};
+pub use layout::{KvGroupSpec, KvLayout, PoolRequest, KV_BLOCK_SIZE, WINDOW_SLACK};
 pub use prefix::PrefixIndex;
+
+/// A table entry for a block a sliding-window sequence no longer holds (it fell out of the
+/// window); kernels never read it.
+pub const NO_BLOCK: u32 = u32::MAX;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum KvError {
@@ -24,6 +34,10 @@ pub enum KvError {
     BudgetTooSmall { budget_bytes: u64, bytes_per_position: u64, block_size: u32, max_buffer_bytes: u64 },
     #[error("invalid KV configuration: {0}")]
     Invalid(&'static str),
+    #[error("the KV budget of {budget_bytes} bytes cannot hold one context of {n_ctx} tokens: {needed_bytes} bytes are needed (raise the budget or lower the context size)")]
+    ContextTooLarge { budget_bytes: u64, needed_bytes: u64, n_ctx: usize },
+    #[error("cannot roll back to {len} positions: a sliding-window group no longer holds them")]
+    RollbackTooFar { len: usize },
 }
 
 /// The cache geometry chosen from a memory budget: `n_blocks` blocks of `block_size` positions.
@@ -93,6 +107,10 @@ impl SeqKv {
     pub fn new() -> Self {
         Self::default()
     }
+    /// A sequence of `len` positions held in `blocks` (references already taken).
+    pub(crate) fn from_blocks(blocks: Vec<u32>, len: usize) -> Self {
+        SeqKv { blocks, len }
+    }
     /// Block ids in position order: position p lives in block `table()[p / block_size]`.
     pub fn table(&self) -> &[u32] {
         &self.blocks
@@ -108,6 +126,14 @@ impl SeqKv {
 /// A block the caller must copy (all layers, K and V) before writing into `dst`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockCopy {
+    pub src: u32,
+    pub dst: u32,
+}
+
+/// A block copy in one block group: every layer of that group, K and V.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupCopy {
+    pub group: usize,
     pub src: u32,
     pub dst: u32,
 }
@@ -209,6 +235,26 @@ impl BlockManager {
         seq.len = len;
     }
 
+    /// Gives back the blocks of `seq` that lie wholly before position `first` (a sliding
+    /// window's past); their table entries become [`NO_BLOCK`]. Returns how many were freed.
+    pub fn free_before(&mut self, seq: &mut SeqKv, first: usize) -> usize {
+        let n = (first / self.block_size as usize).min(seq.blocks.len());
+        let mut freed = 0;
+        for i in 0..n {
+            let b = std::mem::replace(&mut seq.blocks[i], NO_BLOCK);
+            if b != NO_BLOCK {
+                self.unref(b);
+                freed += 1;
+            }
+        }
+        freed
+    }
+
+    /// The first position `seq` still holds (0 unless [`BlockManager::free_before`] dropped some).
+    pub fn first_held(&self, seq: &SeqKv) -> usize {
+        seq.blocks.iter().take_while(|&&b| b == NO_BLOCK).count() * self.block_size as usize
+    }
+
     /// Returns all of `seq`'s blocks; `seq` is left empty and may be reused.
     pub fn release(&mut self, seq: &mut SeqKv) {
         self.truncate(seq, 0);
@@ -220,10 +266,15 @@ impl BlockManager {
     /// A new sequence sharing every block of `seq` (a common prefix); each block gains a
     /// reference, and the first write into a shared block copies it (see the module docs).
     pub fn fork(&mut self, seq: &SeqKv) -> SeqKv {
-        for &b in &seq.blocks {
+        for &b in seq.blocks.iter().filter(|&&b| b != NO_BLOCK) {
             self.refs[b as usize] += 1;
         }
         seq.clone()
+    }
+
+    /// One more holder of `block` (an index entry, a restored prefix).
+    pub(crate) fn add_ref(&mut self, block: u32) {
+        self.refs[block as usize] += 1;
     }
 
     fn alloc(&mut self) -> u32 {
@@ -233,7 +284,10 @@ impl BlockManager {
         b
     }
 
-    fn unref(&mut self, b: u32) {
+    pub(crate) fn unref(&mut self, b: u32) {
+        if b == NO_BLOCK {
+            return;
+        }
         let r = &mut self.refs[b as usize];
         debug_assert!(*r > 0, "block {b} released more often than held");
         *r = r.saturating_sub(1);

@@ -10,4 +10,5 @@ pub mod kv;
 pub mod quant;
 pub mod reference;
 pub mod sampling;
+pub mod sched;
 pub mod tokenizer;

@@ -271,6 +271,8 @@ pub struct Sampler {
     params: SamplingParams,
     rng: Rng,
     seed: u64,
+    /// Which random stream of the seed this sampler draws from (a request's choice index).
+    stream: u32,
     steps: u32,
     /// The last `repeat_last_n` accepted tokens, oldest first (when the window is bounded).
     window: VecDeque<u32>,
@@ -282,15 +284,24 @@ pub struct Sampler {
 }
 
 impl Sampler {
+    /// A sampler with the settings' seed (or one from the clock), on stream 0.
     pub fn new(params: SamplingParams) -> Result<Sampler, SamplingError> {
-        params.validate()?;
         let seed = params.seed.unwrap_or_else(clock_seed);
+        Self::with_stream(params, seed, 0)
+    }
+
+    /// A sampler drawing from random stream `stream` of `seed` (the settings' own seed is
+    /// ignored): choice i of a request uses stream i, so its draws do not depend on how many
+    /// choices there are or what else runs.
+    pub fn with_stream(params: SamplingParams, seed: u64, stream: u32) -> Result<Sampler, SamplingError> {
+        params.validate()?;
         let mut merged: BTreeMap<u32, f32> = BTreeMap::new();
         for &(id, b) in &params.logit_bias {
             *merged.entry(id).or_insert(0.0) += b;
         }
         let bias = merged.into_iter().collect();
-        Ok(Sampler { rng: Rng::new(seed), params, seed, steps: 0, window: VecDeque::new(), counts: BTreeMap::new(), bias, mask: None })
+        let rng = Rng::new(stream_seed(seed, stream));
+        Ok(Sampler { rng, params, seed, stream, steps: 0, window: VecDeque::new(), counts: BTreeMap::new(), bias, mask: None })
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -300,6 +311,11 @@ impl Sampler {
     /// The seed in use (drawn from the clock when the settings gave none).
     pub fn seed(&self) -> u64 {
         self.seed
+    }
+
+    /// The random stream of the seed this sampler draws from.
+    pub fn stream(&self) -> u32 {
+        self.stream
     }
 
     /// A fresh counter for a device-side draw: devices key their random numbers by
@@ -493,7 +509,18 @@ fn softmax_f64(logits: impl Iterator<Item = f64> + Clone, temperature: f64) -> V
     e.into_iter().map(|v| v / sum).collect()
 }
 
-fn clock_seed() -> u64 {
+/// The CPU generator's seed for stream `stream` of `seed`; stream 0 is the seed itself.
+fn stream_seed(seed: u64, stream: u32) -> u64 {
+    if stream == 0 {
+        return seed;
+    }
+    let mut x = seed ^ (stream as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    x = (x ^ (x >> 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^ (x >> 29)
+}
+
+/// A seed from the clock, for requests that give none.
+pub fn clock_seed() -> u64 {
     #[cfg(not(target_arch = "wasm32"))]
     {
         use std::time::{SystemTime, UNIX_EPOCH};

@@ -5,22 +5,34 @@
 //! prefixes (entries keep their tokens and parent, so a hash collision is a miss, never a wrong
 //! hit). The index holds one reference on each block it lists, which makes the block manager's
 //! copy-on-write rule protect indexed blocks from being written. Eviction drops the least
-//! recently used leaves (blocks no indexed block continues) that no sequence holds.
+//! recently used entries that no sequence holds: for full-attention layers only leaves (blocks
+//! no indexed block continues), so every listed prefix stays reachable from its first block;
+//! for sliding-window layers any entry, since only a prefix's last window is ever needed.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 
-use super::{BlockManager, KvError, Reservation, SeqKv};
+use super::{BlockManager, SeqKv};
 
 /// The parent key of a sequence's first block.
-const ROOT: u64 = 0;
+pub const ROOT: u64 = 0;
+
+/// Which entries eviction may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Eviction {
+    /// Only entries without indexed children (full-attention groups: prefixes stay walkable).
+    Leaves,
+    /// Any entry no sequence holds (sliding-window groups).
+    Any,
+}
 
 struct Entry {
     parent: u64,
     tokens: Box<[u32]>,
     block: u32,
-    /// Indexed blocks whose parent this is; only a block without children may be evicted.
+    /// Indexed blocks whose parent this is; with [`Eviction::Leaves`] only a block without
+    /// children may be evicted.
     children: u32,
     last_used: u64,
 }
@@ -28,13 +40,15 @@ struct Entry {
 /// Full blocks of earlier sequences, keyed by the token prefix they hold.
 pub struct PrefixIndex {
     block_size: usize,
+    eviction: Eviction,
     entries: HashMap<u64, Entry>,
     /// (last use, key), least recently used first.
     lru: BTreeSet<(u64, u64)>,
     clock: u64,
 }
 
-fn block_key(parent: u64, tokens: &[u32]) -> u64 {
+/// The key of the block holding `tokens` right after the block keyed `parent`.
+pub fn block_key(parent: u64, tokens: &[u32]) -> u64 {
     let mut h = DefaultHasher::new();
     parent.hash(&mut h);
     tokens.hash(&mut h);
@@ -43,8 +57,14 @@ fn block_key(parent: u64, tokens: &[u32]) -> u64 {
 }
 
 impl PrefixIndex {
-    pub fn new(block_size: u32) -> Self {
-        PrefixIndex { block_size: block_size.max(1) as usize, entries: HashMap::new(), lru: BTreeSet::new(), clock: 0 }
+    pub fn new(block_size: u32, eviction: Eviction) -> Self {
+        PrefixIndex {
+            block_size: block_size.max(1) as usize,
+            eviction,
+            entries: HashMap::new(),
+            lru: BTreeSet::new(),
+            clock: 0,
+        }
     }
 
     /// Blocks the index holds.
@@ -89,57 +109,65 @@ impl PrefixIndex {
             .collect()
     }
 
+    /// Whether the block holding `tokens` after the block keyed `parent` is indexed.
+    pub fn contains(&self, parent: u64, tokens: &[u32]) -> bool {
+        self.find(parent, tokens).is_some()
+    }
+
+    /// The block holding `tokens` after the block keyed `parent`, if indexed (it becomes the
+    /// most recently used).
+    pub fn get(&mut self, parent: u64, tokens: &[u32]) -> Option<u32> {
+        let key = self.find(parent, tokens)?;
+        self.touch(key);
+        Some(self.entries[&key].block)
+    }
+
+    /// Indexes `block`, which holds `tokens` after the block keyed `parent`, and returns its
+    /// key. An entry already indexed for the same prefix is kept (and marked as used); a hash
+    /// collision with another prefix leaves the block unindexed.
+    pub fn insert_block(&mut self, blocks: &mut BlockManager, parent: u64, tokens: &[u32], block: u32) -> u64 {
+        let key = block_key(parent, tokens);
+        match self.entries.get(&key) {
+            Some(e) if e.parent == parent && *e.tokens == *tokens => self.touch(key),
+            Some(_) => {}
+            None => {
+                blocks.add_ref(block);
+                if let Some(p) = self.entries.get_mut(&parent) {
+                    p.children += 1;
+                }
+                self.entries.insert(key, Entry { parent, tokens: tokens.into(), block, children: 0, last_used: 0 });
+                self.touch(key);
+            }
+        }
+        key
+    }
+
     /// Indexes the full blocks of `seq`, whose positions hold `tokens` (the caller's record of
     /// what it ran). Blocks already indexed for the same prefix are only marked as used.
     pub fn insert(&mut self, blocks: &mut BlockManager, seq: &SeqKv, tokens: &[u32]) {
         let n_full = seq.len().min(tokens.len()) / self.block_size;
         let mut parent = ROOT;
         for (i, chunk) in tokens.chunks_exact(self.block_size).take(n_full).enumerate() {
-            let key = block_key(parent, chunk);
-            match self.entries.get(&key) {
-                Some(e) if e.parent == parent && *e.tokens == *chunk => self.touch(key),
-                // A hash collision with another prefix: leave the rest of this chain unindexed.
-                Some(_) => return,
-                None => {
-                    let block = seq.blocks[i];
-                    blocks.refs[block as usize] += 1;
-                    if let Some(p) = self.entries.get_mut(&parent) {
-                        p.children += 1;
-                    }
-                    self.entries.insert(key, Entry { parent, tokens: chunk.into(), block, children: 0, last_used: 0 });
-                    self.touch(key);
-                }
-            }
-            parent = key;
+            parent = self.insert_block(blocks, parent, chunk, seq.table()[i]);
         }
     }
 
-    /// Makes `seq` hold the longest indexed prefix of `tokens` when that is longer than what
-    /// `seq` holds now (its positions must hold a prefix of `tokens`); nothing is recomputed.
-    /// Returns the positions `seq` holds after.
-    pub fn restore(&mut self, blocks: &mut BlockManager, seq: &mut SeqKv, tokens: &[u32]) -> usize {
-        let found = self.lookup(tokens);
-        if found.len() * self.block_size > seq.len() {
-            blocks.release(seq);
-            for &b in &found {
-                blocks.refs[b as usize] += 1;
-            }
-            *seq = SeqKv { len: found.len() * self.block_size, blocks: found };
-        }
-        seq.len()
+    /// Entries no sequence holds: what eviction could free.
+    pub fn evictable(&self, blocks: &BlockManager) -> u32 {
+        self.entries.values().filter(|e| blocks.refcount(e.block) == 1).count() as u32
+    }
+
+    fn may_evict(&self, e: &Entry, blocks: &BlockManager) -> bool {
+        blocks.refcount(e.block) == 1 && (self.eviction == Eviction::Any || e.children == 0)
     }
 
     /// Drops least recently used entries until `blocks` has `needed` free blocks or nothing
-    /// more may go: a block with indexed children, or one a sequence holds, stays. Returns how
-    /// many entries were dropped.
+    /// more may go (see [`Eviction`]; a block a sequence holds always stays). Returns how many
+    /// entries were dropped.
     pub fn evict(&mut self, blocks: &mut BlockManager, needed: u32) -> usize {
         let mut dropped = 0;
         while blocks.n_free() < needed {
-            let victim = self
-                .lru
-                .iter()
-                .map(|&(_, key)| key)
-                .find(|k| self.entries[k].children == 0 && blocks.refcount(self.entries[k].block) == 1);
+            let victim = self.lru.iter().map(|&(_, key)| key).find(|k| self.may_evict(&self.entries[k], blocks));
             let Some(key) = victim else { break };
             self.remove(blocks, key);
             dropped += 1;
@@ -157,44 +185,50 @@ impl PrefixIndex {
         }
     }
 
-    /// [`BlockManager::reserve`], evicting least recently used entries first when the free
-    /// list is short.
-    pub fn reserve(
-        &mut self,
-        blocks: &mut BlockManager,
-        seq: &mut SeqKv,
-        new_len: usize,
-    ) -> Result<Reservation, KvError> {
-        match blocks.reserve(seq, new_len) {
-            Err(KvError::OutOfBlocks { needed, .. }) => {
-                self.evict(blocks, needed);
-                blocks.reserve(seq, new_len)
-            }
-            r => r,
+    /// Drops every entry no sequence holds, returning its block (`resetChat`, `/clear`);
+    /// blocks of running sequences stay indexed.
+    pub fn clear_unheld(&mut self, blocks: &mut BlockManager) {
+        let unheld: Vec<u64> = self.entries.iter().filter(|(_, e)| blocks.refcount(e.block) == 1).map(|(&k, _)| k).collect();
+        for key in unheld {
+            self.remove(blocks, key);
         }
-    }
-
-    /// Drops every entry, returning the blocks no sequence holds.
-    pub fn clear(&mut self, blocks: &mut BlockManager) {
-        for (_, e) in self.entries.drain() {
-            blocks.unref(e.block);
-        }
-        self.lru.clear();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::{KvError, Reservation};
 
     const BS: u32 = 4;
+
+    /// The sequence starts from the longest indexed prefix of `tokens`.
+    fn restore(m: &mut BlockManager, ix: &mut PrefixIndex, seq: &mut SeqKv, tokens: &[u32]) -> usize {
+        m.release(seq);
+        let found = ix.lookup(tokens);
+        for &b in &found {
+            m.add_ref(b);
+        }
+        *seq = SeqKv::from_blocks(found.clone(), found.len() * BS as usize);
+        seq.len()
+    }
+
+    /// Grows the sequence, evicting least recently used entries when the pool is short.
+    fn reserve(m: &mut BlockManager, ix: &mut PrefixIndex, seq: &mut SeqKv, len: usize) -> Result<Reservation, KvError> {
+        match m.reserve(seq, len) {
+            Err(KvError::OutOfBlocks { needed, .. }) => {
+                ix.evict(m, needed);
+                m.reserve(seq, len)
+            }
+            r => r,
+        }
+    }
 
     /// Runs a "request": the sequence takes `tokens` (restoring what the index has), then its
     /// full blocks are indexed. Returns how many positions were restored.
     fn request(m: &mut BlockManager, ix: &mut PrefixIndex, seq: &mut SeqKv, tokens: &[u32]) -> usize {
-        m.release(seq);
-        let restored = ix.restore(m, seq, &tokens[..tokens.len() - 1]);
-        let _ = ix.reserve(m, seq, tokens.len()).unwrap();
+        let restored = restore(m, ix, seq, &tokens[..tokens.len() - 1]);
+        let _ = reserve(m, ix, seq, tokens.len()).unwrap();
         ix.insert(m, seq, tokens);
         restored
     }
@@ -206,7 +240,7 @@ mod tests {
     #[test]
     fn longest_prefix_matches_across_earlier_requests() {
         let mut m = BlockManager::new(32, BS);
-        let mut ix = PrefixIndex::new(BS);
+        let mut ix = PrefixIndex::new(BS, Eviction::Leaves);
         let mut s = SeqKv::new();
         let a = toks(1, 10);
         let b = toks(2, 13);
@@ -227,19 +261,13 @@ mod tests {
         let mut d = b.clone();
         d[0] = 7;
         assert!(ix.lookup(&d).is_empty());
-        // Restoring keeps a longer live sequence rather than a shorter indexed prefix.
-        let mut live = SeqKv::new();
-        let _ = m.reserve(&mut live, 6).unwrap();
-        let before = live.clone();
-        assert_eq!(ix.restore(&mut m, &mut live, &a[..4]), 6);
-        assert_eq!(live, before);
     }
 
     #[test]
     fn eviction_drops_least_recently_used_leaves_first() {
         // 6 blocks: a, b, c take one full block each (and a partial one while live).
         let mut m = BlockManager::new(6, BS);
-        let mut ix = PrefixIndex::new(BS);
+        let mut ix = PrefixIndex::new(BS, Eviction::Leaves);
         let mut s = SeqKv::new();
         let (a, b, c) = (toks(1, 5), toks(2, 5), toks(3, 5));
         for t in [&a, &b, &c] {
@@ -261,7 +289,7 @@ mod tests {
     #[test]
     fn only_leaves_are_evicted() {
         let mut m = BlockManager::new(8, BS);
-        let mut ix = PrefixIndex::new(BS);
+        let mut ix = PrefixIndex::new(BS, Eviction::Leaves);
         let mut s = SeqKv::new();
         let a = toks(1, 12);
         request(&mut m, &mut ix, &mut s, &a);
@@ -279,7 +307,7 @@ mod tests {
     #[test]
     fn eviction_never_frees_a_block_the_live_sequence_holds() {
         let mut m = BlockManager::new(4, BS);
-        let mut ix = PrefixIndex::new(BS);
+        let mut ix = PrefixIndex::new(BS, Eviction::Leaves);
         let mut s = SeqKv::new();
         let a = toks(1, 9);
         request(&mut m, &mut ix, &mut s, &a); // 3 blocks live, 2 of them indexed
@@ -288,17 +316,16 @@ mod tests {
         assert_eq!(ix.len(), 2);
         assert!(s.table().iter().all(|&b| m.refcount(b) >= 1));
         // Growing past the pool fails cleanly instead of stealing the live blocks.
-        let _ = ix.reserve(&mut m, &mut s, 16).unwrap();
-        assert_eq!(ix.reserve(&mut m, &mut s, 17), Err(KvError::OutOfBlocks { needed: 1, free: 0 }));
+        let _ = reserve(&mut m, &mut ix, &mut s, 16).unwrap();
+        assert_eq!(reserve(&mut m, &mut ix, &mut s, 17), Err(KvError::OutOfBlocks { needed: 1, free: 0 }));
         assert_eq!(s.len(), 16);
         // A live sequence restored from the index shares its blocks; they survive eviction,
         // and a write into a shared block copies it instead of changing the indexed one.
-        m.release(&mut s);
-        assert_eq!(ix.restore(&mut m, &mut s, &a[..8]), 8);
+        assert_eq!(restore(&mut m, &mut ix, &mut s, &a[..8]), 8);
         let shared = s.table().to_vec();
         assert_eq!(ix.evict(&mut m, 4), 0);
         m.truncate(&mut s, 6);
-        let r = ix.reserve(&mut m, &mut s, 7).unwrap();
+        let r = reserve(&mut m, &mut ix, &mut s, 7).unwrap();
         assert_eq!(r.copy.map(|c| c.src), Some(shared[1]));
         assert_ne!(s.table()[1], shared[1]);
         assert_eq!(ix.lookup(&a[..8]), shared);
@@ -307,7 +334,7 @@ mod tests {
     #[test]
     fn capacity_is_respected_over_many_requests() {
         let mut m = BlockManager::new(10, BS);
-        let mut ix = PrefixIndex::new(BS);
+        let mut ix = PrefixIndex::new(BS, Eviction::Leaves);
         let mut s = SeqKv::new();
         for seed in 0..50 {
             let t = toks(seed, 3 + (seed as usize * 7) % 30);
@@ -324,14 +351,14 @@ mod tests {
         // The latest request's full blocks are indexed.
         assert!(!ix.is_empty());
         m.release(&mut s);
-        ix.clear(&mut m);
+        ix.clear_unheld(&mut m);
         assert_eq!(m.n_free(), 10);
     }
 
     #[test]
     fn a_hash_collision_is_a_miss() {
         let mut m = BlockManager::new(4, BS);
-        let mut ix = PrefixIndex::new(BS);
+        let mut ix = PrefixIndex::new(BS, Eviction::Leaves);
         let mut s = SeqKv::new();
         let a = toks(1, 8);
         request(&mut m, &mut ix, &mut s, &a);
@@ -339,7 +366,7 @@ mod tests {
         let b = toks(2, 4);
         let key = block_key(ROOT, &b);
         let block = s.table()[0];
-        m.refs[block as usize] += 1;
+        m.add_ref(block);
         ix.entries.insert(key, Entry { parent: ROOT, tokens: a[..4].into(), block, children: 0, last_used: 0 });
         assert!(ix.lookup(&b).is_empty());
     }

@@ -1,6 +1,8 @@
 //! The CPU reference forward pass: plain f32, weights dequantized row by row as they are
-//! used, a simple contiguous KV cache and a causal (optionally sliding-window) mask.
-//! It is the oracle the GPU kernels are tested against, and the `--backend cpu` path.
+//! used, a paged KV pool (the same block tables the GPU uses, blocks allocated on first
+//! write) and a causal (optionally sliding-window) mask. It implements the batched step like
+//! the GPU backend, so it is the oracle of every batched test, and the `--backend cpu` path.
+//! Every token's arithmetic is independent of the others in its step.
 
 pub mod ops;
 
@@ -10,8 +12,9 @@ use std::sync::Arc;
 use futures::future::LocalBoxFuture;
 
 use crate::arch::{Activation, ModelConfig};
-use crate::backend::{check_batch, Backend, BackendError};
+use crate::backend::{check_step, Backend, BackendError, BackendOptions, StepBatch, StepLimits, StepResult};
 use crate::gguf::{GgufFile, TensorInfo};
+use crate::kv::{KvLayout, NO_BLOCK};
 use crate::quant;
 
 /// A weight matrix: where its bytes are and how to read them.
@@ -41,7 +44,40 @@ struct Layer {
     post_ffn_norm: Option<Vec<f32>>,
 }
 
-/// The CPU reference backend for one sequence.
+/// One layer's K or V blocks, `block_size × row` floats each, allocated on first write.
+struct BlockStore {
+    row: usize,
+    blocks: Vec<Option<Box<[f32]>>>,
+}
+
+impl BlockStore {
+    fn new(n_blocks: u32, row: usize) -> Self {
+        BlockStore { row, blocks: (0..n_blocks).map(|_| None).collect() }
+    }
+
+    fn row_mut(&mut self, block: u32, offset: usize, block_size: usize) -> &mut [f32] {
+        let row = self.row;
+        let b = self.blocks[block as usize].get_or_insert_with(|| vec![0.0; block_size * row].into_boxed_slice());
+        &mut b[offset * row..(offset + 1) * row]
+    }
+
+    /// The row at `offset` of `block`; a block never written reads as zeros.
+    fn row(&self, block: u32, offset: usize) -> Option<&[f32]> {
+        self.blocks[block as usize].as_deref().map(|b| &b[offset * self.row..(offset + 1) * self.row])
+    }
+
+    fn copy(&mut self, src: u32, dst: u32) {
+        self.blocks[dst as usize] = self.blocks[src as usize].clone();
+    }
+}
+
+/// Where each token of a step sits: its entry, position and, per KV group, its table.
+struct TokenPlace<'a> {
+    pos: usize,
+    tables: &'a [&'a [u32]],
+}
+
+/// The CPU reference backend.
 pub struct CpuBackend {
     file: Arc<GgufFile>,
     cfg: ModelConfig,
@@ -51,16 +87,18 @@ pub struct CpuBackend {
     output: Matrix,
     output_norm: Vec<f32>,
     layers: Vec<Layer>,
-    /// Per layer: [position][kv_dim] keys (after RoPE) and [position][v_dim] values.
-    k_cache: Vec<Vec<f32>>,
-    v_cache: Vec<Vec<f32>>,
-    n_past: usize,
-    n_ctx: usize,
+    layout: KvLayout,
+    limits: StepLimits,
+    /// Per layer: its group, K blocks ([block_size, kv_dim], after RoPE) and V blocks.
+    kv: Vec<(usize, BlockStore, BlockStore)>,
 }
 
 impl CpuBackend {
-    /// Builds the backend over a validated file; `n_ctx` is clamped to the training context.
-    pub async fn new(file: Arc<GgufFile>, cfg: ModelConfig, n_ctx: usize) -> Result<CpuBackend, BackendError> {
+    /// Builds the backend over a validated file; the context is clamped to the training
+    /// context, and the KV pool laid out as `opts` asks.
+    pub async fn new(file: Arc<GgufFile>, cfg: ModelConfig, opts: &BackendOptions) -> Result<CpuBackend, BackendError> {
+        let n_ctx = opts.n_ctx.clamp(1, cfg.n_ctx_train);
+        let layout = KvLayout::plan(&cfg, &opts.pool_request(n_ctx, u64::MAX))?;
         let mut owned = HashMap::new();
         if file.source().as_slice().is_none() {
             for (name, _) in cfg.expected_tensors() {
@@ -70,15 +108,22 @@ impl CpuBackend {
                 owned.insert(name, buf);
             }
         }
+        let kv = (0..cfg.n_layer)
+            .map(|il| {
+                let g = layout.group_of(il);
+                let n = layout.groups[g].n_blocks;
+                (g, BlockStore::new(n, cfg.kv_dim()), BlockStore::new(n, cfg.v_dim()))
+            })
+            .collect();
+        let limits = StepLimits { max_tokens: opts.max_batch_tokens, max_seqs: opts.max_seqs, max_outputs: opts.max_outputs };
         let mut this = CpuBackend {
             embd: matrix(&file, "token_embd.weight")?,
             output: matrix(&file, if cfg.tied_output { "token_embd.weight" } else { "output.weight" })?,
             output_norm: Vec::new(),
             layers: Vec::with_capacity(cfg.n_layer),
-            k_cache: vec![Vec::new(); cfg.n_layer],
-            v_cache: vec![Vec::new(); cfg.n_layer],
-            n_past: 0,
-            n_ctx: n_ctx.clamp(1, cfg.n_ctx_train),
+            layout,
+            limits,
+            kv,
             owned,
             cfg,
             file,
@@ -157,52 +202,95 @@ impl CpuBackend {
         x
     }
 
-    fn run(&mut self, tokens: &[u32]) -> Result<Vec<f32>, BackendError> {
-        check_batch(tokens, self.n_past, self.n_ctx, self.cfg.n_vocab)?;
-        let n_tok = tokens.len();
-        let mut x = self.embed(tokens);
-        for il in 0..self.cfg.n_layer {
-            x = self.layer_forward(il, x, n_tok);
+    fn run(&mut self, batch: StepBatch<'_>) -> Result<StepResult, BackendError> {
+        check_step(&batch, &self.limits, &self.layout, self.cfg.n_vocab)?;
+        let bs = self.layout.block_size as usize;
+        for c in batch.copies {
+            for (g, k, v) in &mut self.kv {
+                if *g == c.group {
+                    k.copy(c.src, c.dst);
+                    v.copy(c.src, c.dst);
+                }
+            }
         }
-        self.n_past += n_tok;
-        // Only the last position's logits are needed.
+        let tokens: Vec<u32> = batch.entries.iter().flat_map(|e| e.tokens.iter().copied()).collect();
+        let places: Vec<TokenPlace> = batch
+            .entries
+            .iter()
+            .flat_map(|e| (0..e.tokens.len()).map(move |i| TokenPlace { pos: e.start + i, tables: &e.tables }))
+            .collect();
+        let n_tok = tokens.len();
+        let mut x = self.embed(&tokens);
+        for il in 0..self.cfg.n_layer {
+            x = self.layer_forward(il, x, &places, bs);
+        }
+        // The head: only the output rows.
         let e = self.cfg.n_embd;
-        let mut last = x[(n_tok - 1) * e..].to_vec();
+        let mut rows = Vec::new();
+        let mut base = 0;
+        for entry in &batch.entries {
+            rows.extend(entry.outputs.iter().map(|o| base + o.index));
+            base += entry.tokens.len();
+        }
+        debug_assert_eq!(base, n_tok);
+        if rows.is_empty() {
+            return Ok(StepResult::default());
+        }
+        let mut last: Vec<f32> = rows.iter().flat_map(|&r| x[r * e..(r + 1) * e].iter().copied()).collect();
         ops::rms_norm(&mut last, &self.output_norm, self.cfg.rms_eps);
-        Ok(self.matmul(&self.output, &last, 1))
+        let logits = self.matmul(&self.output, &last, rows.len());
+        let n_vocab = self.cfg.n_vocab;
+        let want_logits = batch.logits;
+        let mut result = StepResult::default();
+        let rows = batch.entries.into_iter().flat_map(|e| e.outputs);
+        for (o, row) in rows.zip(logits.chunks_exact(n_vocab)) {
+            result.sampled.push(o.sampler.sample_full(row));
+            if want_logits {
+                result.logits.push(row.to_vec());
+            }
+        }
+        Ok(result)
     }
 
-    fn layer_forward(&mut self, il: usize, mut x: Vec<f32>, n_tok: usize) -> Vec<f32> {
+    fn layer_forward(&mut self, il: usize, mut x: Vec<f32>, places: &[TokenPlace], bs: usize) -> Vec<f32> {
         let c = &self.cfg;
         let l = &self.layers[il];
+        let n_tok = places.len();
         let (hd, kv_dim) = (c.head_dim, c.kv_dim());
 
         let mut h = x.clone();
         ops::rms_norm(&mut h, &l.attn_norm, c.rms_eps);
         let mut q = self.matmul(&l.q, &h, n_tok);
         let mut k = self.matmul(&l.k, &h, n_tok);
-        let mut v = self.matmul(&l.v, &h, n_tok);
+        let v = {
+            let mut v = self.matmul(&l.v, &h, n_tok);
+            add_bias(&mut v, l.v_bias.as_deref());
+            v
+        };
         add_bias(&mut q, l.q_bias.as_deref());
         add_bias(&mut k, l.k_bias.as_deref());
-        add_bias(&mut v, l.v_bias.as_deref());
         if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
             ops::rms_norm(&mut q, qn, c.rms_eps);
             ops::rms_norm(&mut k, kn, c.rms_eps);
         }
         let lc = &c.layers[il];
-        for t in 0..n_tok {
-            let pos = self.n_past + t;
+        for (t, place) in places.iter().enumerate() {
             for head in q[t * c.q_dim()..(t + 1) * c.q_dim()].chunks_mut(hd) {
-                ops::rope(head, pos, c.rope_dim, lc.rope_base, lc.rope_freq_scale, c.rope_style);
+                ops::rope(head, place.pos, c.rope_dim, lc.rope_base, lc.rope_freq_scale, c.rope_style);
             }
             for head in k[t * kv_dim..(t + 1) * kv_dim].chunks_mut(hd) {
-                ops::rope(head, pos, c.rope_dim, lc.rope_base, lc.rope_freq_scale, c.rope_style);
+                ops::rope(head, place.pos, c.rope_dim, lc.rope_base, lc.rope_freq_scale, c.rope_style);
             }
         }
-        self.k_cache[il].extend_from_slice(&k);
-        self.v_cache[il].extend_from_slice(&v);
-
-        let attn = attention(c, il, &q, &self.k_cache[il], &self.v_cache[il], self.n_past, n_tok);
+        // Every K and V row is stored before any query reads (a step's tokens see each other).
+        let (group, kc, vc) = &mut self.kv[il];
+        for (t, place) in places.iter().enumerate() {
+            let block = place.tables[*group][place.pos / bs];
+            kc.row_mut(block, place.pos % bs, bs).copy_from_slice(&k[t * kv_dim..(t + 1) * kv_dim]);
+            vc.row_mut(block, place.pos % bs, bs).copy_from_slice(&v[t * c.v_dim()..(t + 1) * c.v_dim()]);
+        }
+        let (group, kc, vc) = &self.kv[il];
+        let attn = attention(c, il, &q, places, *group, kc, vc, bs);
         let l = &self.layers[il];
         let mut o = self.matmul(&l.o, &attn, n_tok);
         if let Some(w) = &l.post_attn_norm {
@@ -236,26 +324,38 @@ fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
     }
 }
 
-/// Causal attention of `n_tok` new queries (at positions n_past..) over the whole cache.
-/// q: [n_tok, n_head·head_dim]; caches: [pos, kv_dim] / [pos, v_dim]; returns [n_tok, n_head·head_dim_v].
-fn attention(c: &ModelConfig, il: usize, q: &[f32], kc: &[f32], vc: &[f32], n_past: usize, n_tok: usize) -> Vec<f32> {
+/// Causal attention of each token over its own sequence's positions, read through its block
+/// table in `group`. q: [n_tok, n_head·head_dim]; returns [n_tok, n_head·head_dim_v].
+#[allow(clippy::too_many_arguments)]
+fn attention(c: &ModelConfig, il: usize, q: &[f32], places: &[TokenPlace], group: usize, kc: &BlockStore, vc: &BlockStore, bs: usize) -> Vec<f32> {
     let (hd, hdv) = (c.head_dim, c.head_dim_v);
-    let group = c.n_head / c.n_head_kv;
+    let n_group = c.n_head / c.n_head_kv;
     let window = c.layers[il].sliding_window.map(|w| w as usize);
     let out_dim = c.n_head * hdv;
-    let mut out = vec![0f32; n_tok * out_dim];
+    let mut out = vec![0f32; places.len() * out_dim];
+    let zeros = vec![0f32; c.kv_dim().max(c.v_dim())];
     let task = |(idx, o): (usize, &mut [f32])| {
         let (t, h) = (idx / c.n_head, idx % c.n_head);
-        let pos = n_past + t;
+        let place = &places[t];
+        let pos = place.pos;
+        let table = place.tables[group];
+        let slot = |j: usize| (table[j / bs], j % bs);
         let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        let kvh = h / group;
+        let kvh = h / n_group;
         let qh = &q[t * c.q_dim() + h * hd..][..hd];
-        let mut scores: Vec<f32> = (first..=pos)
-            .map(|j| ops::dot(qh, &kc[j * c.kv_dim() + kvh * hd..][..hd]) * c.attn_scale)
-            .collect();
+        let k_row = |j: usize| {
+            let (b, off) = slot(j);
+            debug_assert_ne!(b, NO_BLOCK);
+            kc.row(b, off).unwrap_or(&zeros[..kc.row])
+        };
+        let v_row = |j: usize| {
+            let (b, off) = slot(j);
+            vc.row(b, off).unwrap_or(&zeros[..vc.row])
+        };
+        let mut scores: Vec<f32> = (first..=pos).map(|j| ops::dot(qh, &k_row(j)[kvh * hd..][..hd]) * c.attn_scale).collect();
         ops::softmax(&mut scores);
         for (j, p) in (first..=pos).zip(&scores) {
-            let vj = &vc[j * c.v_dim() + kvh * hdv..][..hdv];
+            let vj = &v_row(j)[kvh * hdv..][..hdv];
             o.iter_mut().zip(vj).for_each(|(a, b)| *a += p * b);
         }
     };
@@ -282,22 +382,14 @@ impl Backend for CpuBackend {
     fn config(&self) -> &ModelConfig {
         &self.cfg
     }
-    fn n_ctx(&self) -> usize {
-        self.n_ctx
+    fn kv_layout(&self) -> &KvLayout {
+        &self.layout
     }
-    fn n_past(&self) -> usize {
-        self.n_past
+    fn limits(&self) -> StepLimits {
+        self.limits
     }
-    fn forward<'a>(&'a mut self, tokens: &'a [u32]) -> LocalBoxFuture<'a, Result<Vec<f32>, BackendError>> {
-        Box::pin(async move { self.run(tokens) })
-    }
-    fn truncate(&mut self, n: usize) {
-        let n = n.min(self.n_past);
-        for (k, v) in self.k_cache.iter_mut().zip(&mut self.v_cache) {
-            k.truncate(n * self.cfg.kv_dim());
-            v.truncate(n * self.cfg.v_dim());
-        }
-        self.n_past = n;
+    fn step<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<StepResult, BackendError>> {
+        Box::pin(async move { self.run(batch) })
     }
     fn name(&self) -> String {
         "cpu".into()
