@@ -1,27 +1,34 @@
 // Paged causal attention with GQA and an optional sliding window, split over the KV length
 // (flash-decoding): `split` runs one workgroup per (split s, head h, token t) with an online
-// softmax over tiles of WG positions; `combine` merges the S partial results of each (t, h).
-// With S = 1, `split` writes the normalized output itself and `combine` is not dispatched.
+// softmax over tiles of WG positions; `combine` merges the partial results of each (t, h).
 //
 // Token t (sequence tok_seq[t], position p = tok_pos[t]) attends to positions j of its
 // sequence with j <= p and, when window > 0, p - j < window; kv head = h / group.
+// Its split count S_t = token_splits(p) depends on its own visible length only, so its result
+// does not depend on the other tokens of the step. With S_t = 1, `split` writes the normalized
+// output itself and `combine` leaves the token alone.
 // With ROPE, q is rotated at the token's position as it is loaded (rope_common.wgsl).
-// Grid for both entries: (S, n_head, n_tok); S is read back as num_workgroups.x.
+// Grid for both entries: (S, n_head, n_tok), S the largest S_t of the step; workgroups with
+// s >= S_t return at once.
 #include "common.wgsl"
 #include "paged.wgsl"
 #include "rope_common.wgsl"
 
 struct Params {
     n_head: u32,
-    group: u32,       // n_head / n_head_kv
-    head_dim: u32,    // multiple of 4, <= MAX_HEAD_DIM
-    head_dim_v: u32,  // <= WG
-    kv_dim: u32,      // K row: n_head_kv * head_dim
-    v_dim: u32,       // V row: n_head_kv * head_dim_v
-    window: u32,      // 0: no sliding window
-    split_min: u32,   // fewest positions a split takes before the next split gets any
+    group: u32,         // n_head / n_head_kv
+    head_dim: u32,      // multiple of 4, <= MAX_HEAD_DIM
+    head_dim_v: u32,    // <= WG
+    kv_dim: u32,        // K row: n_head_kv * head_dim
+    v_dim: u32,         // V row: n_head_kv * head_dim_v
+    window: u32,        // 0: no sliding window
     scale: f32,
-    part_cap: u32,    // partial records the scratch holds
+    split_len: u32,     // the split policy (ops::attention::SplitPolicy)
+    max_split: u32,
+    max_positions: u32, // 0: no bound on the positions of one split
+    fixed_split: u32,   // 0: the policy; else every token's split count (tests)
+    split_stride: u32,  // split records per (token, head)
+    part_cap: u32,      // partial records the scratch holds
     _pad0: u32,
     _pad1: u32,
 }
@@ -39,7 +46,7 @@ const NEG_BIG: f32 = -3.0e38;
 @group(0) @binding(7) var<storage, read> v_cache: array<f32>;           // [n_slots, v_dim] f32
 @group(0) @binding(8) var<storage, read_write> out: array<f32>;         // [n_tok, n_head * head_dim_v] f32
 // Split partials: [part_cap, head_dim_v] unnormalized outputs, then [part_cap] (max, sum)
-// pairs; record (t * n_head + h) * S + s.
+// pairs; record (t * n_head + h) * split_stride + s.
 @group(0) @binding(9) var<storage, read_write> part: array<f32>;
 #ifdef ROPE
 @group(0) @binding(10) var<uniform> rope: RopeParams;
@@ -67,14 +74,33 @@ var<workgroup> red: array<f32, WG>;
 var<workgroup> p_sh: array<f32, WG>;
 var<workgroup> slot_sh: array<u32, WG>;
 
-// Split s of n_split's positions [lo, hi) for a token at position p: the visible positions
-// (the window's, or all up to p) in near-equal ranges, none shorter than split_min.
-fn split_range(p: u32, s: u32, n_split: u32) -> vec2<u32> {
-    var first = 0u;
+// The first position a token at position p sees.
+fn first_visible(p: u32) -> u32 {
     if (params.window > 0u && p + 1u > params.window) {
-        first = p + 1u - params.window;
+        return p + 1u - params.window;
     }
-    let per = max((p + 1u - first + n_split - 1u) / n_split, params.split_min);
+    return 0u;
+}
+
+// The split count of a token at position p, from its visible length alone (mirrors
+// SplitPolicy::splits).
+fn token_splits(p: u32) -> u32 {
+    if (params.fixed_split > 0u) {
+        return params.fixed_split;
+    }
+    let len = p + 1u - first_visible(p);
+    var n = clamp((len + params.split_len - 1u) / params.split_len, 1u, params.max_split);
+    if (params.max_positions > 0u) {
+        n = max(n, (len + params.max_positions - 1u) / params.max_positions);
+    }
+    return min(n, params.split_stride);
+}
+
+// Split s of n_split's positions [lo, hi) for a token at position p: the visible positions
+// (the window's, or all up to p) in near-equal ranges.
+fn split_range(p: u32, s: u32, n_split: u32) -> vec2<u32> {
+    let first = first_visible(p);
+    let per = (p + 1u - first + n_split - 1u) / n_split;
     let lo = min(first + s * per, p + 1u);
     return vec2<u32>(lo, min(lo + per, p + 1u));
 }
@@ -110,17 +136,19 @@ fn reduce_sum(tid: u32, x: f32) -> f32 {
 @compute @workgroup_size(WG)
 fn split(
     @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) tid: u32,
 ) {
     let s = wg.x;
-    let n_split = nwg.x;
     let h = wg.y;
     let t = wg.z;
     if (t >= info.n_tok) {
         return;
     }
     let p = tok_pos[t];
+    let n_split = token_splits(p);
+    if (s >= n_split) {
+        return;
+    }
     let seq = tok_seq[t];
     let kvh = h / params.group;
     let range = split_range(p, s, n_split);
@@ -189,7 +217,7 @@ fn split(
         if (n_split == 1u) {
             out[(t * params.n_head + h) * dv + tid] = o / l;
         } else {
-            let rec = (t * params.n_head + h) * n_split + s;
+            let rec = (t * params.n_head + h) * params.split_stride + s;
             part[rec * dv + tid] = o;
             if (tid == 0u) {
                 let ml = params.part_cap * dv + 2u * rec;
@@ -203,18 +231,20 @@ fn split(
 @compute @workgroup_size(WG_COMBINE)
 fn combine(
     @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
     // Workgroup (s, h, t) finishes elements [s * per, (s + 1) * per) of head h of token t.
-    let n_split = nwg.x;
     let h = wg.y;
     let t = wg.z;
     if (t >= info.n_tok) {
         return;
     }
+    let n_split = token_splits(tok_pos[t]);
+    if (n_split == 1u || wg.x >= n_split) {
+        return;
+    }
     let dv = params.head_dim_v;
-    let rec0 = (t * params.n_head + h) * n_split;
+    let rec0 = (t * params.n_head + h) * params.split_stride;
     let ml = params.part_cap * dv + 2u * rec0;
     var mx = NEG_BIG;
     for (var i = 0u; i < n_split; i++) {
@@ -257,20 +287,19 @@ fn v_quad(i: u32) -> vec4<f32> {
 }
 
 @compute @workgroup_size(WG_ROWS)
-fn rows(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-) {
+fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = wg.x * WG_ROWS + lid;
     let h = i % params.n_head;
     let t = i / params.n_head;
     let s = wg.y;
-    let n_split = nwg.y;
     if (t >= info.n_tok) {
         return;
     }
     let p = tok_pos[t];
+    let n_split = token_splits(p);
+    if (s >= n_split) {
+        return;
+    }
     let seq = tok_seq[t];
     let kvh = h / params.group;
     let range = split_range(p, s, n_split);
@@ -314,7 +343,7 @@ fn rows(
             out[o + 4u * k + 3u] = r.w;
         }
     } else {
-        let rec = row * n_split + s;
+        let rec = row * params.split_stride + s;
         let o = rec * HEAD_DIM_V;
         for (var k = 0u; k < HDV4; k++) {
             part[o + 4u * k] = acc[k].x;

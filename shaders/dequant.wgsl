@@ -17,10 +17,6 @@ const F16_TO_F32_BIAS: u32 = 112u;
 const F16_SUBNORMAL_UNIT: f32 = 5.9604644775390625e-8;
 const BYTE_SHIFTS: vec4<u32> = vec4<u32>(0u, 8u, 16u, 24u);
 
-fn hsum4(v: vec4<f32>) -> f32 {
-    return (v.x + v.y) + (v.z + v.w);
-}
-
 // The u16 at an even byte offset b (every 16-bit field of every format is 2-aligned).
 fn load_u16_at(b: u32) -> u32 {
     return (w[b >> 2u] >> ((b & 2u) * 8u)) & 0xffffu;
@@ -177,7 +173,6 @@ fn q5_high(qh: u32, j: u32) -> vec4<u32> {
 
 #ifdef Q_Q5_0
 // Block (22 B): d f16, qh u32, qs[16]; y = (q - 16) * d. q5_0_words: qh, then the 4 words of qs.
-#define HAS_DOT_CHUNK
 fn q5_0_words(base: u32) -> array<u32, 5> {
     let b = base + 2u;
     let i = b >> 2u;
@@ -189,18 +184,6 @@ fn q5_0_words(base: u32) -> array<u32, 5> {
     let a4 = w[i + 4u];
     let a5 = w[i + 5u];
     return array<u32, 5>(funnel(a0, a1, s), funnel(a1, a2, s), funnel(a2, a3, s), funnel(a3, a4, s), funnel(a4, a5, s));
-}
-
-fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
-    let base = row_base + c * BLOCK_BYTES;
-    let q = q5_0_words(base);
-    var s = vec4<f32>(0.0);
-    for (var k = 0u; k < 4u; k++) {
-        let lo = vec4<i32>(nibbles_lo(q[k + 1u]) | q5_high(q[0], 4u * k)) - vec4<i32>(16);
-        let hi = vec4<i32>(nibbles_hi(q[k + 1u]) | q5_high(q[0], 4u * k + 16u)) - vec4<i32>(16);
-        s += vec4<f32>(lo) * x[xb + k] + vec4<f32>(hi) * x[xb + k + 4u];
-    }
-    return load_f16_at(base) * hsum4(s);
 }
 
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
@@ -237,17 +220,6 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 
 #ifdef Q_Q8_0
 // Block (34 B): d f16, qs[32] i8; y = q * d.
-#define HAS_DOT_CHUNK
-fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
-    let base = row_base + c * BLOCK_BYTES;
-    let q = load_8_words_at(base + 2u);
-    var s = vec4<f32>(bytes_i8(q[0])) * x[xb];
-    for (var k = 1u; k < 8u; k++) {
-        s += vec4<f32>(bytes_i8(q[k])) * x[xb + k];
-    }
-    return load_f16_at(base) * hsum4(s);
-}
-
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let base = row_base + c * BLOCK_BYTES;
     let d = load_f16_at(base);
@@ -289,25 +261,6 @@ fn k_scales(h: array<u32, 4>, j: u32) -> vec2<f32> {
 #ifdef Q_Q4_K
 // Super-block (144 B): d, dmin f16, scales[12], qs[128]; chunk j of the block is sub-block j:
 // y = d*sc * q - dmin*m, q the low (j even) or high (j odd) nibbles of qs[32 * (j / 2) ..].
-#define HAS_DOT_CHUNK
-// Σ (d1 q - m1) x = d1 Σ q x - m1 Σ x.
-fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
-    let j = c & 7u;
-    let base = row_base + (c >> 3u) * BLOCK_BYTES;
-    let qs = load_8_words_at(base + 16u + 32u * (j >> 1u));
-    let shift = BYTE_SHIFTS + vec4<u32>(4u * (j & 1u));
-    var sq = vec4<f32>(0.0);
-    var sx = vec4<f32>(0.0);
-    for (var k = 0u; k < 8u; k++) {
-        let q = (vec4<u32>(qs[k]) >> shift) & vec4<u32>(15u);
-        let xv = x[xb + k];
-        sq += vec4<f32>(q) * xv;
-        sx += xv;
-    }
-    let dm = k_scales(k_header(base), j);
-    return dm.x * hsum4(sq) - dm.y * hsum4(sx);
-}
-
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
     let base = row_base + (c >> 3u) * BLOCK_BYTES;
@@ -347,38 +300,11 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // Super-block (210 B): ql[128], qh[64], scales[16] i8, d f16; two halves of 128 elements, each
 // four quarters (chunks) qq of 32: q = nibble (qq / 2) of ql[32 * (qq % 2) + l] | bits 2qq..2qq+2
 // of qh[l] << 4; y = (d * sc[l / 16 + 2qq]) * (q - 32).
-#define HAS_DOT_CHUNK
 // d * sc for the chunk's two 16-element halves.
 fn q6_k_scales(base: u32, half: u32, qq: u32) -> vec2<f32> {
     let sc = load_u16_at(base + 192u + 8u * half + 2u * qq);
     let q = vec2<i32>(bitcast<i32>(sc << 24u) >> 24u, bitcast<i32>(sc << 16u) >> 24u);
     return load_f16_at(base + 208u) * vec2<f32>(q);
-}
-
-fn dot_chunk(row_base: u32, c: u32, xb: u32) -> f32 {
-    let j = c & 7u;
-    let half = j >> 2u;
-    let qq = j & 3u;
-    let base = row_base + (c >> 3u) * BLOCK_BYTES;
-    let ql = load_8_words_at(base + 64u * half + 32u * (qq & 1u));
-    let qh = load_8_words_at(base + 128u + 32u * half);
-    let ql_shift = BYTE_SHIFTS + vec4<u32>(4u * (qq >> 1u));
-    let qh_shift = BYTE_SHIFTS + vec4<u32>(2u * qq);
-    // Elements 0..16 take scale ds.x, 16..32 scale ds.y.
-    var s0 = vec4<f32>(0.0);
-    var s1 = vec4<f32>(0.0);
-    for (var k = 0u; k < 8u; k++) {
-        let lo = (vec4<u32>(ql[k]) >> ql_shift) & vec4<u32>(15u);
-        let hi = (vec4<u32>(qh[k]) >> qh_shift) & vec4<u32>(3u);
-        let p = vec4<f32>(vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(32)) * x[xb + k];
-        if (k < 4u) {
-            s0 += p;
-        } else {
-            s1 += p;
-        }
-    }
-    let ds = q6_k_scales(base, half, qq);
-    return ds.x * hsum4(s0) + ds.y * hsum4(s1);
 }
 
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {

@@ -7,10 +7,11 @@
 // l, l + TPR, ...), so each weight byte is read by one invocation. Each lane dequantizes a
 // chunk once and multiplies it with TOK tokens' activations (the token tile wg.z * TOK ..),
 // then the team sums its lanes' partials in workgroup memory.
-//   TOK = 1, no TILE: decode (n_tok fixed at 1).
-//   TOK > 1, TILE:    prefill; n_tok comes from the batch uniform, the grid's z walks tiles.
-// Formats that define dot_chunk (HAS_DOT_CHUNK) fuse dequantization into the decode dot
-// product instead of materializing the chunk. CPU-type adapters use matmul_blocked.wgsl.
+//   TOK = 1, no TILE: a one-token step (n_tok fixed at 1).
+//   TOK > 1, TILE:    n_tok comes from the batch uniform, the grid's z walks tiles of TOK.
+// Every variant computes a (row, token) product the same way, whatever TOK and WG, so a
+// token's result does not depend on the step it shares. CPU-type adapters use
+// matmul_blocked.wgsl.
 // With SUBGROUP_REDUCE (adapters with subgroups whose smallest subgroup holds a team), a
 // team sums its lanes with a butterfly of subgroup shuffles instead of workgroup memory and
 // barriers. Row groups beyond 65535 fold into y (linear_group).
@@ -24,11 +25,6 @@
 #include "matmul_io.wgsl"
 
 #include "dequant.wgsl"
-#ifdef HAS_DOT_CHUNK
-#ifndef TILE
-#define DOT_CHUNK
-#endif
-#endif
 
 const ROWS: u32 = WG / TPR;
 
@@ -55,12 +51,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let row_base = r * p.row_bytes;
         let n_chunks = p.n_in / CHUNK;
         let x_row = p.n_in / 4u;
-#ifdef DOT_CHUNK
-        // Decode: the format's fused dequantize-and-dot, no chunk held in registers.
-        for (var c = lane; c < n_chunks; c += TPR) {
-            acc[0] += dot_chunk(row_base, c, c * 8u);
-        }
-#else
         for (var c = lane; c < n_chunks; c += TPR) {
             let wq = dequant_chunk(row_base, c);
             for (var j = 0u; j < TOK; j++) {
@@ -74,7 +64,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 }
             }
         }
-#endif
     }
 
 #ifdef SUBGROUP_REDUCE

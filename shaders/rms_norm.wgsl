@@ -1,14 +1,15 @@
 // RMSNorm over rows: out[r, j] = x[r, j] / sqrt(mean_j(x[r, j]²) + eps) · w[j].
 // One workgroup per row. Rows are n_tok·rows_per_token rows of row_len (n_embd rows, or
-// head_dim rows for QK-norm), or, with last_token set, only row n_tok−1 written to row 0.
-// Defines: WG (threads per workgroup, a power of two), IN_PLACE (out aliases x).
+// head_dim rows for QK-norm); with GATHER, out row r is x row gather[r] for r < n_tok (the
+// head's output rows: n_tok of its batch counts them).
+// Defines: WG (threads per workgroup, a power of two), IN_PLACE (out aliases x), GATHER.
 #include "common.wgsl"
 
 struct Params {
     row_len: u32,
     rows_per_token: u32,
-    last_token: u32,
     eps: f32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> batch: BatchInfo;
@@ -21,8 +22,12 @@ struct Params {
 #else
 // x: [n_rows, row_len] f32
 @group(0) @binding(3) var<storage, read> x: array<f32>;
-// out: [n_rows, row_len] f32 ([1, row_len] with last_token)
+// out: [n_rows, row_len] f32
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+#endif
+#ifdef GATHER
+// gather: [n_tok] u32, the x row of each output row
+@group(0) @binding(5) var<storage, read> gather: array<u32>;
 #endif
 
 var<workgroup> partial: array<f32, WG>;
@@ -34,17 +39,16 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let r = linear_group(wg, nwg.x);
-    var n_rows = batch.n_tok * p.rows_per_token;
-    var src = r;
-    var dst = r;
-    if (p.last_token != 0u) {
-        n_rows = min(batch.n_tok, 1u);
-        src = batch.n_tok - 1u;
-        dst = 0u;
-    }
+    let n_rows = batch.n_tok * p.rows_per_token;
     if (r >= n_rows) {
         return;
     }
+#ifdef GATHER
+    let src = gather[r];
+#else
+    let src = r;
+#endif
+    let dst = r;
     let xs = src * p.row_len;
     let xd = dst * p.row_len;
 

@@ -5,7 +5,7 @@
 
 use flint_core::quant::QuantType;
 use flint_gpu::buffer::{read_f32, storage_init};
-use flint_gpu::ops::matmul::{Matmul, MatmulDesc, TokenCount};
+use flint_gpu::ops::matmul::{Matmul, MatmulDesc};
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
 use flint_gpu::testing::{f16_nearest, random_quant, TestRng};
@@ -29,8 +29,8 @@ fn main() {
         let w = storage_init(&ctx, "w", &random_quant(ty, (n_in * n_rows) as usize, &mut rng, f16_nearest)).unwrap();
         let x = storage_init(&ctx, "x", bytemuck::cast_slice(&rng.vec((n_in * n_tok) as usize))).unwrap();
         let y = storage_init(&ctx, "y", &vec![0u8; (n_rows * n_tok * 4) as usize]).unwrap();
-        let desc = MatmulDesc { label: "speed", ty, n_in, n_rows, row_offset: 0, y_stride: n_rows, tokens: TokenCount::Batch, accumulate: false };
-        let mm = Matmul::new(&ctx, &cache, &batch, &desc, &w, &x, &y, None).await.unwrap();
+        let desc = MatmulDesc { label: "speed", ty, n_in, n_rows, row_offset: 0, y_stride: n_rows, max_tokens: n_tok, accumulate: false };
+        let mm = Matmul::new(&ctx, &cache, &batch.info, &desc, &w, &x, &y, None).await.unwrap();
         let run = |n: u32| {
             let mut enc = ctx.device.create_command_encoder(&Default::default());
             for _ in 0..n {
@@ -46,6 +46,6 @@ fn main() {
         read_f32(&ctx, &y, 0, 1).await.unwrap();
         let ms = t0.elapsed().as_secs_f64() * 1e3 / reps as f64;
         let gmac = n_in as f64 * n_rows as f64 * n_tok as f64 / (ms * 1e6);
-        println!("{ty} {n_in}x{n_rows} x {n_tok} tokens on {}: {ms:.1} ms, {gmac:.2} GMAC/s", ctx.adapter_name());
+        println!("{ty} {n_in}x{n_rows} x {n_tok} tokens ({:?}) on {}: {ms:.2} ms, {gmac:.2} GMAC/s", mm.shape(n_tok), ctx.adapter_name());
     });
 }

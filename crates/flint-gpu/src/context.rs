@@ -141,6 +141,24 @@ impl GpuContext {
         }
     }
 
+    /// Waits until the device has done the submitted work: natively by polling, in the
+    /// browser through the queue's callback (which also hands the event loop its turn).
+    pub async fn work_done(&self) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            self.poll_wait()?;
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let (tx, rx) = futures::channel::oneshot::channel();
+            self.queue.on_submitted_work_done(move || {
+                let _ = tx.send(());
+            });
+            rx.await.map_err(|_| GpuError::DeviceLost("the queue dropped its work-done callback".into()))?;
+        }
+        self.check()
+    }
+
     /// Waits for submitted work natively; a no-op in the browser, where mapping drives it.
     pub fn poll_wait(&self) -> Result<()> {
         #[cfg(not(target_arch = "wasm32"))]

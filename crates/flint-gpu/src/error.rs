@@ -22,6 +22,8 @@ pub enum GpuError {
     Shader { shader: String, message: String },
     #[error("{op}: {message}")]
     Unsupported { op: &'static str, message: String },
+    #[error(transparent)]
+    Kv(#[from] flint_core::kv::KvError),
 }
 
 pub type Result<T, E = GpuError> = std::result::Result<T, E>;

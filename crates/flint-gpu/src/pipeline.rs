@@ -31,9 +31,10 @@ impl PipelineKey {
     }
 }
 
-#[derive(Default)]
+/// Compiled pipelines by key; cloning shares the cache.
+#[derive(Clone, Default)]
 pub struct PipelineCache {
-    map: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    map: Arc<Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>>,
 }
 
 impl PipelineCache {
@@ -46,28 +47,42 @@ impl PipelineCache {
         if let Some(p) = self.map.lock().map_err(poisoned)?.get(key) {
             return Ok(p.clone());
         }
-        let source = preprocess(key.shader, &key.defs)?;
-        let label = key.label();
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&label),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
-        let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&label),
-            layout: None,
-            module: &module,
-            entry_point: Some(key.entry),
-            compilation_options: Default::default(),
-            cache: None,
-        });
+        let pipeline = compile(&ctx.device, key)?;
         if let Some(e) = scope.pop().await {
-            return Err(GpuError::Shader { shader: label, message: e.to_string() });
+            return Err(GpuError::Shader { shader: key.label(), message: e.to_string() });
         }
         let p = Arc::new(pipeline);
         self.map.lock().map_err(poisoned)?.insert(key.clone(), p.clone());
         Ok(p)
     }
+
+    /// The pipeline for `key`, compiled now if it is not cached, without waiting for the
+    /// device's verdict: for kernels built on first use inside a step, whose compile errors
+    /// surface as the step's validation error (`GpuContext::check`). The key's source is
+    /// preprocessed, so only the device can still refuse it.
+    pub fn get_now(&self, device: &wgpu::Device, key: &PipelineKey) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(p) = self.map.lock().map_err(poisoned)?.get(key) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(compile(device, key)?);
+        self.map.lock().map_err(poisoned)?.insert(key.clone(), p.clone());
+        Ok(p)
+    }
+}
+
+fn compile(device: &wgpu::Device, key: &PipelineKey) -> Result<wgpu::ComputePipeline> {
+    let source = preprocess(key.shader, &key.defs)?;
+    let label = key.label();
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(source.into()) });
+    Ok(device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(&label),
+        layout: None,
+        module: &module,
+        entry_point: Some(key.entry),
+        compilation_options: Default::default(),
+        cache: None,
+    }))
 }
 
 fn poisoned<T>(_: T) -> GpuError {

@@ -13,7 +13,6 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("common.wgsl", include_str!("../../../shaders/common.wgsl")),
     ("dequant.wgsl", include_str!("../../../shaders/dequant.wgsl")),
     ("add.wgsl", include_str!("../../../shaders/add.wgsl")),
-    ("argmax.wgsl", include_str!("../../../shaders/argmax.wgsl")),
     ("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
     ("embed.wgsl", include_str!("../../../shaders/embed.wgsl")),
     ("glu.wgsl", include_str!("../../../shaders/glu.wgsl")),
@@ -26,6 +25,10 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("rms_norm.wgsl", include_str!("../../../shaders/rms_norm.wgsl")),
     ("rope.wgsl", include_str!("../../../shaders/rope.wgsl")),
     ("rope_common.wgsl", include_str!("../../../shaders/rope_common.wgsl")),
+    ("sample_argmax.wgsl", include_str!("../../../shaders/sample_argmax.wgsl")),
+    ("sample_common.wgsl", include_str!("../../../shaders/sample_common.wgsl")),
+    ("sample_logprobs.wgsl", include_str!("../../../shaders/sample_logprobs.wgsl")),
+    ("sample_threshold.wgsl", include_str!("../../../shaders/sample_threshold.wgsl")),
 ];
 
 const MAX_INCLUDE_DEPTH: usize = 8;

@@ -1,8 +1,10 @@
-//! kv_write + paged attention against an f64 CPU reference: mixed batches, scattered block
-//! tables, GQA, sliding windows, prefill and long decode, forced split counts, sentinels.
+//! Paged attention (after kv_write) against an f64 CPU reference: mixed batches, scattered
+//! block tables, GQA, sliding windows, prefill and long decode, forced split counts,
+//! sentinels; and batch invariance: a token's output is bit-identical whatever shares its step.
 
-use flint_gpu::buffer::{read_f32, storage_init};
-use flint_gpu::ops::attention::{encode_block_copy, Attention, AttentionDesc, KvWrite, ROWS_TARGET_INVOCATIONS, SPLIT_TARGET_GROUPS};
+use flint_gpu::buffer::{read_f32, storage, storage_init};
+use flint_gpu::ops::attention::{Attention, AttentionDesc, MAX_SPLITS, ROWS_TARGET_INVOCATIONS, SPLIT_MIN_POSITIONS, SPLIT_TARGET_GROUPS};
+use flint_gpu::ops::kv_write::{encode_block_copy, KvWrite};
 use flint_core::arch::RopeStyle;
 use flint_core::reference::ops::rope;
 use flint_gpu::ops::rope::RopeSpec;
@@ -23,10 +25,11 @@ type Rows = Vec<Vec<f32>>;
 
 #[derive(Clone, Copy, Debug)]
 enum Split {
-    /// `encode`: split for the batch's longest possible context.
+    /// A grid for the batch's longest possible context (each token still takes its own count).
     Auto,
-    /// `encode_kv` with the true longest context.
+    /// A grid for the true longest context.
     Kv,
+    /// Every token takes this many splits.
     Fixed(u32),
 }
 
@@ -163,20 +166,24 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
 
     let cache = PipelineCache::new();
     let write = KvWrite::new(ctx, &cache, &batch, d, &k_buf, &v_buf, &kc_buf, &vc_buf).await.unwrap();
-    let mut attn = Attention::new(ctx, &cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf).await.unwrap();
+    let scratch = storage(ctx, "scratch", Attention::scratch_bytes(d, max_tokens)).unwrap();
+    let mut attn = Attention::new(ctx, &cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch).await.unwrap();
     if force_split {
-        attn.force_split();
+        attn.force_split(ctx);
     }
     let max_kv = toks.iter().map(|&(_, p)| p as u32 + 1).max().unwrap();
+    let grid_kv = match c.split {
+        Split::Auto => max_blocks * c.block_size,
+        Split::Kv | Split::Fixed(_) => max_kv,
+    };
+    if let Split::Fixed(n) = c.split {
+        attn.fix_splits(ctx, Some(n));
+    }
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     {
         let mut pass = enc.begin_compute_pass(&Default::default());
         write.encode(&mut pass, n_tok);
-        match c.split {
-            Split::Auto => attn.encode(&mut pass, n_tok),
-            Split::Kv => attn.encode_kv(&mut pass, n_tok, max_kv),
-            Split::Fixed(n) => attn.encode_splits(&mut pass, n_tok, n),
-        }
+        attn.encode_kv(&mut pass, n_tok, grid_kv);
     }
     ctx.queue.submit([enc.finish()]);
 
@@ -333,16 +340,97 @@ fn split_count_policy() {
     flint_gpu::gpu_test!(ctx => {
         let d = desc(14, 2, 64, None);
         let batch = Batch::new(ctx, 512, 4, 256, 16).unwrap();
-        let b = |n: u64| flint_gpu::buffer::storage(ctx, "t", n).unwrap();
+        let b = |n: u64| storage(ctx, "t", n).unwrap();
         let (q, out) = (b(512 * 14 * 64 * 4), b(512 * 14 * 64 * 4));
         let (kc, vc) = (b(256 * 16 * 128 * 4), b(256 * 16 * 128 * 4));
-        let attn = Attention::new(ctx, &PipelineCache::new(), &batch, &d, &q, &kc, &vc, &out).await.unwrap();
+        let scratch = b(Attention::scratch_bytes(&d, 512));
+        let attn = Attention::new(ctx, &PipelineCache::new(), &batch, &d, &q, &kc, &vc, &out, &scratch).await.unwrap();
         let target = if attn.serial() { ROWS_TARGET_INVOCATIONS } else { SPLIT_TARGET_GROUPS };
-        assert_eq!(attn.n_splits(1, 8192), target / 14);
-        assert_eq!(attn.n_splits(1, 100), 2);
-        assert_eq!(attn.n_splits(1, 1), 1);
-        assert_eq!(attn.n_splits(512, 4096), 1);
-        assert!(attn.n_splits(10, 4096) * 10 * 14 <= SPLIT_TARGET_GROUPS);
+        let p = attn.policy();
+        // A token's count depends on its own visible length only: a split per 64 positions,
+        // up to the decode target's share per head.
+        let most = (target / 14).min(MAX_SPLITS);
+        assert_eq!(p.splits(8192), most);
+        assert_eq!(p.splits(100), 2);
+        assert_eq!(p.splits(1), 1);
+        assert_eq!(p.splits(SPLIT_MIN_POSITIONS), 1);
+        assert_eq!(p.splits(SPLIT_MIN_POSITIONS + 1), 2.min(most));
+    });
+}
+
+/// Runs kv_write + attention for `toks` ((sequence, position); each sequence's K/V history
+/// seeded from `seed`) and returns the output rows of the tokens, in order.
+async fn outputs_for(ctx: &GpuContext, d: &AttentionDesc, force_split: bool, toks: &[(usize, usize)], seed: u64) -> Vec<Vec<f32>> {
+    let (kv_dim, q_dim, out_dim) = (d.kv_dim() as usize, d.q_dim() as usize, d.out_dim() as usize);
+    let bs = 16usize;
+    let n_seq = toks.iter().map(|t| t.0).max().unwrap() + 1;
+    let max_pos = toks.iter().map(|t| t.1).max().unwrap() + 1;
+    let blocks_per_seq = max_pos.div_ceil(bs);
+    // Sequence s's history is the same whatever step it runs in (seeded by s).
+    let hist: Vec<Vec<Vec<f32>>> = (0..n_seq).map(|s| {
+        let mut rng = TestRng::new(seed + s as u64);
+        (0..max_pos).map(|_| rng.vec(kv_dim)).collect()
+    }).collect();
+    let tables: Vec<Vec<u32>> = (0..n_seq).map(|s| (0..blocks_per_seq as u32).map(|b| s as u32 * blocks_per_seq as u32 + b).collect()).collect();
+    let n_slots = n_seq * blocks_per_seq * bs;
+    let mut kc = vec![0f32; n_slots * kv_dim];
+    for s in 0..n_seq {
+        for p in 0..max_pos {
+            let slot = tables[s][p / bs] as usize * bs + p % bs;
+            kc[slot * kv_dim..][..kv_dim].copy_from_slice(&hist[s][p]);
+        }
+    }
+    let n_tok = toks.len();
+    let mut q = Vec::new();
+    let mut rows = Vec::new();
+    for &(s, p) in toks {
+        let mut rng = TestRng::new(seed * 31 + s as u64 * 7919 + p as u64);
+        q.extend(rng.vec(q_dim));
+        rows.extend(hist[s][p].iter().copied());
+    }
+    let batch = Batch::new(ctx, n_tok as u32, n_seq as u32, blocks_per_seq as u32, bs as u32).unwrap();
+    let pos: Vec<u32> = toks.iter().map(|t| t.1 as u32).collect();
+    let seq: Vec<u32> = toks.iter().map(|t| t.0 as u32).collect();
+    let refs: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
+    batch.write(ctx, &vec![0; n_tok], &pos, &seq, &refs);
+    let buf = |label: &str, data: &[f32]| storage_init(ctx, label, bytemuck::cast_slice(data)).unwrap();
+    let (q_buf, k_buf, kc_buf, vc_buf) = (buf("q", &q), buf("k", &rows), buf("kc", &kc), buf("vc", &kc));
+    let out_buf = buf("out", &vec![SENTINEL; n_tok * out_dim]);
+    let cache = PipelineCache::new();
+    let scratch = storage(ctx, "scratch", Attention::scratch_bytes(d, n_tok as u32)).unwrap();
+    let write = KvWrite::new(ctx, &cache, &batch, d, &k_buf, &k_buf, &kc_buf, &vc_buf).await.unwrap();
+    let mut attn = Attention::new(ctx, &cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch).await.unwrap();
+    if force_split {
+        attn.force_split(ctx);
+    }
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        write.encode(&mut pass, n_tok as u32);
+        attn.encode_kv(&mut pass, n_tok as u32, max_pos as u32);
+    }
+    ctx.queue.submit([enc.finish()]);
+    let got = read_f32(ctx, &out_buf, 0, n_tok * out_dim).await.unwrap();
+    ctx.check().unwrap();
+    got.chunks_exact(out_dim).map(|r| r.to_vec()).collect()
+}
+
+#[test]
+fn a_tokens_output_does_not_depend_on_its_step() {
+    // A decode at position 700 alone, then beside a 40-token prefill of another sequence
+    // (which widens the split grid and the step), then beside more decodes: the same bits.
+    flint_gpu::gpu_test!(ctx => {
+        for d in [desc(14, 2, 64, None), desc(4, 1, 256, Some(512))] {
+            for force_split in [false, true] {
+                let alone = outputs_for(ctx, &d, force_split, &[(0, 700)], 21).await;
+                let mut with_prefill: Vec<(usize, usize)> = (0..40).map(|p| (1, 900 + p)).collect();
+                with_prefill.insert(17, (0, 700));
+                let mixed = outputs_for(ctx, &d, force_split, &with_prefill, 21).await;
+                let busy = outputs_for(ctx, &d, force_split, &[(2, 30), (0, 700), (3, 1)], 21).await;
+                assert!(alone[0] == mixed[17], "{d:?} split {force_split}: a prefill beside it changed the output");
+                assert!(alone[0] == busy[1], "{d:?} split {force_split}: other decodes beside it changed the output");
+            }
+        }
     });
 }
 
@@ -354,12 +442,13 @@ fn bad_shapes_are_errors() {
         let big = b(1 << 20);
         let cache = PipelineCache::new();
         for d in [desc(14, 3, 64, None), desc(4, 1, 512, None), desc(4, 1, 66, None), desc(4, 1, 64, Some(0))] {
-            assert!(Attention::new(ctx, &cache, &batch, &d, &big, &big, &big, &big).await.is_err(), "{d:?}");
+            assert!(Attention::new(ctx, &cache, &batch, &d, &big, &big, &big, &big, &big).await.is_err(), "{d:?}");
             assert!(KvWrite::new(ctx, &cache, &batch, &d, &big, &big, &big, &big).await.is_err(), "{d:?}");
         }
-        // Buffers too small for the batch or for one block.
+        // Buffers too small for the batch, for one block, or for the split scratch.
         let d = desc(4, 1, 64, None);
-        assert!(Attention::new(ctx, &cache, &batch, &d, &b(16), &big, &big, &big).await.is_err());
+        assert!(Attention::new(ctx, &cache, &batch, &d, &b(16), &big, &big, &big, &big).await.is_err());
+        assert!(Attention::new(ctx, &cache, &batch, &d, &big, &big, &big, &big, &b(64)).await.is_err());
         assert!(KvWrite::new(ctx, &cache, &batch, &d, &big, &big, &b(64), &big).await.is_err());
         ctx.check().unwrap();
     });
@@ -402,7 +491,8 @@ fn forked_sequences_share_prefix_blocks_with_copy_on_write() {
         let out_buf = buf("out", &vec![SENTINEL; n_tok * out_dim]);
         let cache = PipelineCache::new();
         let write = KvWrite::new(ctx, &cache, &batch, &d, &k_buf, &k_buf, &kc_buf, &vc_buf).await.unwrap();
-        let attn = Attention::new(ctx, &cache, &batch, &d, &q_buf, &kc_buf, &vc_buf, &out_buf).await.unwrap();
+        let scratch = flint_gpu::buffer::storage(ctx, "scratch", Attention::scratch_bytes(&d, n_tok as u32)).unwrap();
+        let attn = Attention::new(ctx, &cache, &batch, &d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch).await.unwrap();
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         // The copy-on-write block is copied in every cache before the step writes.
         if let Some(BlockCopy { src, dst }) = cow {

@@ -1,7 +1,8 @@
 //! The penalize kernel against flint_core's `Sampler::penalize` on random logits:
 //! repetition/presence/frequency penalties over bounded and whole-context windows, logit
 //! bias with bans and repeated ids, the allowed-token mask, odd vocabulary sizes, a
-//! sentinel past the logits, and the errors `prepare` reports.
+//! sentinel past the logits, and the errors `prepare` reports; then 3 and 8 rows with their
+//! own edits in one step, each equal to the CPU's and to the row alone.
 
 use flint_core::sampling::{LogitEdit, Penalties, Sampler, SamplingParams};
 use flint_gpu::buffer::{read_f32, storage_init};
@@ -84,14 +85,14 @@ fn penalize_matches_cpu() {
             let mut rng = TestRng::new(n as u64 + 17);
             // Two sentinels past the logits catch out-of-bounds writes.
             let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![SENTINEL; n + 2])).unwrap();
-            let pen = Penalize::new(ctx, &cache, n as u32, n as u32, &buf).await.unwrap();
+            let mut pen = Penalize::new(ctx, &cache, n as u32, 1, &buf).await.unwrap();
             for case in cases() {
                 let logits = random_logits(&mut rng, n);
                 let s = cpu_sampler(&mut rng, n, &case);
                 let mut want = logits.clone();
                 s.penalize(&mut want);
                 ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits));
-                let plan = pen.prepare(ctx, &StepEdits::from_sampler(&s)).unwrap();
+                let plan = pen.prepare(ctx, &[StepEdits::from_sampler(&s)]).unwrap();
                 submit(ctx, |p| pen.encode(p, &plan));
                 let got = read_f32(ctx, &buf, 0, n + 2).await.unwrap();
                 ctx.check().unwrap();
@@ -125,7 +126,7 @@ fn hand_computed_edits() {
         let cache = PipelineCache::new();
         let logits = [1.0f32, 2.0, -1.0, 3.0, 0.5, -2.0, 0.0, 4.0, 7.0];
         let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&logits)).unwrap();
-        let pen = Penalize::new(ctx, &cache, 9, 16, &buf).await.unwrap();
+        let mut pen = Penalize::new(ctx, &cache, 9, 1, &buf).await.unwrap();
         let edits = vec![
             LogitEdit { id: 1, count: 1, bias: 0.0 },
             LogitEdit { id: 5, count: 2, bias: 0.0 },
@@ -136,7 +137,7 @@ fn hand_computed_edits() {
         // Token 8 masked out: word 0 has bits 0..=7.
         let mask = [0xffu32];
         let step = StepEdits { penalties: Penalties { repeat: 2.0, presence: 0.5, frequency: 0.25 }, edits, mask: Some(&mask) };
-        let plan = pen.prepare(ctx, &step).unwrap();
+        let plan = pen.prepare(ctx, &[step]).unwrap();
         submit(ctx, |p| pen.encode(p, &plan));
         let got = read_f32(ctx, &buf, 0, 9).await.unwrap();
         let ninf = f32::NEG_INFINITY;
@@ -151,17 +152,58 @@ fn prepare_rejects_what_does_not_fit() {
         let cache = PipelineCache::new();
         let n = 100u32;
         let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![0f32; n as usize])).unwrap();
-        let pen = Penalize::new(ctx, &cache, n, 4, &buf).await.unwrap();
+        let mut pen = Penalize::new(ctx, &cache, n, 1, &buf).await.unwrap();
         let p = Penalties { repeat: 1.1, presence: 0.0, frequency: 0.0 };
         let e = |id| LogitEdit { id, count: 1, bias: 0.0 };
         let step = |edits: Vec<LogitEdit>, mask: Option<&'static [u32]>| StepEdits { penalties: p, edits, mask };
-        assert!(pen.prepare(ctx, &step(vec![e(1), e(2), e(3), e(4), e(5)], None)).is_err(), "too many edits");
-        assert!(pen.prepare(ctx, &step(vec![e(100)], None)).is_err(), "id outside the vocabulary");
-        assert!(pen.prepare(ctx, &step(vec![], Some(&[0u32; 3]))).is_err(), "mask too short");
-        assert!(pen.prepare(ctx, &step(vec![], Some(&[0u32; 5]))).is_err(), "mask too long");
-        let ok = pen.prepare(ctx, &step(vec![e(99)], Some(&[u32::MAX; 4]))).unwrap();
+        assert!(pen.prepare(ctx, &[step(vec![e(1)], None), step(vec![e(2)], None)]).is_err(), "more rows than the buffers hold");
+        assert!(pen.prepare(ctx, &[step(vec![e(100)], None)]).is_err(), "id outside the vocabulary");
+        assert!(pen.prepare(ctx, &[step(vec![], Some(&[0u32; 3]))]).is_err(), "mask too short");
+        assert!(pen.prepare(ctx, &[step(vec![], Some(&[0u32; 5]))]).is_err(), "mask too long");
+        let ok = pen.prepare(ctx, &[step(vec![e(99)], Some(&[u32::MAX; 4]))]).unwrap();
         assert_eq!((ok.n_edits, ok.mask), (1, true));
-        assert!(Penalize::new(ctx, &cache, 200, 4, &buf).await.is_err(), "logits too small");
+        // A list longer than the one allocated at load grows it.
+        let many: Vec<LogitEdit> = (0..3000).map(|i| e(i % n)).collect();
+        assert_eq!(pen.prepare(ctx, &[step(many, None)]).unwrap().n_edits, 3000);
+        assert!(Penalize::new(ctx, &cache, 200, 1, &buf).await.is_err(), "logits too small");
         ctx.check().unwrap();
+    });
+}
+
+#[test]
+fn rows_edit_their_own_logits() {
+    flint_gpu::gpu_test!(ctx => {
+        let cache = PipelineCache::new();
+        let n = 1000usize;
+        for n_rows in [3usize, 8] {
+            let mut rng = TestRng::new(40 + n_rows as u64);
+            let all = cases();
+            let samplers: Vec<Sampler> = (0..n_rows).map(|r| cpu_sampler(&mut rng, n, &all[r % all.len()])).collect();
+            let logits: Vec<Vec<f32>> = (0..n_rows).map(|_| random_logits(&mut rng, n)).collect();
+            let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![SENTINEL; n_rows * n + 2])).unwrap();
+            let mut pen = Penalize::new(ctx, &cache, n as u32, n_rows as u32, &buf).await.unwrap();
+            ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits.concat()));
+            let edits: Vec<StepEdits> = samplers.iter().map(StepEdits::from_sampler).collect();
+            let plan = pen.prepare(ctx, &edits).unwrap();
+            submit(ctx, |p| pen.encode(p, &plan));
+            let together = read_f32(ctx, &buf, 0, n_rows * n + 2).await.unwrap();
+            assert_eq!(&together[n_rows * n..], &[SENTINEL, SENTINEL], "{n_rows} rows: wrote past the logits");
+            for (r, s) in samplers.iter().enumerate() {
+                let mut want = logits[r].clone();
+                s.penalize(&mut want);
+                let got = &together[r * n..(r + 1) * n];
+                let finite: Vec<usize> = (0..n).filter(|&i| want[i].is_finite()).collect();
+                assert!(finite.iter().all(|&i| got[i].is_finite()) && (0..n).all(|i| got[i].is_finite() == want[i].is_finite()), "{n_rows} rows: row {r}'s bans");
+                let e = nmse(&finite.iter().map(|&i| got[i]).collect::<Vec<_>>(), &finite.iter().map(|&i| want[i]).collect::<Vec<_>>());
+                assert!(e <= NMSE_F32, "{n_rows} rows: row {r} nmse {e}");
+                // Alone, the row edits to the same bits.
+                ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits[r]));
+                let plan = pen.prepare(ctx, &[StepEdits::from_sampler(s)]).unwrap();
+                submit(ctx, |p| pen.encode(p, &plan));
+                let alone = read_f32(ctx, &buf, 0, n).await.unwrap();
+                assert!(alone.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()), "{n_rows} rows: row {r} differs from alone");
+            }
+            ctx.check().unwrap();
+        }
     });
 }

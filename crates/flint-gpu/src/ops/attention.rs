@@ -1,32 +1,35 @@
-//! Paged attention over one layer's KV cache (`shaders/attention.wgsl`) and the write of a
-//! step's K/V rows into that cache (`shaders/kv_write.wgsl`). Causal, GQA, optional sliding
-//! window; long contexts are split over the KV length and merged by a combine pass.
+//! Paged attention over one layer's KV cache (`shaders/attention.wgsl`): causal, GQA,
+//! optional sliding window. Long contexts are split over the KV length and merged by a
+//! combine pass; each token's split count is a function of its own visible length only, so
+//! its result is bit-identical whatever else shares the step (batch invariance). The step's
+//! K/V rows are written by `ops::kv_write` first.
 
 use std::sync::Arc;
 
-use crate::buffer::storage;
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
+use crate::ops::rope::{RopeSpec, RopeTables};
 use crate::ops::{params, Batch};
 use crate::pipeline::{PipelineCache, PipelineKey};
-use crate::ops::rope::{RopeSpec, RopeTables};
 use crate::shader::ShaderDefs;
 
 /// Invocations of one `split` workgroup; also the positions it scores per tile.
 pub const SPLIT_WG: u32 = 256;
 pub const COMBINE_WG: u32 = 64;
-pub const KV_WRITE_WG: u32 = 64;
 /// Largest head size (K and V) the kernels take.
 pub const MAX_HEAD_DIM: u32 = 256;
-/// The KV length is split until about this many `split` workgroups run (enough to fill a
-/// large discrete GPU several times over); it bounds the split scratch too.
+/// A token's visible positions are split until about this many `split` workgroups would run
+/// for one decode token (enough to fill a large discrete GPU), in splits of at least
+/// [`SPLIT_MIN_POSITIONS`] and at most [`MAX_SPLITS`].
 pub const SPLIT_TARGET_GROUPS: u32 = 1024;
 /// A split takes at least this many positions before the next split gets any.
 pub const SPLIT_MIN_POSITIONS: u32 = 64;
+/// Most splits of one token; bounds the shared split scratch.
+pub const MAX_SPLITS: u32 = 16;
 /// Invocations of one `rows` workgroup (the serial kernel for CPU-type adapters).
 pub const ROWS_WG: u32 = 64;
-/// On CPU-type adapters the KV length is split until about this many `rows` invocations run
-/// (two workgroups' worth, one per CPU thread of a small machine).
+/// On CPU-type adapters a decode token's positions are split until about this many `rows`
+/// invocations run (two workgroups' worth, one per CPU thread of a small machine).
 pub const ROWS_TARGET_INVOCATIONS: u32 = 2 * ROWS_WG;
 /// Most positions one serial-kernel invocation walks: llvmpipe ends a loop after 65535
 /// iterations, so longer ranges take more splits.
@@ -34,7 +37,7 @@ pub const ROWS_MAX_POSITIONS: u32 = 32768;
 /// Head sizes the serial kernel is built for (head_dim = head_dim_v); others use `split`.
 pub const ROWS_HEAD_DIMS: [u32; 4] = [64, 80, 128, 256];
 /// Grid dimensions are limited to this many workgroups (WebGPU's minimum).
-const MAX_GRID_DIM: u32 = 65535;
+pub(crate) const MAX_GRID_DIM: u32 = 65535;
 
 /// One layer's attention shape. `scale` multiplies q·k (usually 1/√head_dim); `window`
 /// limits token p to positions j with p − j < window.
@@ -68,7 +71,7 @@ impl AttentionDesc {
         self.n_head * self.head_dim_v
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let bad = |message: String| Err(GpuError::Unsupported { op: "attention", message });
         if self.n_head_kv == 0 || self.n_head == 0 || self.n_head / self.n_head_kv * self.n_head_kv != self.n_head {
             return bad(format!("n_head {} is not a multiple of n_head_kv {}", self.n_head, self.n_head_kv));
@@ -93,10 +96,6 @@ impl AttentionDesc {
         }
         Ok(())
     }
-}
-
-fn kv_write_key(rope: Option<&RopeSpec>) -> PipelineKey {
-    PipelineKey::new("kv_write.wgsl", "main", RopeSpec::defs(rope, ShaderDefs::new().u32("WG", KV_WRITE_WG)))
 }
 
 fn attention_defs() -> ShaderDefs {
@@ -133,26 +132,29 @@ fn rows_key(head_dim: u32, rope: Option<&RopeSpec>) -> PipelineKey {
     PipelineKey::new("attention.wgsl", "rows", RopeSpec::defs(rope, defs))
 }
 
+/// The RoPE settings the variant lists cover (one of each style; the tables are bindings).
+pub(crate) fn rope_variants() -> [Option<RopeSpec>; 3] {
+    let spec = |style| RopeSpec { rope_dim: 64, style, base: 10000.0, freq_scale: 1.0 };
+    [None, Some(spec(flint_core::arch::RopeStyle::Normal)), Some(spec(flint_core::arch::RopeStyle::Neox))]
+}
+
 pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = vec![combine_key()];
-    let spec = |style| RopeSpec { rope_dim: 64, style, base: 10000.0, freq_scale: 1.0 };
-    let ropes = [None, Some(spec(flint_core::arch::RopeStyle::Normal)), Some(spec(flint_core::arch::RopeStyle::Neox))];
-    for rope in &ropes {
-        v.push(kv_write_key(rope.as_ref()));
+    for rope in &rope_variants() {
         v.push(split_key(rope.as_ref()));
         v.extend(ROWS_HEAD_DIMS.map(|hd| rows_key(hd, rope.as_ref())));
     }
     v
 }
 
-fn need(op: &'static str, what: &str, buf: &wgpu::Buffer, bytes: u64) -> Result<()> {
+pub(crate) fn need(op: &'static str, what: &str, buf: &wgpu::Buffer, bytes: u64) -> Result<()> {
     if buf.size() < bytes {
         return Err(GpuError::Unsupported { op, message: format!("{what} holds {} bytes, needs {bytes}", buf.size()) });
     }
     Ok(())
 }
 
-fn check_cache(ctx: &GpuContext, op: &'static str, what: &str, buf: &wgpu::Buffer, row: u32, block_size: u32) -> Result<()> {
+pub(crate) fn check_cache(ctx: &GpuContext, op: &'static str, what: &str, buf: &wgpu::Buffer, row: u32, block_size: u32) -> Result<()> {
     need(op, what, buf, row as u64 * 4 * block_size as u64)?;
     if buf.size() > ctx.max_binding() {
         return Err(GpuError::Limit { what: "KV cache binding", need: buf.size(), limit: ctx.max_binding() });
@@ -160,7 +162,7 @@ fn check_cache(ctx: &GpuContext, op: &'static str, what: &str, buf: &wgpu::Buffe
     Ok(())
 }
 
-fn check_batch(batch: &Batch, op: &'static str) -> Result<()> {
+pub(crate) fn check_batch(batch: &Batch, op: &'static str) -> Result<()> {
     if batch.max_tokens > MAX_GRID_DIM {
         return Err(GpuError::Unsupported { op, message: format!("max_tokens {} exceeds {MAX_GRID_DIM}", batch.max_tokens) });
     }
@@ -180,68 +182,6 @@ fn bind_at(ctx: &GpuContext, label: &str, pipeline: &wgpu::ComputePipeline, buff
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct KvWriteParams {
-    kv_dim: u32,
-    v_dim: u32,
-    head_dim: u32,
-    _pad: u32,
-}
-
-/// Copies a step's K `[n_tok, kv_dim]` and V `[n_tok, v_dim]` rows into the paged caches
-/// `[n_slots, kv_dim]` / `[n_slots, v_dim]` at each token's (sequence, position) slot.
-pub struct KvWrite {
-    pipeline: Arc<wgpu::ComputePipeline>,
-    _rope: Option<RopeTables>,
-    bind: wgpu::BindGroup,
-    groups_x: u32,
-    max_tokens: u32,
-}
-
-impl KvWrite {
-    #[allow(clippy::too_many_arguments)]
-    pub async fn new(
-        ctx: &GpuContext,
-        cache: &PipelineCache,
-        batch: &Batch,
-        desc: &AttentionDesc,
-        k: &wgpu::Buffer,
-        v: &wgpu::Buffer,
-        k_cache: &wgpu::Buffer,
-        v_cache: &wgpu::Buffer,
-    ) -> Result<Self> {
-        const OP: &str = "kv_write";
-        desc.validate()?;
-        check_batch(batch, OP)?;
-        let (kv_dim, v_dim) = (desc.kv_dim(), desc.v_dim());
-        need(OP, "k", k, batch.max_tokens as u64 * kv_dim as u64 * 4)?;
-        need(OP, "v", v, batch.max_tokens as u64 * v_dim as u64 * 4)?;
-        check_cache(ctx, OP, "k_cache", k_cache, kv_dim, batch.block_size)?;
-        check_cache(ctx, OP, "v_cache", v_cache, v_dim, batch.block_size)?;
-        let key = kv_write_key(desc.rope.as_ref());
-        let pipeline = cache.get(ctx, &key).await?;
-        let p = params(ctx, "kv_write_params", &KvWriteParams { kv_dim, v_dim, head_dim: desc.head_dim, _pad: 0 });
-        let rope = desc.rope.as_ref().map(|r| RopeTables::new(ctx, "kv_write", r, desc.head_dim)).transpose()?;
-        let mut bufs = vec![&batch.info, &p, &batch.pos, &batch.seq, &batch.block_table, k, v, k_cache, v_cache];
-        if let Some(r) = &rope {
-            bufs.extend([&r.params, &r.inv_freq]);
-        }
-        let bind = crate::ops::bind(ctx, &key.label(), &pipeline, &bufs);
-        Ok(KvWrite { pipeline, _rope: rope, bind, groups_x: (kv_dim + v_dim).div_ceil(KV_WRITE_WG), max_tokens: batch.max_tokens })
-    }
-
-    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32) {
-        assert!(n_tok <= self.max_tokens, "kv_write: {n_tok} tokens, batch holds {}", self.max_tokens);
-        if n_tok == 0 {
-            return;
-        }
-        pass.set_pipeline(&self.pipeline);
-        pass.set_bind_group(0, &self.bind, &[]);
-        pass.dispatch_workgroups(self.groups_x, n_tok, 1);
-    }
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct AttnParams {
     n_head: u32,
     group: u32,
@@ -250,10 +190,39 @@ struct AttnParams {
     kv_dim: u32,
     v_dim: u32,
     window: u32,
-    split_min: u32,
     scale: f32,
+    /// The split policy (see [`SplitPolicy`]), evaluated per token in the shader.
+    split_len: u32,
+    max_split: u32,
+    max_positions: u32,
+    /// Splits every token takes regardless of the policy; 0 = the policy (tests).
+    fixed_split: u32,
+    /// Split records of one (token, head) in the scratch: MAX_SPLITS.
+    split_stride: u32,
+    /// Split records the scratch holds.
     part_cap: u32,
     _pad: [u32; 2],
+}
+
+/// How a token's visible positions are split: `ceil(len / split_len)` splits, at most
+/// `max_split`, and at least enough that no split walks more than `max_positions` (0 = no
+/// bound). A function of the token's own length, never of the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitPolicy {
+    pub split_len: u32,
+    pub max_split: u32,
+    pub max_positions: u32,
+}
+
+impl SplitPolicy {
+    /// The split count for a token that sees `len` positions (mirrors attention.wgsl).
+    pub fn splits(&self, len: u32) -> u32 {
+        let mut n = len.div_ceil(self.split_len).clamp(1, self.max_split);
+        if self.max_positions > 0 {
+            n = n.max(len.div_ceil(self.max_positions));
+        }
+        n.min(MAX_SPLITS)
+    }
 }
 
 /// `out[t, h * head_dim_v ..] = softmax(scale · q[t, h] · K) V` over the positions of token
@@ -267,15 +236,23 @@ pub struct Attention {
     combine: Arc<wgpu::ComputePipeline>,
     split_bind: wgpu::BindGroup,
     combine_bind: wgpu::BindGroup,
-    /// Split partials: [part_cap, head_dim_v] then [part_cap, 2] f32.
-    part: wgpu::Buffer,
+    params: wgpu::Buffer,
+    base: AttnParams,
     _rope: Option<RopeTables>,
     n_head: u32,
     max_tokens: u32,
-    max_ctx: u32,
+    window: Option<u32>,
 }
 
 impl Attention {
+    /// Bytes of split scratch a layer of `desc` needs for steps of `max_tokens` tokens: one
+    /// scratch may serve every layer of a model (they run one after another).
+    pub fn scratch_bytes(desc: &AttentionDesc, max_tokens: u32) -> u64 {
+        let records = max_tokens as u64 * desc.n_head as u64 * MAX_SPLITS as u64;
+        records * (desc.head_dim_v as u64 + 2) * 4
+    }
+
+    /// `scratch`: split partials, at least [`Attention::scratch_bytes`] (shared by layers).
     #[allow(clippy::too_many_arguments)]
     pub async fn new(
         ctx: &GpuContext,
@@ -286,6 +263,7 @@ impl Attention {
         k_cache: &wgpu::Buffer,
         v_cache: &wgpu::Buffer,
         out: &wgpu::Buffer,
+        scratch: &wgpu::Buffer,
     ) -> Result<Self> {
         const OP: &str = "attention";
         desc.validate()?;
@@ -293,40 +271,42 @@ impl Attention {
         let mt = batch.max_tokens as u64;
         need(OP, "q", q, mt * desc.q_dim() as u64 * 4)?;
         need(OP, "out", out, mt * desc.out_dim() as u64 * 4)?;
+        need(OP, "split scratch", scratch, Self::scratch_bytes(desc, batch.max_tokens))?;
         check_cache(ctx, OP, "k_cache", k_cache, desc.kv_dim(), batch.block_size)?;
         check_cache(ctx, OP, "v_cache", v_cache, desc.v_dim(), batch.block_size)?;
+        let serial = ctx.caps.cpu_like && desc.head_dim == desc.head_dim_v && ROWS_HEAD_DIMS.contains(&desc.head_dim);
+        let rows_grid = (batch.max_tokens as u64 * desc.n_head as u64).div_ceil(ROWS_WG as u64);
+        let serial = serial && rows_grid <= MAX_GRID_DIM as u64;
+        let policy = Self::policy_for(serial, desc.n_head);
+        let base = AttnParams {
+            n_head: desc.n_head,
+            group: desc.n_head / desc.n_head_kv,
+            head_dim: desc.head_dim,
+            head_dim_v: desc.head_dim_v,
+            kv_dim: desc.kv_dim(),
+            v_dim: desc.v_dim(),
+            window: desc.window.unwrap_or(0),
+            scale: desc.scale,
+            split_len: policy.split_len,
+            max_split: policy.max_split,
+            max_positions: policy.max_positions,
+            fixed_split: 0,
+            split_stride: MAX_SPLITS,
+            part_cap: (mt * desc.n_head as u64 * MAX_SPLITS as u64) as u32,
+            _pad: [0; 2],
+        };
+        let p = params(ctx, "attention_params", &base);
         let (split_key, combine_key) = (split_key(desc.rope.as_ref()), combine_key());
         let split = cache.get(ctx, &split_key).await?;
         let combine = cache.get(ctx, &combine_key).await?;
-        let part_cap = SPLIT_TARGET_GROUPS;
-        let part = storage(ctx, "attention_partials", part_cap as u64 * (desc.head_dim_v as u64 + 2) * 4)?;
-        let p = params(
-            ctx,
-            "attention_params",
-            &AttnParams {
-                n_head: desc.n_head,
-                group: desc.n_head / desc.n_head_kv,
-                head_dim: desc.head_dim,
-                head_dim_v: desc.head_dim_v,
-                kv_dim: desc.kv_dim(),
-                v_dim: desc.v_dim(),
-                window: desc.window.unwrap_or(0),
-                split_min: SPLIT_MIN_POSITIONS,
-                scale: desc.scale,
-                part_cap,
-                _pad: [0; 2],
-            },
-        );
         let rope = desc.rope.as_ref().map(|r| RopeTables::new(ctx, "attention", r, desc.head_dim)).transpose()?;
-        let mut bufs = vec![&batch.info, &p, &batch.pos, &batch.seq, &batch.block_table, q, k_cache, v_cache, out, &part];
+        let mut bufs = vec![&batch.info, &p, &batch.pos, &batch.seq, &batch.block_table, q, k_cache, v_cache, out, scratch];
         if let Some(r) = &rope {
             bufs.extend([&r.params, &r.inv_freq]);
         }
         let split_bind = crate::ops::bind(ctx, &split_key.label(), &split, &bufs);
-        let combine_bind = bind_at(ctx, &combine_key.label(), &combine, &[(0, &batch.info), (1, &p), (8, out), (9, &part)]);
-        let rows_grid = (batch.max_tokens as u64 * desc.n_head as u64).div_ceil(ROWS_WG as u64);
-        let serial = ctx.caps.cpu_like && desc.head_dim == desc.head_dim_v && ROWS_HEAD_DIMS.contains(&desc.head_dim);
-        let rows = if serial && rows_grid <= MAX_GRID_DIM as u64 {
+        let combine_bind = bind_at(ctx, &combine_key.label(), &combine, &[(0, &batch.info), (1, &p), (2, &batch.pos), (8, out), (9, scratch)]);
+        let rows = if serial {
             let key = rows_key(desc.head_dim, desc.rope.as_ref());
             let pipeline = cache.get(ctx, &key).await?;
             let bind = crate::ops::bind(ctx, &key.label(), &pipeline, &bufs);
@@ -340,12 +320,19 @@ impl Attention {
             combine,
             split_bind,
             combine_bind,
-            part,
+            params: p,
+            base,
             _rope: rope,
             n_head: desc.n_head,
             max_tokens: batch.max_tokens,
-            max_ctx: batch.max_blocks.saturating_mul(batch.block_size),
+            window: desc.window,
         })
+    }
+
+    fn policy_for(serial: bool, n_head: u32) -> SplitPolicy {
+        let target = if serial { ROWS_TARGET_INVOCATIONS } else { SPLIT_TARGET_GROUPS };
+        let max_split = (target / n_head.max(1)).clamp(1, MAX_SPLITS);
+        SplitPolicy { split_len: SPLIT_MIN_POSITIONS, max_split, max_positions: if serial { ROWS_MAX_POSITIONS } else { 0 } }
     }
 
     /// Whether the serial kernel (CPU-type adapters) runs instead of `split`.
@@ -353,73 +340,48 @@ impl Attention {
         self.rows.is_some()
     }
 
+    /// The policy this layer splits tokens with.
+    pub fn policy(&self) -> SplitPolicy {
+        SplitPolicy { split_len: self.base.split_len, max_split: self.base.max_split, max_positions: self.base.max_positions }
+    }
+
     /// Runs `split` even where the serial kernel was chosen (tests of both kernels).
-    pub fn force_split(&mut self) {
+    pub fn force_split(&mut self, ctx: &GpuContext) {
         self.rows = None;
+        let policy = Self::policy_for(false, self.n_head);
+        self.base = AttnParams { split_len: policy.split_len, max_split: policy.max_split, max_positions: 0, ..self.base };
+        ctx.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(&self.base));
     }
 
-    /// The split count for `n_tok` tokens whose longest visible context is `max_kv_len`:
-    /// enough workgroups (serial kernel: invocations) to fill the device, no split shorter than
-    /// the minimum, and for the serial kernel none longer than [`ROWS_MAX_POSITIONS`].
-    pub fn n_splits(&self, n_tok: u32, max_kv_len: u32) -> u32 {
-        self.splits_for(self.rows.is_some(), n_tok, max_kv_len)
+    /// Makes every token take `n` splits (None: the policy again); tests of the combine pass.
+    pub fn fix_splits(&mut self, ctx: &GpuContext, n: Option<u32>) {
+        self.base.fixed_split = n.map_or(0, |n| n.clamp(1, MAX_SPLITS));
+        ctx.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(&self.base));
     }
 
-    fn splits_for(&self, serial: bool, n_tok: u32, max_kv_len: u32) -> u32 {
-        let rows = n_tok.max(1) * self.n_head;
-        let target = if serial { ROWS_TARGET_INVOCATIONS } else { SPLIT_TARGET_GROUPS };
-        let n = (target / rows).min(max_kv_len.div_ceil(SPLIT_MIN_POSITIONS)).max(1);
-        if serial {
-            n.max(max_kv_len.div_ceil(ROWS_MAX_POSITIONS))
-        } else {
-            n
-        }
+    /// Visible positions of the token that sees the most, given the longest sequence length.
+    fn visible(&self, max_kv_len: u32) -> u32 {
+        self.window.map_or(max_kv_len, |w| w.min(max_kv_len))
     }
 
-    /// Whether `n_split` splits of `n_tok` tokens fit the split scratch.
-    fn fits(&self, n_tok: u32, n_split: u32) -> bool {
-        n_split == 1 || n_split as u64 * n_tok as u64 * self.n_head as u64 <= SPLIT_TARGET_GROUPS as u64
-    }
-
-    /// Encodes attention for `n_tok` tokens, splitting for the longest context the batch allows.
-    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32) {
-        self.encode_kv(pass, n_tok, self.max_ctx);
-    }
-
-    /// Like [`encode`](Self::encode) when the caller knows no token sees more than
-    /// `max_kv_len` positions (e.g. n_past + n_tok), which avoids empty splits.
+    /// Encodes attention for `n_tok` tokens, none of which sees more than `max_kv_len`
+    /// positions; the grid covers the most splits a token may take, each token uses its own.
     pub fn encode_kv(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32, max_kv_len: u32) {
-        let serial = self.rows.is_some();
-        let n = self.splits_for(serial, n_tok, max_kv_len);
-        if serial && !self.fits(n_tok, n) {
-            // Too long for the serial kernel's scratch (a context past ROWS_MAX_POSITIONS
-            // with many tokens): the split kernel.
-            self.encode_with(pass, n_tok, self.splits_for(false, n_tok, max_kv_len), false);
-        } else {
-            self.encode_with(pass, n_tok, n, serial);
-        }
-    }
-
-    /// Encodes with an explicit split count (tests and tuning); `n_split * n_tok * n_head`
-    /// must fit the scratch when `n_split > 1`.
-    pub fn encode_splits(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32, n_split: u32) {
-        self.encode_with(pass, n_tok, n_split, self.rows.is_some());
-    }
-
-    fn encode_with(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32, n_split: u32, serial: bool) {
         assert!(n_tok <= self.max_tokens, "attention: {n_tok} tokens, batch holds {}", self.max_tokens);
-        let n_split = n_split.max(1);
-        assert!(self.fits(n_tok, n_split), "attention: {n_split} splits of {n_tok} tokens overflow the split scratch");
         if n_tok == 0 {
             return;
         }
-        match (&self.rows, serial) {
-            (Some((rows, bind)), true) => {
+        let n_split = match self.base.fixed_split {
+            0 => self.policy().splits(self.visible(max_kv_len).max(1)),
+            n => n,
+        };
+        match &self.rows {
+            Some((rows, bind)) => {
                 pass.set_pipeline(rows);
                 pass.set_bind_group(0, bind, &[]);
                 pass.dispatch_workgroups((n_tok * self.n_head).div_ceil(ROWS_WG), n_split, 1);
             }
-            _ => {
+            None => {
                 pass.set_pipeline(&self.split);
                 pass.set_bind_group(0, &self.split_bind, &[]);
                 pass.dispatch_workgroups(n_split, self.n_head, n_tok);
@@ -431,25 +393,4 @@ impl Attention {
             pass.dispatch_workgroups(n_split, self.n_head, n_tok);
         }
     }
-
-    /// Bytes of split scratch this layer holds.
-    pub fn scratch_bytes(&self) -> u64 {
-        self.part.size()
-    }
-}
-
-/// Encodes a copy-on-write block copy (`flint_core::kv::BlockCopy`) in one cache whose blocks
-/// are `block_bytes` long (block_size * row floats * 4). WebGPU forbids a copy within one
-/// buffer, so it goes through `scratch` (at least `block_bytes`); call it for every layer's K
-/// and V cache before the step's `KvWrite`.
-pub fn encode_block_copy(
-    enc: &mut wgpu::CommandEncoder,
-    cache: &wgpu::Buffer,
-    scratch: &wgpu::Buffer,
-    block_bytes: u64,
-    src: u32,
-    dst: u32,
-) {
-    enc.copy_buffer_to_buffer(cache, src as u64 * block_bytes, scratch, 0, block_bytes);
-    enc.copy_buffer_to_buffer(scratch, 0, cache, dst as u64 * block_bytes, block_bytes);
 }

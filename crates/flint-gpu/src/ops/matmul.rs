@@ -1,12 +1,15 @@
 //! Quantized matmul over one weight part: `y[t, row_offset + r] = Σ_i W[r, i]·x[t, i]`
-//! (+ bias[r]) (+ the old y), weights dequantized in the shader (`shaders/matmul.wgsl`).
+//! (+ bias[r]) (+ the old y), weights dequantized in the shader.
 //!
-//! Two kernels: the vector kernel (one token; reads each weight byte once) for decode and the
-//! logits row, and for prefill the token-tile kernel (TILE_TOKENS tokens per workgroup, each
-//! dequantized weight reused across the tile). On GPUs both are `shaders/matmul.wgsl`, a team
-//! of lanes per row; on CPU-type adapters, where loads cost more than arithmetic, both are
-//! `shaders/matmul_blocked.wgsl`, a block of rows (× tokens) per invocation. `encode` picks
-//! by the step's token count.
+//! Each weight part builds one kernel per token block in [`TOKEN_BLOCKS`] at load, and a step
+//! of n tokens takes the smallest block that holds n (tiles of the largest beyond it), so a
+//! small step never pays for a padded 16-token tile. Every variant computes a (row, token)
+//! product with the same arithmetic in the same order, so a token's result does not depend on
+//! how many tokens share its step (batch invariance).
+//! On GPUs the kernels are `shaders/matmul.wgsl`, a team of lanes per row; on CPU-type
+//! adapters, where loads cost more than arithmetic, `shaders/matmul_blocked.wgsl`, a block of
+//! rows × tokens per invocation. Both pick their workgroup size from the rows and the step so
+//! that a small step still spreads over the device.
 
 use std::sync::Arc;
 
@@ -14,7 +17,7 @@ use flint_core::quant::QuantType;
 
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
-use crate::ops::{bind, fold_groups, params, Batch};
+use crate::ops::{fold_groups, params};
 use crate::pipeline::{PipelineCache, PipelineKey};
 use crate::shader::ShaderDefs;
 
@@ -22,37 +25,30 @@ const SHADER: &str = "matmul.wgsl";
 const OP: &str = "matmul";
 /// Elements per dequantization chunk; rows must hold a whole number of them.
 pub const CHUNK: u32 = 32;
-/// Invocations per workgroup where the adapter allows (WebGPU guarantees 256).
-pub const WG: u32 = 256;
 /// Lanes that may share one weight row; `lanes_per_row` picks one from the row length.
 pub const LANES_PER_ROW: [u32; 3] = [8, 16, 32];
-/// Tokens per workgroup in the prefill kernel.
-pub const TILE_TOKENS: u32 = 16;
-/// Rows and tokens per invocation of the CPU-adapter prefill kernel (`RB`, `TB` in
-/// `shaders/matmul_blocked.wgsl`). 16 × 16 measured fastest on lavapipe (Q5_0 4864 → 896 ×
-/// 128 tokens: 47 ms, against 60 ms for 8 × 16 and 205 ms for the one-row tile kernel;
-/// Q6_K 54 against 79 ms). Every row's dequantization is inlined, so a cold compile of one
-/// pipeline takes lavapipe 6–10 s (Mesa's shader cache keeps it afterwards).
+/// Tokens per kernel variant, smallest first: a step of n tokens takes the first block that
+/// holds n, or tiles of the last.
+pub const TOKEN_BLOCKS: [u32; 4] = [1, 4, 8, 16];
+/// Workgroup sizes of the lane-team kernels (GPUs): the largest that still gives
+/// [`GPU_MIN_GROUPS`] workgroups, so a small matrix or step spreads over the SMs.
+const GPU_WGS: [u32; 3] = [256, 128, 64];
+const GPU_MIN_GROUPS: u64 = 256;
+/// Rows per invocation of the CPU-adapter kernels: 16 (× up to 16 tokens) for steps of several
+/// tokens, 8 for one token, where each invocation loads all of x. 16 × 16 measured fastest on
+/// lavapipe for prefill (Q5_0 4864 → 896 × 128 tokens: 47 ms, against 60 ms for 8 × 16 and
+/// 205 ms for one row per invocation). Every row's dequantization is inlined, so a cold
+/// compile of one pipeline takes lavapipe seconds (Mesa's shader cache keeps it afterwards).
+/// Token quads past a step's end are skipped, so a 9-token step in a 16-token block costs
+/// what 8 tokens do (Q8_0 640 → 100000: 125 against 126 ms), while a 4-token step still
+/// wants its own block (59 ms, against 151 ms in the 16-token one).
 pub const BLOCK_ROWS: u32 = 16;
-pub const BLOCK_TOKENS: u32 = 16;
-/// Invocations per workgroup of the CPU-adapter prefill kernel: small, so that even a
-/// 128-row matrix's blocks spread over the CPU's threads through the token axis.
-const BLOCK_WG: u32 = 64;
-/// Rows per invocation of the CPU-adapter decode kernel (the blocked kernel with one token):
-/// each invocation loads all of x, so x's loads are shared by this many rows.
 pub const DECODE_ROWS: u32 = 8;
-/// Invocations per workgroup of the CPU-adapter decode kernel: one 8-lane SIMD group, so a
-/// 256-row matrix still spans several workgroups (CPU threads).
-const DECODE_WG: u32 = 8;
-
-/// Where the token count comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TokenCount {
-    /// `n_tok` of the shared [`Batch`] (x: [n_tok, n_in], y: [n_tok, y_stride]).
-    Batch,
-    /// Exactly one token: x row 0 to y row 0 (the logits of the last token).
-    One,
-}
+/// Workgroup size of the CPU-adapter kernels: one 8-lane SIMD group, so even a small matrix
+/// spreads over the CPU's threads (64 measured no faster on lavapipe, and each size is one
+/// more set of slow-to-compile pipelines).
+const CPU_WGS: [u32; 1] = [8];
+const CPU_MIN_GROUPS: u64 = 1;
 
 /// The static shape of one weight part's matmul.
 #[derive(Clone, Copy, Debug)]
@@ -68,12 +64,13 @@ pub struct MatmulDesc<'a> {
     pub row_offset: u32,
     /// Elements per row of y; at least row_offset + n_rows.
     pub y_stride: u32,
-    pub tokens: TokenCount,
+    /// The most tokens a step runs (x and y rows).
+    pub max_tokens: u32,
     /// Add the result to y instead of overwriting it (fused residual).
     pub accumulate: bool,
 }
 
-/// Uniform parameters, laid out as `Params` in `shaders/matmul.wgsl`.
+/// Uniform parameters, laid out as `Params` in `shaders/matmul_io.wgsl`.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct Params {
@@ -86,15 +83,45 @@ struct Params {
     _pad: [u32; 2],
 }
 
-/// Which kernel.
+/// One kernel variant: the family, its tokens per workgroup, and workgroup size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Vector,
-    Tile,
-    /// The prefill kernel for CPU-type adapters.
-    Blocked,
-    /// The decode kernel for CPU-type adapters: the blocked kernel with one token.
-    BlockedVector,
+pub struct Shape {
+    /// The CPU-adapter kernel (matmul_blocked.wgsl) rather than lane teams (matmul.wgsl).
+    pub blocked: bool,
+    pub tokens: u32,
+    pub wg: u32,
+    /// Lanes per row (lane teams) or rows per invocation (blocked).
+    pub per: u32,
+}
+
+impl Shape {
+    /// Rows one workgroup covers.
+    pub fn rows_per_group(&self) -> u32 {
+        if self.blocked { self.wg * self.per } else { self.wg / self.per }
+    }
+
+    /// The variant for `tokens`-token blocks of a `n_rows` × `n_in` part when steps of up to
+    /// `step_tokens` tokens run it.
+    pub fn choose(caps: &crate::Caps, limits: &wgpu::Limits, n_in: u32, n_rows: u32, tokens: u32, step_tokens: u32) -> Shape {
+        let tiles = step_tokens.div_ceil(tokens).max(1) as u64;
+        let most = limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x);
+        let groups = |s: &Shape| (n_rows as u64).div_ceil(s.rows_per_group() as u64) * tiles;
+        let (wgs, per, blocked, min): (&[u32], u32, bool, u64) = if caps.cpu_like {
+            (&CPU_WGS, if tokens == 1 { DECODE_ROWS } else { BLOCK_ROWS }, true, CPU_MIN_GROUPS)
+        } else {
+            (&GPU_WGS, 0, false, GPU_MIN_GROUPS)
+        };
+        let mut pick = None;
+        for &wg in wgs.iter().filter(|&&wg| wg <= most) {
+            let per = if blocked { per } else { lanes_per_row(n_in / CHUNK, wg) };
+            let s = Shape { blocked, tokens, wg, per };
+            pick = Some(s);
+            if groups(&s) >= min {
+                break;
+            }
+        }
+        pick.unwrap_or(Shape { blocked, tokens, wg: 1, per: if blocked { per } else { 1 } })
+    }
 }
 
 /// Lanes per row for rows of `chunks` chunks: the fewest idle lane-slots (lanes × rounds),
@@ -131,6 +158,12 @@ pub fn blocked_code(rows: u32, tokens: u32) -> String {
     for i in 0..tokens {
         let _ = writeln!(s, "    let x{i} = x_base(t0, {i}u);");
     }
+    // Token quads past the step's end are skipped (a uniform branch): a short step computes
+    // only the quads it fills, and the live ones exactly as in a full block.
+    s.push_str("    let live = n_tok() - t0;\n");
+    for j in 1..tq {
+        let _ = writeln!(s, "    let on{j} = live > {}u;", 4 * j);
+    }
     s.push_str("    var acc: Block;\n    for (var c = 0u; c < p.n_in / CHUNK; c++) {\n");
     for i in 0..rows {
         let _ = writeln!(s, "        let q{i} = dequant_chunk(b{i}, c);");
@@ -142,17 +175,18 @@ pub fn blocked_code(rows: u32, tokens: u32) -> String {
             let _ = writeln!(s, "            let w{i} = quad_rows({}, {}, {}, {});", q(0), q(1), q(2), q(3));
         }
         for j in 0..tq {
+            let (open, close) = if j > 0 { (format!("            if (on{j}) {{\n"), "            }\n") } else { (String::new(), "") };
+            s.push_str(&open);
             if tokens == 1 {
                 let _ = writeln!(s, "            let u{j} = x[x0 + xo];");
             } else {
                 let t = |r: u32| format!("x{}", 4 * j + r);
                 let _ = writeln!(s, "            let u{j} = quad_tokens({}, {}, {}, {}, xo);", t(0), t(1), t(2), t(3));
             }
-        }
-        for i in 0..rq {
-            for j in 0..tq {
+            for i in 0..rq {
                 let _ = writeln!(s, "            acc.a{i}_{j} += w{i} * u{j};");
             }
+            s.push_str(close);
         }
         s.push_str("        }\n");
     }
@@ -175,105 +209,85 @@ fn subgroup_reduce(caps: &crate::Caps, tpr: u32) -> bool {
     caps.subgroups && !caps.cpu_like && tpr > 1 && tpr <= caps.subgroup_min_size
 }
 
-/// The shader variant for `ty` with workgroup size `wg` and `tpr` lanes per row (`subgroups`:
-/// the team sums with subgroup shuffles).
-fn key(ty: QuantType, kind: Kind, wg: u32, tpr: u32, bias: bool, accumulate: bool, subgroups: bool) -> PipelineKey {
-    if matches!(kind, Kind::Blocked | Kind::BlockedVector) {
-        let (rows, tokens) = if kind == Kind::Blocked { (BLOCK_ROWS, BLOCK_TOKENS) } else { (DECODE_ROWS, 1) };
+/// The shader variant of `shape` for `ty`.
+fn key(caps: &crate::Caps, ty: QuantType, shape: Shape, bias: bool, accumulate: bool) -> PipelineKey {
+    if shape.blocked {
         let defs = ShaderDefs::new()
             .quant(ty)
-            .u32("WG", wg)
-            .u32("RB", rows)
-            .u32("TB", tokens)
-            .code("BLOCK_CODE", blocked_code(rows, tokens))
-            .flag("ONE_TOKEN", kind == Kind::BlockedVector)
+            .u32("WG", shape.wg)
+            .u32("RB", shape.per)
+            .u32("TB", shape.tokens)
+            .code("BLOCK_CODE", blocked_code(shape.per, shape.tokens))
+            .flag("ONE_TOKEN", shape.tokens == 1)
             .flag("HAS_BIAS", bias)
             .flag("ACCUMULATE", accumulate);
         return PipelineKey::new("matmul_blocked.wgsl", "main", defs);
     }
-    let tok = match kind {
-        Kind::Tile => TILE_TOKENS,
-        _ => 1,
-    };
     let defs = ShaderDefs::new()
         .quant(ty)
-        .u32("WG", wg)
-        .u32("TPR", tpr)
-        .u32("TOK", tok)
-        .flag("TILE", kind == Kind::Tile)
-        .flag("SUBGROUP_REDUCE", subgroups)
+        .u32("WG", shape.wg)
+        .u32("TPR", shape.per)
+        .u32("TOK", shape.tokens)
+        .flag("TILE", shape.tokens > 1)
+        .flag("SUBGROUP_REDUCE", subgroup_reduce(caps, shape.per))
         .flag("HAS_BIAS", bias)
         .flag("ACCUMULATE", accumulate);
     PipelineKey::new(SHADER, "main", defs)
 }
 
-/// The largest power-of-two workgroup size up to [`WG`] the adapter allows.
-fn workgroup_size(limits: &wgpu::Limits) -> u32 {
-    let most = WG.min(limits.max_compute_invocations_per_workgroup).min(limits.max_compute_workgroup_size_x);
-    1 << (31 - most.max(1).leading_zeros())
-}
-
-/// Every variant the engine may build on an adapter with WebGPU's default limits and `caps`.
+/// Every variant the engine may build on an adapter with `caps` (both families, so the naga
+/// test covers the GPU kernels on any machine).
 pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = Vec::new();
     for ty in QuantType::ALL {
-        for kind in [Kind::Vector, Kind::Tile] {
-            for tpr in LANES_PER_ROW {
-                for bias in [false, true] {
-                    for accumulate in [false, true] {
-                        v.push(key(ty, kind, WG, tpr, bias, accumulate, false));
-                        if subgroup_reduce(caps, tpr) {
-                            v.push(key(ty, kind, WG, tpr, bias, accumulate, true));
+        for tokens in TOKEN_BLOCKS {
+            for bias in [false, true] {
+                for accumulate in [false, true] {
+                    for wg in GPU_WGS {
+                        for tpr in LANES_PER_ROW.into_iter().filter(|&t| t <= wg) {
+                            let s = Shape { blocked: false, tokens, wg, per: tpr };
+                            v.push(key(&crate::Caps { cpu_like: false, ..*caps }, ty, s, bias, accumulate));
                         }
+                    }
+                    for wg in CPU_WGS {
+                        let per = if tokens == 1 { DECODE_ROWS } else { BLOCK_ROWS };
+                        v.push(key(caps, ty, Shape { blocked: true, tokens, wg, per }, bias, accumulate));
                     }
                 }
             }
         }
-        for bias in [false, true] {
-            for accumulate in [false, true] {
-                v.push(key(ty, Kind::Blocked, BLOCK_WG, 1, bias, accumulate, false));
-                v.push(key(ty, Kind::BlockedVector, DECODE_WG, 1, bias, accumulate, false));
-            }
-        }
     }
+    v.sort_by_key(|k| k.label());
+    v.dedup();
     v
 }
 
 struct Kernel {
     pipeline: Arc<wgpu::ComputePipeline>,
     bind: wgpu::BindGroup,
+}
+
+/// One token block's kernel: its shape and parameters, built on the first step that runs it.
+struct Variant {
+    shape: Shape,
+    key: PipelineKey,
+    params: wgpu::Buffer,
     /// The folded grid of row groups.
     groups: (u32, u32),
-    /// Tokens per workgroup in z.
-    tokens: u32,
+    kernel: std::cell::OnceCell<Kernel>,
 }
 
-impl Kernel {
-    async fn new(
-        ctx: &GpuContext,
-        cache: &PipelineCache,
-        label: &str,
-        key: PipelineKey,
-        bufs: Vec<&wgpu::Buffer>,
-        groups: (u32, u32),
-        tokens: u32,
-    ) -> Result<Kernel> {
-        let pipeline = cache.get(ctx, &key).await?;
-        let label = format!("{label}:{}", key.label());
-        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let bind = bind(ctx, &label, &pipeline, &bufs);
-        if let Some(e) = scope.pop().await {
-            return Err(GpuError::Shader { shader: label, message: e.to_string() });
-        }
-        Ok(Kernel { pipeline, bind, groups, tokens })
-    }
-}
-
-/// One weight part's matmul, built once; `encode` only records dispatches.
+/// One weight part's matmul; `encode` only records dispatches (building a variant's
+/// pipeline and bind group the first time a step needs it, once).
 pub struct Matmul {
-    vector: Kernel,
-    /// The prefill kernel; present exactly for TokenCount::Batch.
-    tile: Option<Kernel>,
+    /// One variant per token block, in [`TOKEN_BLOCKS`] order (up to the largest step).
+    variants: Vec<Variant>,
+    /// w, x, y, then the bias and the info uniform when present.
+    buffers: Vec<wgpu::Buffer>,
+    has_bias: bool,
+    device: wgpu::Device,
+    cache: PipelineCache,
+    label: String,
 }
 
 fn unsupported(message: String) -> GpuError {
@@ -293,11 +307,13 @@ fn check_buffer(ctx: &GpuContext, what: &'static str, buf: &wgpu::Buffer, need: 
 }
 
 impl Matmul {
+    /// `info`: the `BatchInfo` uniform whose `n_tok` the step's kernels read (the batch's, or
+    /// the head's output rows).
     #[allow(clippy::too_many_arguments)]
     pub async fn new(
         ctx: &GpuContext,
         cache: &PipelineCache,
-        batch: &Batch,
+        info: &wgpu::Buffer,
         desc: &MatmulDesc<'_>,
         w: &wgpu::Buffer,
         x: &wgpu::Buffer,
@@ -307,13 +323,7 @@ impl Matmul {
         let d = desc;
         let block = d.ty.block_elems() as u32;
         if d.n_in == 0 || d.n_in % CHUNK != 0 || d.n_in % block != 0 {
-            return Err(unsupported(format!(
-                "{}: n_in {} of {} is not a multiple of {}",
-                d.label,
-                d.n_in,
-                d.ty,
-                CHUNK.max(block)
-            )));
+            return Err(unsupported(format!("{}: n_in {} of {} is not a multiple of {}", d.label, d.n_in, d.ty, CHUNK.max(block))));
         }
         if d.n_rows == 0 || d.row_offset as u64 + d.n_rows as u64 > d.y_stride as u64 {
             return Err(unsupported(format!(
@@ -324,11 +334,11 @@ impl Matmul {
                 d.y_stride
             )));
         }
+        if d.max_tokens == 0 {
+            return Err(unsupported(format!("{}: max_tokens is 0", d.label)));
+        }
         let row_bytes = d.ty.bytes_for(d.n_in as u64).unwrap_or(u64::MAX);
-        let tokens = match d.tokens {
-            TokenCount::Batch => batch.max_tokens.max(1) as u64,
-            TokenCount::One => 1,
-        };
+        let tokens = d.max_tokens as u64;
         let w_bytes = row_bytes.saturating_mul(d.n_rows as u64);
         if w_bytes > u32::MAX as u64 {
             // The shader addresses weight bytes with u32.
@@ -341,22 +351,20 @@ impl Matmul {
         if let Some(b) = bias {
             check_buffer(ctx, "matmul bias bytes", b, d.n_rows as u64 * 4)?;
         }
-        let tile_tokens = TILE_TOKENS.min(BLOCK_TOKENS) as u64;
-        if tokens.div_ceil(tile_tokens) > crate::ops::MAX_GROUPS_X as u64 {
-            return Err(GpuError::Limit { what: "matmul token tiles", need: tokens, limit: crate::ops::MAX_GROUPS_X as u64 * tile_tokens });
+        let largest = TOKEN_BLOCKS[TOKEN_BLOCKS.len() - 1];
+        if tokens.div_ceil(largest as u64) > crate::ops::MAX_GROUPS_X as u64 {
+            return Err(GpuError::Limit { what: "matmul token tiles", need: tokens, limit: crate::ops::MAX_GROUPS_X as u64 * largest as u64 });
         }
-
-        let wg = workgroup_size(&ctx.limits);
-        let build = |kind: Kind| {
-            // A team of lanes shares a row and reads it coalesced (the matmul.wgsl kernels).
-            let tpr = lanes_per_row(d.n_in / CHUNK, wg);
-            let (wg, rows_per_group, tokens) = match kind {
-                Kind::Vector => (wg, wg / tpr, 1),
-                Kind::Tile => (wg, wg / tpr, TILE_TOKENS),
-                Kind::Blocked => (BLOCK_WG.min(wg), BLOCK_WG.min(wg) * BLOCK_ROWS, BLOCK_TOKENS),
-                Kind::BlockedVector => (DECODE_WG.min(wg), DECODE_WG.min(wg) * DECODE_ROWS, 1),
-            };
-            let groups = fold_groups(d.n_rows.div_ceil(rows_per_group));
+        let mut variants = Vec::new();
+        for (i, &tb) in TOKEN_BLOCKS.iter().enumerate() {
+            // Steps up to this block's size (or any size for the largest) take this kernel.
+            let prev = if i == 0 { 0 } else { TOKEN_BLOCKS[i - 1] };
+            if prev >= d.max_tokens {
+                break;
+            }
+            let step_tokens = if i + 1 == TOKEN_BLOCKS.len() { d.max_tokens } else { tb.min(d.max_tokens) };
+            let shape = Shape::choose(&ctx.caps, &ctx.limits, d.n_in, d.n_rows, tb, step_tokens);
+            let groups = fold_groups(d.n_rows.div_ceil(shape.rows_per_group()));
             let p = Params {
                 n_in: d.n_in,
                 n_rows: d.n_rows,
@@ -366,35 +374,73 @@ impl Matmul {
                 row_bytes: row_bytes as u32,
                 _pad: [0; 2],
             };
-            let pbuf = params(ctx, &format!("{}.params", d.label), &p);
-            let key = key(d.ty, kind, wg, tpr, bias.is_some(), d.accumulate, subgroup_reduce(&ctx.caps, tpr));
-            async move {
-                let mut bufs: Vec<&wgpu::Buffer> = vec![&pbuf, w, x, y];
-                bufs.extend(bias);
-                if matches!(kind, Kind::Tile | Kind::Blocked) {
-                    bufs.push(&batch.info);
-                }
-                Kernel::new(ctx, cache, d.label, key, bufs, groups, tokens).await
-            }
-        };
-        let vector = build(if ctx.caps.cpu_like { Kind::BlockedVector } else { Kind::Vector }).await?;
-        let tile = match d.tokens {
-            TokenCount::Batch if ctx.caps.cpu_like => Some(build(Kind::Blocked).await?),
-            TokenCount::Batch => Some(build(Kind::Tile).await?),
-            TokenCount::One => None,
-        };
-        Ok(Matmul { vector, tile })
+            let params = params(ctx, &format!("{}.params", d.label), &p);
+            let key = key(&ctx.caps, d.ty, shape, bias.is_some(), d.accumulate);
+            variants.push(Variant { shape, key, params, groups, kernel: std::cell::OnceCell::new() });
+        }
+        let mut buffers = vec![w.clone(), x.clone(), y.clone()];
+        buffers.extend(bias.cloned());
+        buffers.push(info.clone());
+        let mm = Matmul { variants, buffers, has_bias: bias.is_some(), device: ctx.device.clone(), cache: cache.clone(), label: d.label.to_string() };
+        // The one-token kernel is built now, so a malformed op fails here rather than mid-step.
+        let first = &mm.variants[0];
+        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let pipeline = cache.get(ctx, &first.key).await?;
+        let bind = mm.bind(first, &pipeline);
+        if let Some(e) = scope.pop().await {
+            return Err(GpuError::Shader { shader: format!("{}:{}", d.label, first.key.label()), message: e.to_string() });
+        }
+        let _ = first.kernel.set(Kernel { pipeline, bind });
+        Ok(mm)
     }
 
-    /// Records the dispatch for `n_tok` tokens (ignored for TokenCount::One).
+    fn bind(&self, v: &Variant, pipeline: &wgpu::ComputePipeline) -> wgpu::BindGroup {
+        let mut bufs: Vec<&wgpu::Buffer> = vec![&v.params, &self.buffers[0], &self.buffers[1], &self.buffers[2]];
+        if self.has_bias {
+            bufs.push(&self.buffers[3]);
+        }
+        if v.shape.tokens > 1 {
+            bufs.push(self.buffers.last().expect("the info uniform"));
+        }
+        let label = format!("{}:{}", self.label, v.key.label());
+        let layout = pipeline.get_bind_group_layout(0);
+        let entries: Vec<wgpu::BindGroupEntry> =
+            bufs.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() }).collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&label), layout: &layout, entries: &entries })
+    }
+
+    /// The variant a step of `n_tok` tokens takes.
+    fn pick(&self, n_tok: u32) -> &Variant {
+        self.variants.iter().find(|v| v.shape.tokens >= n_tok).unwrap_or(&self.variants[self.variants.len() - 1])
+    }
+
+    /// The variant's kernel, built now if this is its first step. A compile error shows as
+    /// the step's validation error.
+    fn kernel<'a>(&self, v: &'a Variant) -> Option<&'a Kernel> {
+        if v.kernel.get().is_none() {
+            let pipeline = self.cache.get_now(&self.device, &v.key).ok()?;
+            let bind = self.bind(v, &pipeline);
+            let _ = v.kernel.set(Kernel { pipeline, bind });
+        }
+        v.kernel.get()
+    }
+
+    /// The variant a step of `n_tok` tokens runs (tests and profiles).
+    pub fn shape(&self, n_tok: u32) -> Shape {
+        self.pick(n_tok).shape
+    }
+
+    /// Records the dispatch for `n_tok` tokens (the info uniform must say the same).
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32) {
-        let (kernel, tiles) = match &self.tile {
-            Some(_) if n_tok == 0 => return,
-            Some(tile) if n_tok > 1 => (tile, n_tok.div_ceil(tile.tokens)),
-            _ => (&self.vector, 1),
-        };
+        if n_tok == 0 {
+            return;
+        }
+        let v = self.pick(n_tok);
+        let Some(kernel) = self.kernel(v) else { return };
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &kernel.bind, &[]);
-        pass.dispatch_workgroups(kernel.groups.0, kernel.groups.1, tiles);
+        pass.dispatch_workgroups(v.groups.0, v.groups.1, n_tok.div_ceil(v.shape.tokens));
     }
 }
+
+

@@ -3,14 +3,15 @@
 //! encodes dispatches.
 
 pub mod add;
-pub mod argmax;
 pub mod attention;
 pub mod embed;
 pub mod glu;
+pub mod kv_write;
 pub mod matmul;
 pub mod penalize;
 pub mod rms_norm;
 pub mod rope;
+pub mod sample;
 
 use crate::context::GpuContext;
 use crate::error::Result;
@@ -21,14 +22,15 @@ use crate::pipeline::PipelineKey;
 pub fn all_variants(caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = Vec::new();
     v.extend(add::variants(caps));
-    v.extend(argmax::variants(caps));
     v.extend(attention::variants(caps));
     v.extend(embed::variants(caps));
     v.extend(glu::variants(caps));
+    v.extend(kv_write::variants(caps));
     v.extend(matmul::variants(caps));
     v.extend(penalize::variants(caps));
     v.extend(rms_norm::variants(caps));
     v.extend(rope::variants(caps));
+    v.extend(sample::variants(caps));
     v
 }
 
@@ -111,6 +113,15 @@ impl Batch {
         if !table.is_empty() {
             q.write_buffer(&self.block_table, 0, bytemuck::cast_slice(&table));
         }
+    }
+
+    /// Writes a list of rows as the batch's tokens (`n_tok` = its length): the head's
+    /// output rows, each the step token it gathers.
+    pub fn write_rows(&self, ctx: &GpuContext, rows: &[u32]) {
+        assert!(rows.len() <= self.max_tokens as usize);
+        let q = &ctx.queue;
+        q.write_buffer(&self.info, 0, bytemuck::cast_slice(&[rows.len() as u32, 1, self.max_blocks, self.block_size]));
+        q.write_buffer(&self.tokens, 0, bytemuck::cast_slice(rows));
     }
 }
 

@@ -1,7 +1,8 @@
-//! Logit edits in place before the sampler (`shaders/penalize.wgsl`): the repetition,
-//! presence and frequency penalties and the logit bias of flint_core's [`LogitEdit`] list,
-//! then the allowed-token mask. Each step uploads only its list (12 bytes an entry) and,
-//! when set, the mask with `queue.write_buffer` into buffers sized at load.
+//! Logit edits in place before the sampler (`shaders/penalize.wgsl`), per row of logits: the
+//! repetition, presence and frequency penalties and the logit bias of flint_core's
+//! [`LogitEdit`] list, then the allowed-token mask. Each step uploads only its lists (16 bytes
+//! an entry), its rows' penalty factors and, for rows that set one, their masks, with
+//! `queue.write_buffer` into buffers sized at load (the edit list grows when a step needs more).
 
 use std::sync::Arc;
 
@@ -15,27 +16,42 @@ use crate::shader::ShaderDefs;
 
 const SHADER: &str = "penalize.wgsl";
 const WG: u32 = 256;
+/// Edit-list entries allocated at load per row; a step with more grows the list.
+const EDITS_PER_ROW: u64 = 1024;
 
 /// Binding numbers in penalize.wgsl.
 const B_PARAMS: u32 = 0;
 const B_LOGITS: u32 = 1;
 const B_EDITS: u32 = 2;
-const B_MASK: u32 = 3;
-const ENTRIES: [(&str, &[u32]); 2] = [("edit", &[B_PARAMS, B_LOGITS, B_EDITS]), ("apply_mask", &[B_PARAMS, B_LOGITS, B_MASK])];
+const B_ROW_PEN: u32 = 3;
+const B_MASK: u32 = 4;
+const ENTRIES: [(&str, &[u32]); 2] =
+    [("edit", &[B_PARAMS, B_LOGITS, B_EDITS, B_ROW_PEN]), ("apply_mask", &[B_PARAMS, B_LOGITS, B_ROW_PEN, B_MASK])];
+const EDIT: usize = 0;
+const MASK: usize = 1;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 struct Params {
     n_vocab: u32,
     n_edits: u32,
-    repeat: f32,
-    presence: f32,
-    frequency: f32,
+    n_rows: u32,
+    mask_words: u32,
     neg_inf: f32,
-    _pad: [u32; 2],
+    _pad: [u32; 3],
 }
 
-/// One step's logit edits, as flint_core's sampler defines them.
+/// One list entry on the device: a [`LogitEdit`] and its row.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct RowEdit {
+    id: u32,
+    count: u32,
+    bias: f32,
+    row: u32,
+}
+
+/// One row's logit edits, as flint_core's sampler defines them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepEdits<'a> {
     pub penalties: Penalties,
@@ -59,6 +75,7 @@ impl<'a> StepEdits<'a> {
 /// What one prepared step records; from [`Penalize::prepare`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PenalizePlan {
+    pub n_rows: u32,
     pub n_edits: u32,
     pub mask: bool,
 }
@@ -70,10 +87,12 @@ struct Kernel {
 
 pub struct Penalize {
     n_vocab: u32,
-    max_edits: u32,
+    max_rows: u32,
     params: wgpu::Buffer,
     edits: wgpu::Buffer,
+    row_pen: wgpu::Buffer,
     mask: wgpu::Buffer,
+    logits: wgpu::Buffer,
     kernels: Vec<Kernel>,
 }
 
@@ -95,89 +114,104 @@ pub fn mask_words(n_vocab: u32) -> usize {
 }
 
 impl Penalize {
-    /// Edits `logits` ([n_vocab] f32) in place; up to `max_edits` entries a step (the union
-    /// of penalized and biased ids, so `n_vocab` always suffices).
-    pub async fn new(ctx: &GpuContext, cache: &PipelineCache, n_vocab: u32, max_edits: u32, logits: &wgpu::Buffer) -> Result<Penalize> {
-        if n_vocab == 0 || max_edits == 0 {
-            return Err(unsupported(format!("n_vocab {n_vocab} and max_edits {max_edits} must be > 0")));
+    /// Edits `logits` ([max_rows, n_vocab] f32) in place.
+    pub async fn new(ctx: &GpuContext, cache: &PipelineCache, n_vocab: u32, max_rows: u32, logits: &wgpu::Buffer) -> Result<Penalize> {
+        if n_vocab == 0 || max_rows == 0 {
+            return Err(unsupported(format!("n_vocab {n_vocab} and max_rows {max_rows} must be > 0")));
         }
-        if logits.size() < n_vocab as u64 * 4 {
-            return Err(unsupported(format!("logits holds {} bytes, needs [{n_vocab}] f32", logits.size())));
+        if logits.size() < max_rows as u64 * n_vocab as u64 * 4 {
+            return Err(unsupported(format!("logits holds {} bytes, needs [{max_rows}, {n_vocab}] f32", logits.size())));
         }
-        let base = Params { n_vocab, neg_inf: f32::NEG_INFINITY, repeat: 1.0, ..Default::default() };
+        let base = Params { n_vocab, neg_inf: f32::NEG_INFINITY, mask_words: mask_words(n_vocab) as u32, ..Default::default() };
         let params = crate::buffer::uniform_init(ctx, "penalize.params", bytemuck::bytes_of(&base));
-        let edits = crate::buffer::storage(ctx, "penalize.edits", max_edits as u64 * size_of::<LogitEdit>() as u64)?;
-        let mask = crate::buffer::storage(ctx, "penalize.mask", mask_words(n_vocab) as u64 * 4)?;
-        let buffers: [&wgpu::Buffer; 4] = [&params, logits, &edits, &mask];
-        let mut kernels = Vec::with_capacity(ENTRIES.len());
-        for (entry, bindings) in ENTRIES {
-            let key = key(entry);
-            let pipeline = cache.get(ctx, &key).await?;
-            let layout = pipeline.get_bind_group_layout(0);
-            let entries: Vec<wgpu::BindGroupEntry> =
-                bindings.iter().map(|&b| wgpu::BindGroupEntry { binding: b, resource: buffers[b as usize].as_entire_binding() }).collect();
-            let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&key.label()), layout: &layout, entries: &entries });
-            kernels.push(Kernel { pipeline, bind });
+        let rows = max_rows as u64;
+        let edits = crate::buffer::storage(ctx, "penalize.edits", rows * EDITS_PER_ROW * size_of::<RowEdit>() as u64)?;
+        let row_pen = crate::buffer::storage(ctx, "penalize.row_pen", rows * 16)?;
+        let mask = crate::buffer::storage(ctx, "penalize.mask", rows * mask_words(n_vocab) as u64 * 4)?;
+        let mut p = Penalize { n_vocab, max_rows, params, edits, row_pen, mask, logits: logits.clone(), kernels: Vec::new() };
+        for (entry, _) in ENTRIES {
+            let pipeline = cache.get(ctx, &key(entry)).await?;
+            let bind = p.bind(ctx, entry, &pipeline);
+            p.kernels.push(Kernel { pipeline, bind });
         }
-        Ok(Penalize { n_vocab, max_edits, params, edits, mask, kernels })
+        Ok(p)
     }
 
-    pub fn max_edits(&self) -> u32 {
-        self.max_edits
+    fn bind(&self, ctx: &GpuContext, entry: &str, pipeline: &wgpu::ComputePipeline) -> wgpu::BindGroup {
+        let buffers: [&wgpu::Buffer; 5] = [&self.params, &self.logits, &self.edits, &self.row_pen, &self.mask];
+        let bindings = ENTRIES.iter().find(|(e, _)| *e == entry).map_or(&[][..], |(_, b)| *b);
+        let entries: Vec<wgpu::BindGroupEntry> =
+            bindings.iter().map(|&b| wgpu::BindGroupEntry { binding: b, resource: buffers[b as usize].as_entire_binding() }).collect();
+        ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(entry), layout: &pipeline.get_bind_group_layout(0), entries: &entries })
     }
 
-    /// Uploads one step's edits (queued before the next submission) and returns what
-    /// [`Penalize::encode`] records. One prepared step per submission.
-    pub fn prepare(&self, ctx: &GpuContext, step: &StepEdits<'_>) -> Result<PenalizePlan> {
-        let n = step.edits.len();
-        if n > self.max_edits as usize {
-            return Err(unsupported(format!("{n} edits, the buffer holds {}", self.max_edits)));
+    /// Uploads one step's edits, row `r` of the logits edited as `rows[r]` says (queued
+    /// before the next submission), and returns what [`Penalize::encode`] records. One
+    /// prepared step per submission.
+    pub fn prepare(&mut self, ctx: &GpuContext, rows: &[StepEdits<'_>]) -> Result<PenalizePlan> {
+        if rows.len() > self.max_rows as usize {
+            return Err(unsupported(format!("{} rows, the buffers hold {}", rows.len(), self.max_rows)));
         }
-        if let Some(e) = step.edits.iter().find(|e| e.id >= self.n_vocab) {
-            return Err(unsupported(format!("edit for token {} outside the vocabulary of {}", e.id, self.n_vocab)));
+        let words = mask_words(self.n_vocab);
+        let mut list = Vec::new();
+        let mut pen = Vec::with_capacity(rows.len());
+        for (r, step) in rows.iter().enumerate() {
+            if let Some(e) = step.edits.iter().find(|e| e.id >= self.n_vocab) {
+                return Err(unsupported(format!("edit for token {} outside the vocabulary of {}", e.id, self.n_vocab)));
+            }
+            if let Some(m) = step.mask.filter(|m| m.len() != words) {
+                return Err(unsupported(format!("mask of {} words, [{words}] u32 needed for {} tokens", m.len(), self.n_vocab)));
+            }
+            list.extend(step.edits.iter().map(|e| RowEdit { id: e.id, count: e.count, bias: e.bias, row: r as u32 }));
+            let p = &step.penalties;
+            pen.push([p.repeat, p.presence, p.frequency, if step.mask.is_some() { 1.0 } else { 0.0 }]);
         }
-        if let Some(m) = step.mask.filter(|m| m.len() != mask_words(self.n_vocab)) {
-            return Err(unsupported(format!("mask of {} words, [{}] u32 needed for {} tokens", m.len(), mask_words(self.n_vocab), self.n_vocab)));
-        }
-        let plan = PenalizePlan { n_edits: n as u32, mask: step.mask.is_some() };
-        if plan == PenalizePlan::default() {
+        let plan = PenalizePlan { n_rows: rows.len() as u32, n_edits: list.len() as u32, mask: rows.iter().any(|r| r.mask.is_some()) };
+        if plan.n_edits == 0 && !plan.mask {
             return Ok(plan);
         }
-        let p = &step.penalties;
+        let need = list.len() as u64 * size_of::<RowEdit>() as u64;
+        if need > self.edits.size() {
+            // A long penalty window or a large bias map: grow the list (rare), rebind.
+            self.edits = crate::buffer::storage(ctx, "penalize.edits", need.next_power_of_two())?;
+            let pipeline = self.kernels[EDIT].pipeline.clone();
+            self.kernels[EDIT].bind = self.bind(ctx, "edit", &pipeline);
+        }
         let params = Params {
             n_vocab: self.n_vocab,
             n_edits: plan.n_edits,
-            repeat: p.repeat,
-            presence: p.presence,
-            frequency: p.frequency,
+            n_rows: plan.n_rows,
+            mask_words: words as u32,
             neg_inf: f32::NEG_INFINITY,
-            _pad: [0; 2],
+            _pad: [0; 3],
         };
         ctx.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(&params));
-        if n > 0 {
-            ctx.queue.write_buffer(&self.edits, 0, bytemuck::cast_slice(&step.edits));
+        ctx.queue.write_buffer(&self.row_pen, 0, bytemuck::cast_slice(&pen));
+        if !list.is_empty() {
+            ctx.queue.write_buffer(&self.edits, 0, bytemuck::cast_slice(&list));
         }
-        if let Some(m) = step.mask {
-            ctx.queue.write_buffer(&self.mask, 0, bytemuck::cast_slice(m));
+        for (r, step) in rows.iter().enumerate() {
+            if let Some(m) = step.mask {
+                ctx.queue.write_buffer(&self.mask, (r * words * 4) as u64, bytemuck::cast_slice(m));
+            }
         }
         Ok(plan)
     }
 
-    fn dispatch(&self, pass: &mut wgpu::ComputePass<'_>, k: usize, n: u32) {
-        let (x, y) = fold_groups(n.div_ceil(WG));
-        let k = &self.kernels[k];
-        pass.set_pipeline(&k.pipeline);
-        pass.set_bind_group(0, &k.bind, &[]);
-        pass.dispatch_workgroups(x, y, 1);
-    }
-
-    /// Records a prepared step: the edit list, then the mask (it overrides every edit).
+    /// Records a prepared step: the edit list, then the masks (they override every edit).
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, plan: &PenalizePlan) {
         if plan.n_edits > 0 {
-            self.dispatch(pass, 0, plan.n_edits);
+            let (x, y) = fold_groups(plan.n_edits.div_ceil(WG));
+            let k = &self.kernels[EDIT];
+            pass.set_pipeline(&k.pipeline);
+            pass.set_bind_group(0, &k.bind, &[]);
+            pass.dispatch_workgroups(x, y, 1);
         }
         if plan.mask {
-            self.dispatch(pass, 1, self.n_vocab);
+            let k = &self.kernels[MASK];
+            pass.set_pipeline(&k.pipeline);
+            pass.set_bind_group(0, &k.bind, &[]);
+            pass.dispatch_workgroups(self.n_vocab.div_ceil(WG), plan.n_rows, 1);
         }
     }
 }

@@ -1,5 +1,6 @@
 //! RMSNorm over rows (`shaders/rms_norm.wgsl`): out = x / sqrt(mean(x²) + eps) · w, for
-//! every token's rows (n_embd rows, or head_dim rows for QK-norm) or only the last token's.
+//! every token's rows (n_embd rows, or head_dim rows for QK-norm), or for the rows a list
+//! gathers (the head's output rows).
 
 use std::sync::Arc;
 
@@ -20,9 +21,9 @@ const WG_LONG: u32 = 256;
 pub enum Rows {
     /// Every token's `n` consecutive rows: x is [n_tok, n, row_len], out the same shape.
     PerToken(u32),
-    /// Only the last token's row: x is [n_tok, row_len], out is [1, row_len] (before the
-    /// logits projection).
-    LastToken,
+    /// The rows the batch's `tokens` list names: x is [src_rows, row_len], out row r is x row
+    /// tokens[r] for r < n_tok (the head: the batch counts output rows, before the logits).
+    Gather { src_rows: u32 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -37,8 +38,8 @@ pub struct RmsNormDesc {
 struct Params {
     row_len: u32,
     rows_per_token: u32,
-    last_token: u32,
     eps: f32,
+    _pad: u32,
 }
 
 pub struct RmsNorm {
@@ -48,17 +49,18 @@ pub struct RmsNorm {
     _params: wgpu::Buffer,
 }
 
-fn key(row_len: u32, in_place: bool) -> PipelineKey {
+fn key(row_len: u32, in_place: bool, gather: bool) -> PipelineKey {
     let wg = if row_len < SHORT_ROW { WG_SHORT } else { WG_LONG };
-    PipelineKey::new(SHADER, "main", ShaderDefs::new().u32("WG", wg).flag("IN_PLACE", in_place))
+    PipelineKey::new(SHADER, "main", ShaderDefs::new().u32("WG", wg).flag("IN_PLACE", in_place).flag("GATHER", gather))
 }
 
 pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = Vec::new();
     for row_len in [WG_SHORT, SHORT_ROW] {
         for in_place in [false, true] {
-            v.push(key(row_len, in_place));
+            v.push(key(row_len, in_place, false));
         }
+        v.push(key(row_len, false, true));
     }
     v
 }
@@ -74,9 +76,9 @@ fn check(what: &str, buf: &wgpu::Buffer, need_elems: u64) -> Result<()> {
 }
 
 impl RmsNorm {
-    /// `w`: [row_len] f32. `x`: [max_tokens, rows, row_len] f32. `out`: same as x, or
-    /// [row_len] for [`Rows::LastToken`]. Passing the same buffer as `x` and `out`
-    /// normalizes in place (bound once, as one read-write binding).
+    /// `w`: [row_len] f32. `x`: [max_tokens, rows, row_len] f32 ([src_rows, row_len] for
+    /// [`Rows::Gather`]). `out`: [max_tokens, rows, row_len]. Passing the same buffer as `x`
+    /// and `out` normalizes in place (bound once, as one read-write binding).
     pub async fn new(
         ctx: &GpuContext,
         cache: &PipelineCache,
@@ -88,26 +90,26 @@ impl RmsNorm {
     ) -> Result<RmsNorm> {
         let in_place = x == out;
         let row = desc.row_len as u64;
-        let rows_per_token = match desc.rows {
-            Rows::PerToken(n) => n,
-            Rows::LastToken => 1,
+        let (rows_per_token, x_rows) = match desc.rows {
+            Rows::PerToken(n) => (n, batch.max_tokens as u64 * n as u64),
+            Rows::Gather { src_rows } => (1, src_rows as u64),
         };
-        let x_rows = batch.max_tokens as u64 * rows_per_token as u64;
+        let gather = matches!(desc.rows, Rows::Gather { .. });
+        if gather && in_place {
+            return Err(GpuError::Unsupported { op: "rms_norm", message: "a gathering norm cannot work in place".into() });
+        }
         check("w", w, row)?;
         check("x", x, x_rows * row)?;
-        check("out", out, if desc.rows == Rows::LastToken { row } else { x_rows * row })?;
-        let key = key(desc.row_len, in_place);
+        check("out", out, batch.max_tokens as u64 * rows_per_token as u64 * row)?;
+        let key = key(desc.row_len, in_place, gather);
         let pipeline = cache.get(ctx, &key).await?;
-        let p = Params {
-            row_len: desc.row_len,
-            rows_per_token,
-            last_token: (desc.rows == Rows::LastToken) as u32,
-            eps: desc.eps,
-        };
+        let p = Params { row_len: desc.row_len, rows_per_token, eps: desc.eps, _pad: 0 };
         let label = key.label();
         let params = params(ctx, &label, &p);
         let bind = if in_place {
             bind(ctx, &label, &pipeline, &[&batch.info, &params, w, x])
+        } else if gather {
+            bind(ctx, &label, &pipeline, &[&batch.info, &params, w, x, out, &batch.tokens])
         } else {
             bind(ctx, &label, &pipeline, &[&batch.info, &params, w, x, out])
         };
@@ -118,7 +120,7 @@ impl RmsNorm {
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32) {
         let n_rows = match self.rows {
             Rows::PerToken(n) => n_tok * n,
-            Rows::LastToken => n_tok.min(1),
+            Rows::Gather { .. } => n_tok,
         };
         if n_rows == 0 {
             return;

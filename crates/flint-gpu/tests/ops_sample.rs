@@ -1,14 +1,16 @@
-//! Greedy argmax and GPU sampling against flint_core::sampling: argmax over full-size
-//! vocabularies (max first/last/middle, ties), Gumbel-max draws checked by chi-square against
+//! The row sampler against flint_core::sampling: argmax over full-size vocabularies
+//! (max first/last/middle, ties), Gumbel-max draws checked by chi-square against
 //! `Sampler::distribution`, the exact survivor set of top-k/top-p/min-p on large vocabularies
-//! (with ties at the boundary), and reproducibility of seeded draws. With `ops::penalize`
-//! in front: log-probabilities against `log_softmax_top`, penalized/biased/masked draws by
-//! chi-square, and seeded reproducibility of those.
+//! (with ties at the boundary), and reproducibility of seeded draws. With `ops::penalize` in
+//! front: log-probabilities against `log_softmax_top`, penalized/biased/masked draws by
+//! chi-square, and seeded reproducibility of those. Then 1, 3 and 8 rows with their own
+//! logits and settings in one step: each row passes its own chi-square test and draws exactly
+//! what it draws alone.
 
 use flint_core::sampling::{self, log_softmax_top, Sampled, SamplingParams};
-use flint_gpu::buffer::{read_f32, read_u32, storage, storage_init};
-use flint_gpu::ops::argmax::{state, SampleStep, Sampler};
+use flint_gpu::buffer::{read_f32, read_u32, storage};
 use flint_gpu::ops::penalize::{mask_words, Penalize, StepEdits};
+use flint_gpu::ops::sample::{state, SampleRow, Sampler};
 use flint_gpu::pipeline::PipelineCache;
 use flint_gpu::testing::TestRng;
 use flint_gpu::GpuContext;
@@ -26,56 +28,80 @@ struct Rig {
     sampler: Sampler,
     penalize: Penalize,
     n_vocab: usize,
+    max_draws: u32,
     logits: wgpu::Buffer,
-    out: wgpu::Buffer,
 }
 
 async fn rig(ctx: &GpuContext, cache: &PipelineCache, n_vocab: usize, max_draws: u32) -> Rig {
-    let logits = storage(ctx, "logits", n_vocab as u64 * 4).unwrap();
-    // One spare word past the draws: a sentinel for out-of-bounds writes.
-    let out = storage_init(ctx, "out", bytemuck::cast_slice(&vec![u32::MAX; max_draws as usize + 1])).unwrap();
-    let sampler = Sampler::with_max_draws(ctx, cache, n_vocab as u32, max_draws, &logits, &out).await.unwrap();
-    let penalize = Penalize::new(ctx, cache, n_vocab as u32, n_vocab as u32, &logits).await.unwrap();
-    Rig { sampler, penalize, n_vocab, logits, out }
+    rig_rows(ctx, cache, n_vocab, 1, max_draws).await
+}
+
+async fn rig_rows(ctx: &GpuContext, cache: &PipelineCache, n_vocab: usize, max_rows: u32, max_draws: u32) -> Rig {
+    let logits = storage(ctx, "logits", max_rows as u64 * n_vocab as u64 * 4).unwrap();
+    let sampler = Sampler::new(ctx, cache, n_vocab as u32, max_rows, max_draws, &logits).await.unwrap();
+    let mut penalize = Penalize::new(ctx, cache, n_vocab as u32, max_rows, &logits).await.unwrap();
+    // Nothing to edit yet (a prepared empty step records nothing).
+    penalize.prepare(ctx, &[]).unwrap();
+    Rig { sampler, penalize, n_vocab, max_draws, logits }
+}
+
+/// One row of a step: its logits and its sampler (settings, seed, history, mask).
+struct Row<'a> {
+    logits: &'a [f32],
+    cpu: &'a sampling::Sampler,
 }
 
 impl Rig {
     async fn argmax(&self, ctx: &GpuContext, logits: &[f32]) -> u32 {
-        ctx.queue.write_buffer(&self.logits, 0, bytemuck::cast_slice(logits));
-        submit(ctx, |p| self.sampler.encode_argmax(p));
-        let out = read_u32(ctx, &self.out, 0, 1).await.unwrap();
-        ctx.check().unwrap();
-        out[0]
+        let (draws, _) = self.sample(ctx, logits, &SamplingParams::greedy(), 0, 1).await;
+        draws[0]
     }
 
     /// `n` draws for `params` at counters step..step+n, plus the sampler state.
     async fn sample(&self, ctx: &GpuContext, logits: &[f32], params: &SamplingParams, step: u32, n: u32) -> (Vec<u32>, Vec<u32>) {
         ctx.queue.write_buffer(&self.logits, 0, bytemuck::cast_slice(logits));
-        let plan = self.sampler.prepare(ctx, &SampleStep::new(params, params.seed.unwrap_or(0), step), n).unwrap();
-        submit(ctx, |p| self.sampler.encode_sample(p, &plan));
-        let out = read_u32(ctx, &self.out, 0, self.out.size() as usize / 4).await.unwrap();
+        let rows = [SampleRow::new(params, params.seed.unwrap_or(0), 0, step)];
+        let plan = self.sampler.prepare(ctx, &rows, n).unwrap();
+        submit(ctx, |p| self.sampler.encode(p, &plan));
+        let out = self.sampler.read(ctx, &plan, &rows).await.unwrap();
         let st = read_u32(ctx, self.sampler.state_buffer(), 0, state::WORDS).await.unwrap();
         ctx.check().unwrap();
-        assert_eq!(*out.last().unwrap(), u32::MAX, "wrote past the draws");
-        (out[..n as usize].to_vec(), st)
+        (out[0].iter().map(|s| s.id).collect(), st)
     }
 
-    /// `cpu`'s edits and settings on the device: `n` draws at counters step.., the
-    /// log-probability record when asked for, and the edited logits (read back for oracles).
-    async fn sample_full(&self, ctx: &GpuContext, logits: &[f32], cpu: &sampling::Sampler, step: u32, n: u32) -> (Vec<u32>, Option<Sampled>, Vec<f32>) {
-        ctx.queue.write_buffer(&self.logits, 0, bytemuck::cast_slice(logits));
-        let edits = self.penalize.prepare(ctx, &StepEdits::from_sampler(cpu)).unwrap();
-        let plan = self.sampler.prepare(ctx, &SampleStep::new(cpu.params(), cpu.seed(), step), n).unwrap();
+    /// One step over `rows` (row r's logits at row r): each row's edits and settings on the
+    /// device, `n` draws at counters step.. for every row, its record when asked, and the
+    /// edited logits (read back for oracles).
+    async fn sample_rows(&mut self, ctx: &GpuContext, rows: &[Row<'_>], step: u32, n: u32) -> Vec<(Vec<u32>, Option<Sampled>, Vec<f32>)> {
+        assert!(n <= self.max_draws);
+        for (r, row) in rows.iter().enumerate() {
+            ctx.queue.write_buffer(&self.logits, (r * self.n_vocab * 4) as u64, bytemuck::cast_slice(row.logits));
+        }
+        let edits: Vec<StepEdits> = rows.iter().map(|r| StepEdits::from_sampler(r.cpu)).collect();
+        let edit_plan = self.penalize.prepare(ctx, &edits).unwrap();
+        let specs: Vec<SampleRow> = rows.iter().map(|r| SampleRow::new(r.cpu.params(), r.cpu.seed(), r.cpu.stream(), step)).collect();
+        let plan = self.sampler.prepare(ctx, &specs, n).unwrap();
         submit(ctx, |p| {
-            self.penalize.encode(p, &edits);
-            self.sampler.encode_sample(p, &plan);
+            self.penalize.encode(p, &edit_plan);
+            self.sampler.encode(p, &plan);
         });
-        let out = read_u32(ctx, &self.out, 0, self.out.size() as usize / 4).await.unwrap();
-        assert_eq!(*out.last().unwrap(), u32::MAX, "wrote past the draws");
-        let record = if plan.n_logprobs > 0 { Some(self.sampler.read_logprobs(ctx).await.unwrap()) } else { None };
-        let edited = read_f32(ctx, &self.logits, 0, self.n_vocab).await.unwrap();
+        let out = self.sampler.read(ctx, &plan, &specs).await.unwrap();
+        let edited = read_f32(ctx, &self.logits, 0, rows.len() * self.n_vocab).await.unwrap();
         ctx.check().unwrap();
-        (out[..plan.n_draws as usize].to_vec(), record, edited)
+        out.into_iter()
+            .zip(edited.chunks_exact(self.n_vocab))
+            .zip(&specs)
+            .map(|((draws, e), spec)| {
+                let record = (spec.n_logprobs > 0).then(|| draws[0].clone());
+                (draws.iter().map(|d| d.id).collect(), record, e.to_vec())
+            })
+            .collect()
+    }
+
+    /// `cpu`'s edits and settings on the device for one row.
+    async fn sample_full(&mut self, ctx: &GpuContext, logits: &[f32], cpu: &sampling::Sampler, step: u32, n: u32) -> (Vec<u32>, Option<Sampled>, Vec<f32>) {
+        let n = if cpu.params().temperature <= 0.0 { 1 } else { n };
+        self.sample_rows(ctx, &[Row { logits, cpu }], step, n).await.pop().unwrap()
     }
 }
 
@@ -335,7 +361,7 @@ fn logprobs_match_cpu_log_softmax() {
     flint_gpu::gpu_test!(ctx => {
         let cache = PipelineCache::new();
         for &n in &[151_936usize, 5000, 300, 7] {
-            let r = rig(ctx, &cache, n, 4).await;
+            let mut r = rig(ctx, &cache, n, 4).await;
             let mut rng = TestRng::new(n as u64 + 3);
             let smooth: Vec<f32> = rng.vec(n).iter().map(|v| v * 8.0).collect();
             // Quarter steps: the top-n boundary falls inside runs of equal logits.
@@ -364,7 +390,7 @@ fn logprobs_skip_banned_tokens() {
     flint_gpu::gpu_test!(ctx => {
         let cache = PipelineCache::new();
         let n = 300;
-        let r = rig(ctx, &cache, n, 1).await;
+        let mut r = rig(ctx, &cache, n, 1).await;
         let mut rng = TestRng::new(31);
         let logits: Vec<f32> = rng.vec(n).iter().map(|v| v * 3.0).collect();
         let allowed = [17u32, 64, 65, 250];
@@ -421,7 +447,7 @@ fn penalized_case(rng: &mut TestRng, p: SamplingParams) -> (Vec<f32>, sampling::
 fn penalized_biased_masked_draws_match_distribution() {
     flint_gpu::gpu_test!(ctx => {
         let cache = PipelineCache::new();
-        let r = rig(ctx, &cache, 300, 10_000).await;
+        let mut r = rig(ctx, &cache, 300, 10_000).await;
         let mut rng = TestRng::new(77);
         for p in [params(1.0, 0, 1.0, 0.0, 1), params(0.8, 40, 1.0, 0.0, 2), params(1.2, 0, 0.9, 0.02, 3), params(0.7, 25, 0.95, 0.05, 4)] {
             let (logits, cpu) = penalized_case(&mut rng, p.clone());
@@ -461,7 +487,7 @@ fn penalized_biased_masked_draws_match_distribution() {
 fn seeded_penalized_draws_are_reproducible() {
     flint_gpu::gpu_test!(ctx => {
         let cache = PipelineCache::new();
-        let r = rig(ctx, &cache, 300, 32).await;
+        let mut r = rig(ctx, &cache, 300, 32).await;
         let mut rng = TestRng::new(123);
         let (logits, cpu) = penalized_case(&mut rng, SamplingParams { n_logprobs: 4, ..params(1.0, 0, 0.95, 0.0, 99) });
         let (a, ra, _) = r.sample_full(ctx, &logits, &cpu, 40, 32).await;
@@ -476,5 +502,94 @@ fn seeded_penalized_draws_are_reproducible() {
             r.sample_full(ctx, &l2, &cpu2, 40, 32).await.0
         };
         assert_ne!(a, other, "another seed should draw differently");
+    });
+}
+
+/// Logits of vocabulary `n` whose spread differs per seed.
+fn row_logits(seed: u64, n: usize) -> Vec<f32> {
+    let mut rng = TestRng::new(seed);
+    let scale = 1.0 + (seed % 4) as f32;
+    rng.vec(n).iter().map(|v| v * scale).collect()
+}
+
+/// Rows with their own logits and settings: a mix of greedy, plain, top-k, top-p, min-p, with
+/// penalties, bias and masks on some; seeds and streams differ.
+fn mixed_rows(n_rows: usize, n: usize) -> Vec<(Vec<f32>, sampling::Sampler)> {
+    (0..n_rows)
+        .map(|r| {
+            let seed = 100 + r as u64;
+            let logits = row_logits(seed, n);
+            let p = match r % 4 {
+                0 => params(1.0, 0, 1.0, 0.0, seed),
+                1 => params(0.8, 12, 1.0, 0.0, seed),
+                2 => SamplingParams { repeat_penalty: 1.3, presence_penalty: 0.2, logit_bias: vec![(3, 2.0)], ..params(1.2, 0, 0.9, 0.02, seed) },
+                _ => params(0.7, 30, 0.95, 0.05, seed),
+            };
+            let mut cpu = sampling::Sampler::with_stream(p, seed, r as u32).unwrap();
+            if r % 4 == 2 {
+                cpu.accept_all(&[1, 2, 2, 5, 8]);
+                let mut mask = vec![u32::MAX; mask_words(n as u32)];
+                mask[0] &= !(1 << 7);
+                cpu.set_mask(Some(mask));
+            }
+            (logits, cpu)
+        })
+        .collect()
+}
+
+#[test]
+fn rows_draw_from_their_own_distributions_and_as_they_do_alone() {
+    flint_gpu::gpu_test!(ctx => {
+        let cache = PipelineCache::new();
+        let n = 200;
+        let draws = 10_000;
+        for n_rows in [1usize, 3, 8] {
+            let cases = mixed_rows(n_rows, n);
+            let mut r = rig_rows(ctx, &cache, n, n_rows as u32, draws).await;
+            let rows: Vec<Row> = cases.iter().map(|(l, cpu)| Row { logits: l, cpu }).collect();
+            let together = r.sample_rows(ctx, &rows, 300, draws).await;
+            for (i, ((logits, cpu), (got, _, edited))) in cases.iter().zip(&together).enumerate() {
+                let mut want = logits.clone();
+                cpu.penalize(&mut want);
+                assert_eq!(edited, &want, "{n_rows} rows: row {i}'s edits");
+                let dist: Vec<(u32, f64)> = cpu.distribution(&want).into_iter().filter(|d| d.1 > 0.0).collect();
+                let (ok, chi2, cells) = chi_square_ok(&dist, got);
+                eprintln!("{n_rows} rows, row {i}: {} candidates, chi2 {chi2:.2} over {cells} cells", dist.len());
+                assert!(ok, "{n_rows} rows: row {i} chi2 {chi2} over {cells} cells");
+            }
+            // Each row alone, at the same counters, draws the same tokens.
+            for (i, (logits, cpu)) in cases.iter().enumerate() {
+                let alone = r.sample_rows(ctx, &[Row { logits, cpu }], 300, 64).await.pop().unwrap();
+                assert_eq!(alone.0[..], together[i].0[..64], "{n_rows} rows: row {i} drew otherwise alone");
+            }
+        }
+    });
+}
+
+#[test]
+fn rows_greedy_and_logprobs_mixed_in_one_step() {
+    flint_gpu::gpu_test!(ctx => {
+        let cache = PipelineCache::new();
+        let n = 151_936;
+        let mut r = rig_rows(ctx, &cache, n, 3, 1).await;
+        let logits: Vec<Vec<f32>> = (0..3).map(|s| row_logits(900 + s, n)).collect();
+        let cpus = [
+            cpu_sampler(SamplingParams { n_logprobs: 5, ..SamplingParams::greedy() }),
+            cpu_sampler(params(1.0, 40, 0.95, 0.0, 3)),
+            cpu_sampler(SamplingParams { n_logprobs: 20, ..params(0.9, 0, 1.0, 0.0, 4) }),
+        ];
+        let rows: Vec<Row> = logits.iter().zip(&cpus).map(|(l, cpu)| Row { logits: l, cpu }).collect();
+        let out = r.sample_rows(ctx, &rows, 7, 1).await;
+        assert_eq!(out[0].0[0], sampling::argmax(&logits[0]));
+        assert!(out[1].1.is_none(), "a row without log-probabilities gets no record");
+        for (i, k) in [(0usize, 5usize), (2, 20)] {
+            let rec = out[i].1.clone().expect("a record");
+            assert_eq!(rec.id, out[i].0[0]);
+            check_record(&format!("row {i}"), &rec, &logits[i], k);
+        }
+        // The sampled row's draw is among its top-40.
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.sort_by(|&a, &b| logits[1][b as usize].total_cmp(&logits[1][a as usize]));
+        assert!(order[..40].contains(&out[1].0[0]));
     });
 }

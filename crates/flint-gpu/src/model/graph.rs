@@ -1,0 +1,333 @@
+//! The op graph of one model, built once at load over preallocated buffers: the embedding,
+//! one [`Layer`] per transformer block, and the [`Head`] (output rows' norm and logits).
+//! Each op records dispatches for a step; its label names it in profiles.
+
+use flint_core::arch::ModelConfig;
+use flint_core::quant::QuantType;
+
+use crate::context::GpuContext;
+use crate::error::Result;
+use crate::ops::{self, Batch};
+use crate::pipeline::PipelineCache;
+use crate::weights::{GpuMatrix, Uploader};
+
+/// What a recorded step needs to size its dispatches.
+#[derive(Clone, Copy, Debug)]
+pub struct Step {
+    /// Tokens of the step (for the head: its output rows).
+    pub n_tok: u32,
+    /// Longest sequence (in positions) after this step; sizes attention's split grid.
+    pub max_kv_len: u32,
+}
+
+/// Anything that records dispatches for a step.
+pub trait Encode {
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step);
+    /// What the op is, for profiles: `rms_norm`, `matmul Q4_K`, ...
+    fn label(&self) -> String;
+}
+
+macro_rules! encode_with_n_tok {
+    ($($t:ty => $name:literal),*) => {$(
+        impl Encode for $t {
+            fn encode(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step) {
+                <$t>::encode(self, pass, step.n_tok)
+            }
+            fn label(&self) -> String {
+                $name.to_string()
+            }
+        }
+    )*};
+}
+encode_with_n_tok!(
+    ops::embed::Embed => "embed",
+    ops::kv_write::KvWrite => "kv_write",
+    ops::rms_norm::RmsNorm => "rms_norm",
+    ops::glu::Glu => "glu",
+    ops::add::Add => "add"
+);
+
+impl Encode for ops::attention::Attention {
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step) {
+        self.encode_kv(pass, step.n_tok, step.max_kv_len)
+    }
+    fn label(&self) -> String {
+        "attention".to_string()
+    }
+}
+
+/// A matmul with the weight format it reads, for profiles.
+pub struct TypedMatmul {
+    pub ty: QuantType,
+    pub op: ops::matmul::Matmul,
+}
+
+impl Encode for TypedMatmul {
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step) {
+        self.op.encode(pass, step.n_tok)
+    }
+    fn label(&self) -> String {
+        format!("matmul {}", self.ty.name())
+    }
+}
+
+/// Activation buffers, sized for a step's most tokens (`last` and `logits` for its most
+/// output rows).
+pub struct Activations {
+    pub x: wgpu::Buffer,
+    pub h: wgpu::Buffer,
+    pub q: wgpu::Buffer,
+    pub k: wgpu::Buffer,
+    pub v: wgpu::Buffer,
+    pub attn: wgpu::Buffer,
+    pub o: wgpu::Buffer,
+    pub gate: wgpu::Buffer,
+    pub up: wgpu::Buffer,
+    /// [max_outputs, n_embd]: the output rows after the final norm.
+    pub last: wgpu::Buffer,
+    /// [max_outputs, n_vocab].
+    pub logits: wgpu::Buffer,
+    /// Attention's split partials, shared by every layer.
+    pub attn_scratch: wgpu::Buffer,
+}
+
+impl Activations {
+    pub fn new(ctx: &GpuContext, c: &ModelConfig, max_tokens: u32, max_outputs: u32, scratch_bytes: u64) -> Result<Activations> {
+        let t = max_tokens as u64;
+        let f = 4u64;
+        let s = |label: &str, elems: u64| crate::buffer::storage(ctx, label, elems * f);
+        Ok(Activations {
+            x: s("x", t * c.n_embd as u64)?,
+            h: s("h", t * c.n_embd as u64)?,
+            q: s("q", t * c.q_dim() as u64)?,
+            k: s("k", t * c.kv_dim() as u64)?,
+            v: s("v", t * c.v_dim() as u64)?,
+            attn: s("attn", t * (c.n_head * c.head_dim_v) as u64)?,
+            o: s("o", t * c.n_embd as u64)?,
+            gate: s("gate", t * c.n_ff as u64)?,
+            up: s("up", t * c.n_ff as u64)?,
+            last: s("last", max_outputs as u64 * c.n_embd as u64)?,
+            logits: s("logits", max_outputs as u64 * c.n_vocab as u64)?,
+            attn_scratch: crate::buffer::storage(ctx, "attention_partials", scratch_bytes)?,
+        })
+    }
+}
+
+/// One transformer block's ops, in execution order.
+pub struct Layer {
+    attn_norm: ops::rms_norm::RmsNorm,
+    qkv: Vec<TypedMatmul>,
+    qk_norm: Option<(ops::rms_norm::RmsNorm, ops::rms_norm::RmsNorm)>,
+    kv_write: ops::kv_write::KvWrite,
+    attention: ops::attention::Attention,
+    attn_out: Vec<TypedMatmul>,
+    /// gemma3's norm of the attention output and its residual add (else fused into attn_out).
+    post_attn: Option<(ops::rms_norm::RmsNorm, ops::add::Add)>,
+    ffn_norm: ops::rms_norm::RmsNorm,
+    gate_up: Vec<TypedMatmul>,
+    glu: ops::glu::Glu,
+    down: Vec<TypedMatmul>,
+    post_ffn: Option<(ops::rms_norm::RmsNorm, ops::add::Add)>,
+}
+
+impl Layer {
+    /// The ops in execution order.
+    pub fn ops(&self) -> Vec<&dyn Encode> {
+        let mut v: Vec<&dyn Encode> = vec![&self.attn_norm];
+        v.extend(self.qkv.iter().map(|m| m as &dyn Encode));
+        if let Some((q, k)) = &self.qk_norm {
+            v.extend([q as &dyn Encode, k]);
+        }
+        v.extend([&self.kv_write as &dyn Encode, &self.attention]);
+        v.extend(self.attn_out.iter().map(|m| m as &dyn Encode));
+        if let Some((n, a)) = &self.post_attn {
+            v.extend([n as &dyn Encode, a]);
+        }
+        v.push(&self.ffn_norm);
+        v.extend(self.gate_up.iter().map(|m| m as &dyn Encode));
+        v.push(&self.glu);
+        v.extend(self.down.iter().map(|m| m as &dyn Encode));
+        if let Some((n, a)) = &self.post_ffn {
+            v.extend([n as &dyn Encode, a]);
+        }
+        v
+    }
+}
+
+/// The final norm of the output rows (gathered from the step's tokens) and the logits.
+pub struct Head {
+    norm: ops::rms_norm::RmsNorm,
+    output: Vec<TypedMatmul>,
+}
+
+impl Head {
+    pub fn ops(&self) -> Vec<&dyn Encode> {
+        let mut v: Vec<&dyn Encode> = vec![&self.norm];
+        v.extend(self.output.iter().map(|m| m as &dyn Encode));
+        v
+    }
+}
+
+/// The whole graph.
+pub struct Graph {
+    pub embed: Vec<ops::embed::Embed>,
+    pub layers: Vec<Layer>,
+    pub head: Head,
+}
+
+impl Graph {
+    /// The body's ops (embedding and layers) in execution order.
+    pub fn body(&self) -> Vec<&dyn Encode> {
+        let mut v: Vec<&dyn Encode> = self.embed.iter().map(|e| e as &dyn Encode).collect();
+        for l in &self.layers {
+            v.extend(l.ops());
+        }
+        v
+    }
+}
+
+/// What the graph is built over.
+pub struct GraphInputs<'a> {
+    pub ctx: &'a GpuContext,
+    pub cache: &'a PipelineCache,
+    pub cfg: &'a ModelConfig,
+    /// The step's batch as each KV group's layers see it (its own block tables).
+    pub batches: &'a [Batch],
+    /// Which batch (group) each layer reads.
+    pub layer_group: &'a [usize],
+    /// The head's batch: `n_tok` output rows, `tokens` the step token of each.
+    pub head: &'a Batch,
+    pub acts: &'a Activations,
+    /// Per layer K and V caches.
+    pub kv: &'a [(wgpu::Buffer, wgpu::Buffer)],
+}
+
+/// Every part's matmul of `m`: x → y (+ bias) (+ y with `accumulate`), `info` counting tokens.
+#[allow(clippy::too_many_arguments)]
+async fn matmuls(
+    g: &GraphInputs<'_>,
+    info: &Batch,
+    m: &GpuMatrix,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    bias: Option<&wgpu::Buffer>,
+    accumulate: bool,
+) -> Result<Vec<TypedMatmul>> {
+    let mut out = Vec::new();
+    for p in &m.parts {
+        let label = format!("{}@{}", m.name, p.row_offset);
+        let desc = ops::matmul::MatmulDesc {
+            label: &label,
+            ty: m.ty,
+            n_in: m.n_in,
+            n_rows: p.rows,
+            row_offset: p.row_offset,
+            y_stride: m.n_rows,
+            max_tokens: info.max_tokens,
+            accumulate,
+        };
+        // A bias covers all rows; it is only supported unsplit.
+        let b = if p.row_offset == 0 { bias } else { None };
+        let op = ops::matmul::Matmul::new(g.ctx, g.cache, &info.info, &desc, &p.buffer, x, y, b).await?;
+        out.push(TypedMatmul { ty: m.ty, op });
+    }
+    Ok(out)
+}
+
+async fn norm(g: &GraphInputs<'_>, batch: &Batch, x: &wgpu::Buffer, w: &wgpu::Buffer, out: &wgpu::Buffer, row_len: usize, rows: ops::rms_norm::Rows) -> Result<ops::rms_norm::RmsNorm> {
+    let desc = ops::rms_norm::RmsNormDesc { row_len: row_len as u32, eps: g.cfg.rms_eps, rows };
+    ops::rms_norm::RmsNorm::new(g.ctx, g.cache, batch, desc, w, x, out).await
+}
+
+/// Layer `il`'s attention shape.
+pub fn attention_desc(c: &ModelConfig, il: usize) -> ops::attention::AttentionDesc {
+    let lc = &c.layers[il];
+    ops::attention::AttentionDesc {
+        n_head: c.n_head as u32,
+        n_head_kv: c.n_head_kv as u32,
+        head_dim: c.head_dim as u32,
+        head_dim_v: c.head_dim_v as u32,
+        scale: c.attn_scale,
+        window: lc.sliding_window,
+        // RoPE is fused: kv_write rotates K, attention rotates q as it loads it.
+        rope: Some(ops::rope::RopeSpec { rope_dim: c.rope_dim as u32, style: c.rope_style, base: lc.rope_base, freq_scale: lc.rope_freq_scale }),
+    }
+}
+
+/// Uploads the weights of block `il` and builds its ops.
+async fn layer(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<Layer> {
+    use ops::rms_norm::Rows::PerToken;
+    let (c, a) = (g.cfg, g.acts);
+    let batch = &g.batches[0];
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let attn_norm = norm(g, batch, &a.x, &up.vector(&n("attn_norm.weight")).await?, &a.h, c.n_embd, PerToken(1)).await?;
+    let mut qkv = Vec::new();
+    for (w, out, b) in [("attn_q", &a.q, "attn_q.bias"), ("attn_k", &a.k, "attn_k.bias"), ("attn_v", &a.v, "attn_v.bias")] {
+        let bias = if c.qkv_bias { Some(up.vector(&n(b)).await?) } else { None };
+        let m = up.matrix(&n(&format!("{w}.weight"))).await?;
+        qkv.extend(matmuls(g, batch, &m, &a.h, out, bias.as_ref(), false).await?);
+    }
+    let qk_norm = if c.qk_norm {
+        let qn = up.vector(&n("attn_q_norm.weight")).await?;
+        let kn = up.vector(&n("attn_k_norm.weight")).await?;
+        let q = norm(g, batch, &a.q, &qn, &a.q, c.head_dim, PerToken(c.n_head as u32)).await?;
+        let k = norm(g, batch, &a.k, &kn, &a.k, c.head_dim, PerToken(c.n_head_kv as u32)).await?;
+        Some((q, k))
+    } else {
+        None
+    };
+    let desc = attention_desc(c, il);
+    let (kc, vc) = &g.kv[il];
+    let kv_batch = &g.batches[g.layer_group[il]];
+    let kv_write = ops::kv_write::KvWrite::new(g.ctx, g.cache, kv_batch, &desc, &a.k, &a.v, kc, vc).await?;
+    let attention = ops::attention::Attention::new(g.ctx, g.cache, kv_batch, &desc, &a.q, kc, vc, &a.attn, &a.attn_scratch).await?;
+    let wo = up.matrix(&n("attn_output.weight")).await?;
+    // Without a post-norm the residual add is fused into the projections.
+    let (attn_out, post_attn) = if c.post_norms {
+        let mm = matmuls(g, batch, &wo, &a.attn, &a.o, None, false).await?;
+        let pn = up.vector(&n("post_attention_norm.weight")).await?;
+        let nrm = norm(g, batch, &a.o, &pn, &a.o, c.n_embd, PerToken(1)).await?;
+        let add = ops::add::Add::new(g.ctx, g.cache, batch, ops::add::AddKind::Residual, c.n_embd as u32, &a.x, &a.o).await?;
+        (mm, Some((nrm, add)))
+    } else {
+        (matmuls(g, batch, &wo, &a.attn, &a.x, None, true).await?, None)
+    };
+    let ffn_norm = norm(g, batch, &a.x, &up.vector(&n("ffn_norm.weight")).await?, &a.h, c.n_embd, PerToken(1)).await?;
+    let mut gate_up = matmuls(g, batch, &up.matrix(&n("ffn_gate.weight")).await?, &a.h, &a.gate, None, false).await?;
+    gate_up.extend(matmuls(g, batch, &up.matrix(&n("ffn_up.weight")).await?, &a.h, &a.up, None, false).await?);
+    let glu_desc = ops::glu::GluDesc { act: c.activation, n_ff: c.n_ff as u32 };
+    let glu = ops::glu::Glu::new(g.ctx, g.cache, batch, glu_desc, &a.gate, &a.up, &a.gate).await?;
+    let wd = up.matrix(&n("ffn_down.weight")).await?;
+    let (down, post_ffn) = if c.post_norms {
+        let mm = matmuls(g, batch, &wd, &a.gate, &a.o, None, false).await?;
+        let pn = up.vector(&n("post_ffw_norm.weight")).await?;
+        let nrm = norm(g, batch, &a.o, &pn, &a.o, c.n_embd, PerToken(1)).await?;
+        let add = ops::add::Add::new(g.ctx, g.cache, batch, ops::add::AddKind::Residual, c.n_embd as u32, &a.x, &a.o).await?;
+        (mm, Some((nrm, add)))
+    } else {
+        (matmuls(g, batch, &wd, &a.gate, &a.x, None, true).await?, None)
+    };
+    Ok(Layer { attn_norm, qkv, qk_norm, kv_write, attention, attn_out, post_attn, ffn_norm, gate_up, glu, down, post_ffn })
+}
+
+/// Uploads every weight and builds the graph.
+pub async fn build(g: &GraphInputs<'_>, up: &mut Uploader<'_>) -> Result<Graph> {
+    let (c, a) = (g.cfg, g.acts);
+    let batch = &g.batches[0];
+    let embd = up.matrix("token_embd.weight").await?;
+    let mut embed = Vec::new();
+    for p in &embd.parts {
+        let scale = c.embed_scale.unwrap_or(1.0);
+        embed.push(ops::embed::Embed::new(g.ctx, g.cache, batch, embd.ty, c.n_embd as u32, p.rows, p.row_offset, &p.buffer, &a.x, scale).await?);
+    }
+    let mut layers = Vec::with_capacity(c.n_layer);
+    for il in 0..c.n_layer {
+        layers.push(layer(g, up, il).await?);
+    }
+    let out_norm = up.vector("output_norm.weight").await?;
+    let max_tokens = batch.max_tokens;
+    let norm = norm(g, g.head, &a.x, &out_norm, &a.last, c.n_embd, ops::rms_norm::Rows::Gather { src_rows: max_tokens }).await?;
+    let output = if c.tied_output { embd } else { up.matrix("output.weight").await? };
+    let output = matmuls(g, g.head, &output, &a.last, &a.logits, None, false).await?;
+    Ok(Graph { embed, layers, head: Head { norm, output } })
+}

@@ -1,0 +1,59 @@
+//! Where the KV blocks live on the device: per layer a K and a V buffer holding its group's
+//! whole pool ([n_blocks · block_size, kv_dim] f32), as the [`KvLayout`] plans, and the
+//! copy-on-write block copies a step performs before its KV writes.
+
+use flint_core::arch::ModelConfig;
+use flint_core::kv::{GroupCopy, KvLayout};
+
+use crate::buffer::storage;
+use crate::context::GpuContext;
+use crate::error::Result;
+use crate::ops::kv_write::encode_block_copy;
+
+pub struct KvStore {
+    /// Per layer: K and V caches.
+    pub layers: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+    /// The block group of each layer.
+    pub layer_group: Vec<usize>,
+    /// One block of one layer's K or V: copies go through it (WebGPU copies no buffer onto itself).
+    scratch: wgpu::Buffer,
+    block_size: u32,
+    kv_dim: usize,
+    v_dim: usize,
+}
+
+impl KvStore {
+    pub fn new(ctx: &GpuContext, c: &ModelConfig, layout: &KvLayout) -> Result<KvStore> {
+        let f = 4u64;
+        let bs = layout.block_size as u64;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        let mut layer_group = Vec::with_capacity(c.n_layer);
+        for il in 0..c.n_layer {
+            let g = layout.group_of(il);
+            let slots = layout.groups[g].n_blocks as u64 * bs;
+            layers.push((
+                storage(ctx, &format!("k_cache.{il}"), slots * c.kv_dim() as u64 * f)?,
+                storage(ctx, &format!("v_cache.{il}"), slots * c.v_dim() as u64 * f)?,
+            ));
+            layer_group.push(g);
+        }
+        let scratch = storage(ctx, "kv_scratch", bs * c.kv_dim().max(c.v_dim()) as u64 * f)?;
+        Ok(KvStore { layers, layer_group, scratch, block_size: layout.block_size, kv_dim: c.kv_dim(), v_dim: c.v_dim() })
+    }
+
+    /// Records `copies` (every layer of each copy's group, K and V) into `enc`.
+    pub fn encode_copies(&self, enc: &mut wgpu::CommandEncoder, copies: &[GroupCopy]) {
+        let bytes = |dim: usize| self.block_size as u64 * dim as u64 * 4;
+        for c in copies {
+            for ((k, v), _) in self.layers.iter().zip(&self.layer_group).filter(|(_, &g)| g == c.group) {
+                encode_block_copy(enc, k, &self.scratch, bytes(self.kv_dim), c.src, c.dst);
+                encode_block_copy(enc, v, &self.scratch, bytes(self.v_dim), c.src, c.dst);
+            }
+        }
+    }
+
+    /// Bytes of KV cache allocated (all layers, K and V).
+    pub fn bytes(&self) -> u64 {
+        self.layers.iter().map(|(k, v)| k.size() + v.size()).sum()
+    }
+}

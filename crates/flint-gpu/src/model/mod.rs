@@ -1,0 +1,130 @@
+//! The GPU forward pass: weights uploaded once, activations and KV blocks preallocated, and
+//! every op (pipeline + bind group) built once at load. A step runs any mix of sequences'
+//! tokens (prefill chunks and decodes) in one command submission; its output rows' logits
+//! stay on the device, where the sampler draws each row's token, and the step reads back only
+//! the sampled ids (and log-probabilities when asked): a few KB, through a buffer mapped in
+//! place, whatever the batch size.
+//!
+//! `graph` builds the ops, `kv_store` holds the KV blocks, `step` runs a step and `profile`
+//! times each op of one.
+
+pub mod graph;
+pub mod kv_store;
+mod profile;
+mod step;
+
+use std::sync::Arc;
+
+use flint_core::arch::ModelConfig;
+use flint_core::backend::{BackendOptions, StepLimits};
+use flint_core::gguf::GgufFile;
+use flint_core::kv::KvLayout;
+
+use crate::context::GpuContext;
+use crate::error::{GpuError, Result};
+use crate::ops::{self, Batch};
+use crate::pipeline::PipelineCache;
+use crate::weights::Uploader;
+
+use graph::{Activations, Graph, GraphInputs};
+use kv_store::KvStore;
+
+/// Words of the readback buffer per output row: the id, then its log-probability record.
+const READBACK_WORDS: usize = 1 + ops::sample::LP_WORDS;
+
+pub struct GpuModel {
+    pub ctx: Arc<GpuContext>,
+    pub cfg: ModelConfig,
+    layout: KvLayout,
+    limits: StepLimits,
+    /// The step's batch as each KV group's layers see it (the same tokens, their own tables).
+    batches: Vec<Batch>,
+    /// The head's rows: `tokens` lists the step token of each output row.
+    head: Batch,
+    acts: Activations,
+    graph: Graph,
+    sampler: ops::sample::Sampler,
+    /// Edits the logits in place before the sampler.
+    penalize: ops::penalize::Penalize,
+    kv: KvStore,
+    /// MAP_READ: [max_outputs] ids, then [max_outputs, LP_WORDS] log-probability records.
+    readback: wgpu::Buffer,
+    n_ctx: usize,
+    pub upload_bytes: u64,
+}
+
+impl GpuModel {
+    /// Uploads the weights and builds every op once. The context is clamped to the training
+    /// context; the KV pool is laid out from `opts` (its budget shared by all sequences).
+    /// `max_binding_mb` lowers the per-buffer weight size below the device limit (tests use
+    /// it to force multi-way splits).
+    pub async fn load(ctx: Arc<GpuContext>, file: &GgufFile, cfg: ModelConfig, opts: &BackendOptions, max_binding_mb: Option<u64>) -> Result<GpuModel> {
+        let c = &cfg;
+        let n_ctx = opts.n_ctx.clamp(1, c.n_ctx_train);
+        let layout = KvLayout::plan(c, &opts.pool_request(n_ctx, ctx.max_binding()))?;
+        let limits = StepLimits { max_tokens: opts.max_batch_tokens, max_seqs: opts.max_seqs, max_outputs: opts.max_outputs };
+        let to_u32 = |what: &'static str, n: usize| u32::try_from(n).map_err(|_| GpuError::Limit { what, need: n as u64, limit: u32::MAX as u64 });
+        let (max_tokens, max_seqs, max_outputs) =
+            (to_u32("step tokens", limits.max_tokens)?, to_u32("step sequences", limits.max_seqs)?, to_u32("step outputs", limits.max_outputs)?);
+        if max_tokens == 0 || max_seqs == 0 || max_outputs == 0 {
+            return Err(GpuError::Unsupported { op: "model", message: "a step must allow tokens, sequences and outputs".into() });
+        }
+        let batches = layout
+            .groups
+            .iter()
+            .map(|_| Batch::new(&ctx, max_tokens, max_seqs, layout.max_blocks_per_seq, layout.block_size))
+            .collect::<Result<Vec<_>>>()?;
+        let head = Batch::new(&ctx, max_outputs, 1, 1, layout.block_size)?;
+        // Every layer has the same head counts and sizes: one shared split scratch.
+        let scratch = ops::attention::Attention::scratch_bytes(&graph::attention_desc(c, 0), max_tokens);
+        let acts = Activations::new(&ctx, c, max_tokens, max_outputs, scratch)?;
+        let kv = KvStore::new(&ctx, c, &layout)?;
+        let max_binding = match max_binding_mb {
+            Some(mb) => ctx.max_binding().min(mb << 20),
+            None => ctx.max_binding(),
+        };
+        let cache = PipelineCache::new();
+        let mut up = Uploader::new(&ctx, file, max_binding);
+        let inputs = GraphInputs {
+            ctx: &ctx,
+            cache: &cache,
+            cfg: c,
+            batches: &batches,
+            layer_group: &kv.layer_group,
+            head: &head,
+            acts: &acts,
+            kv: &kv.layers,
+        };
+        let graph = graph::build(&inputs, &mut up).await?;
+        let n_vocab = c.n_vocab as u32;
+        let sampler = ops::sample::Sampler::new(&ctx, &cache, n_vocab, max_outputs, 1, &acts.logits).await?;
+        let penalize = ops::penalize::Penalize::new(&ctx, &cache, n_vocab, max_outputs, &acts.logits).await?;
+        up.flush()?;
+        let upload_bytes = up.uploaded;
+        let readback = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("step_readback"),
+            size: (max_outputs as usize * READBACK_WORDS * 4) as u64,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        ctx.check()?;
+        Ok(GpuModel { cfg, layout, limits, batches, head, acts, graph, sampler, penalize, kv, readback, n_ctx, upload_bytes, ctx })
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    pub fn limits(&self) -> StepLimits {
+        self.limits
+    }
+
+    /// Bytes of KV cache allocated (all layers, K and V).
+    pub fn kv_bytes(&self) -> u64 {
+        self.kv.bytes()
+    }
+}

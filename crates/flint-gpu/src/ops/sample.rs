@@ -1,0 +1,393 @@
+//! The GPU sampler: greedy argmax and exact sampling over rows of logits, each row with its
+//! own settings (`shaders/sample_argmax.wgsl`, `sample_threshold.wgsl`, `sample_logprobs.wgsl`).
+//! The CPU reads back token ids (4 bytes a row), never the logits.
+//!
+//! A sampled row reproduces `flint_core::sampling::Sampler::distribution` (top-k, then top-p
+//! and min-p on the untempered softmax of the top-k set, then temperature) with an exact
+//! threshold search (radix select over (logit, index) keys) and Gumbel-max over the
+//! survivors. Its random numbers are keyed by (seed, stream, step, token), so a row's draw
+//! depends only on its own logits and settings, never on the other rows of the step.
+//!
+//! Log-probabilities (`n_logprobs` > 0) are the log-softmax at temperature 1 of the logits as
+//! they are in the buffer (after `ops::penalize`), of the chosen token and the top n (≤ 20),
+//! as `flint_core::sampling::log_softmax_top` defines them: one record of [`LP_WORDS`] words
+//! per row.
+
+use std::sync::Arc;
+
+use flint_core::sampling::{Sampled, Sampler as CpuSampler, SamplingParams, MAX_LOGPROBS};
+
+use crate::context::GpuContext;
+use crate::error::{GpuError, Result};
+use crate::pipeline::{PipelineCache, PipelineKey};
+use crate::shader::ShaderDefs;
+
+/// Threads per workgroup; the histogram kernels need exactly one per radix bucket.
+const WG: u32 = 256;
+const RADIX: u64 = 256;
+/// Logits each thread scans in the partial passes before more workgroups are used.
+const ITEMS_PER_THREAD: u32 = 4;
+/// Most workgroups per row, so the final pass reduces them in one workgroup.
+const MAX_GROUPS: u32 = WG;
+/// Most rows, and most draws per row (grid dimensions).
+pub const MAX_ROWS: u32 = 65535;
+pub const MAX_DRAWS: u32 = 65535;
+
+/// Word offsets in each row's state (mirrors sample_common.wgsl), for tests and taps.
+pub mod state {
+    /// f32 bits of the largest logit.
+    pub const MAX_BITS: usize = 0;
+    pub const MAX_ID: usize = 1;
+    /// Survivors are the tokens whose key (order_key(logit), n_vocab−1−index) is ≥ this.
+    pub const THR_V: usize = 2;
+    pub const THR_I: usize = 3;
+    pub const WORDS: usize = 32;
+}
+
+/// Words of one row's log-probability record: chosen id, its log-probability (f32 bits), the
+/// number n of alternatives, then n × (id, log-probability bits).
+pub const LP_WORDS: usize = 3 + 2 * MAX_LOGPROBS;
+const LP_STRIDE: u64 = 1 + MAX_LOGPROBS as u64;
+
+/// Binding numbers in sample_common.wgsl.
+const B_PARAMS: u32 = 0;
+const B_LOGITS: u32 = 1;
+const B_PARTIALS: u32 = 2;
+const B_STATE: u32 = 3;
+const B_HIST: u32 = 4;
+const B_OUT: u32 = 5;
+const B_LP_PART: u32 = 6;
+const B_LP: u32 = 7;
+const B_ROWS: u32 = 8;
+
+/// Every kernel: its shader, entry point and the bindings it uses (its auto layout).
+const ENTRIES: [(&str, &str, &[u32]); 11] = [
+    ("sample_argmax.wgsl", "argmax_partial", &[B_PARAMS, B_LOGITS, B_PARTIALS, B_STATE, B_ROWS]),
+    ("sample_argmax.wgsl", "argmax_final", &[B_PARAMS, B_PARTIALS, B_STATE, B_OUT, B_ROWS]),
+    ("sample_argmax.wgsl", "gumbel_partial", &[B_PARAMS, B_LOGITS, B_PARTIALS, B_STATE, B_ROWS]),
+    ("sample_argmax.wgsl", "gumbel_final", &[B_PARAMS, B_PARTIALS, B_STATE, B_OUT, B_ROWS]),
+    ("sample_threshold.wgsl", "init", &[B_PARAMS, B_STATE, B_HIST, B_ROWS]),
+    ("sample_threshold.wgsl", "topk_hist", &[B_PARAMS, B_LOGITS, B_STATE, B_HIST]),
+    ("sample_threshold.wgsl", "topk_select", &[B_PARAMS, B_STATE, B_HIST]),
+    ("sample_threshold.wgsl", "topp_hist", &[B_PARAMS, B_LOGITS, B_STATE, B_HIST]),
+    ("sample_threshold.wgsl", "topp_select", &[B_PARAMS, B_STATE, B_HIST, B_ROWS]),
+    ("sample_logprobs.wgsl", "logprob_partial", &[B_PARAMS, B_LOGITS, B_STATE, B_LP_PART, B_ROWS]),
+    ("sample_logprobs.wgsl", "logprob_final", &[B_PARAMS, B_LOGITS, B_STATE, B_OUT, B_LP_PART, B_LP, B_ROWS]),
+];
+const ARGMAX_PARTIAL: usize = 0;
+const ARGMAX_FINAL: usize = 1;
+const GUMBEL_PARTIAL: usize = 2;
+const GUMBEL_FINAL: usize = 3;
+const INIT: usize = 4;
+const TOPK_HIST: usize = 5;
+const TOPK_SELECT: usize = 6;
+const TOPP_HIST: usize = 7;
+const TOPP_SELECT: usize = 8;
+const LOGPROB_PARTIAL: usize = 9;
+const LOGPROB_FINAL: usize = 10;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    n_vocab: u32,
+    n_groups: u32,
+    chunk: u32,
+    index_bits: u32,
+    n_levels: u32,
+    n_rows: u32,
+    n_draws: u32,
+    _pad: u32,
+}
+
+/// One row's settings on the device (`Row` in sample_common.wgsl).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+struct RowParams {
+    top_k: u32,
+    top_p: f32,
+    log_min_p: f32,
+    inv_temp: f32,
+    seed_lo: u32,
+    seed_hi: u32,
+    step: u32,
+    n_top: u32,
+    greedy: u32,
+    _pad: [u32; 3],
+}
+
+/// One row's settings for one step. Draw d of a row uses the counter `step + d`; the same
+/// (seed, stream, step) always draws the same token from the same logits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleRow {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 0 or −1 = off.
+    pub top_k: i32,
+    /// 1 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub min_p: f32,
+    pub seed: u64,
+    /// The random stream of the seed (a request's choice index).
+    pub stream: u32,
+    pub step: u32,
+    /// Log-probabilities of the chosen token and this many alternatives (0 = none, ≤ 20).
+    pub n_logprobs: u32,
+}
+
+impl SampleRow {
+    /// Step `step` of a generation with `params`, on stream `stream` of `seed`.
+    pub fn new(params: &SamplingParams, seed: u64, stream: u32, step: u32) -> SampleRow {
+        SampleRow {
+            temperature: params.temperature,
+            top_k: params.top_k,
+            top_p: params.top_p,
+            min_p: params.min_p,
+            seed,
+            stream,
+            step,
+            n_logprobs: params.n_logprobs as u32,
+        }
+    }
+
+    /// The next draw of `sampler`: its settings, seed and stream, and a fresh counter unless
+    /// it is greedy.
+    pub fn next(sampler: &mut CpuSampler) -> SampleRow {
+        let step = if sampler.params().temperature > 0.0 { sampler.next_step() } else { 0 };
+        SampleRow::new(sampler.params(), sampler.seed(), sampler.stream(), step)
+    }
+
+    fn greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+
+    fn device(&self, n_vocab: u32) -> RowParams {
+        let greedy = self.greedy();
+        let top_k = self.top_k > 0 && (self.top_k as u32) < n_vocab;
+        RowParams {
+            top_k: if top_k { self.top_k as u32 } else { 0 },
+            top_p: self.top_p,
+            log_min_p: if self.min_p > 0.0 { (self.min_p as f64).ln() as f32 } else { -f32::MAX },
+            inv_temp: if greedy { 1.0 } else { 1.0 / self.temperature },
+            seed_lo: self.seed as u32,
+            // Stream 0 is the seed itself; others move the hash input to another key.
+            seed_hi: (self.seed >> 32) as u32 ^ self.stream.wrapping_mul(0x9E37_79B9),
+            step: self.step,
+            n_top: self.n_logprobs,
+            greedy: greedy as u32,
+            _pad: [0; 3],
+        }
+    }
+}
+
+/// Which passes one step records; returned by [`Sampler::prepare`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SamplePlan {
+    pub n_rows: u32,
+    pub n_draws: u32,
+    /// A row draws (not greedy).
+    pub sampled: bool,
+    pub top_k: bool,
+    pub top_p: bool,
+    /// A row asks for log-probabilities.
+    pub logprobs: bool,
+}
+
+struct Kernel {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind: wgpu::BindGroup,
+}
+
+pub struct Sampler {
+    n_vocab: u32,
+    max_rows: u32,
+    max_draws: u32,
+    base: Params,
+    params: wgpu::Buffer,
+    rows: wgpu::Buffer,
+    state: wgpu::Buffer,
+    out: wgpu::Buffer,
+    lp: wgpu::Buffer,
+    kernels: Vec<Kernel>,
+    _partials: wgpu::Buffer,
+    _hist: wgpu::Buffer,
+    _lp_part: wgpu::Buffer,
+}
+
+fn key(shader: &'static str, entry: &'static str) -> PipelineKey {
+    PipelineKey::new(shader, entry, ShaderDefs::new().u32("WG", WG).u32("MAX_TOP", MAX_LOGPROBS as u32))
+}
+
+pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
+    ENTRIES.iter().map(|(s, e, _)| key(s, e)).collect()
+}
+
+fn unsupported(message: String) -> GpuError {
+    GpuError::Unsupported { op: "sampler", message }
+}
+
+impl Sampler {
+    /// A sampler over `logits` ([max_rows, n_vocab] f32), up to `max_rows` rows a step and
+    /// `max_draws` draws a row (more than one only in tests: draw d uses counter step + d).
+    pub async fn new(ctx: &GpuContext, cache: &PipelineCache, n_vocab: u32, max_rows: u32, max_draws: u32, logits: &wgpu::Buffer) -> Result<Sampler> {
+        if n_vocab == 0 || !(1..=MAX_ROWS).contains(&max_rows) || !(1..=MAX_DRAWS).contains(&max_draws) {
+            return Err(unsupported(format!(
+                "n_vocab {n_vocab} must be > 0, max_rows {max_rows} in 1..={MAX_ROWS}, max_draws {max_draws} in 1..={MAX_DRAWS}"
+            )));
+        }
+        let rows64 = max_rows as u64;
+        if logits.size() < rows64 * n_vocab as u64 * 4 {
+            return Err(unsupported(format!("logits holds {} bytes, needs [{max_rows}, {n_vocab}] f32", logits.size())));
+        }
+        let n_groups = n_vocab.div_ceil(WG * ITEMS_PER_THREAD).clamp(1, MAX_GROUPS);
+        let index_bits = (32 - (n_vocab - 1).leading_zeros()).max(1);
+        let base = Params { n_vocab, n_groups, chunk: n_vocab.div_ceil(n_groups), index_bits, n_levels: 4 + index_bits.div_ceil(8), ..Default::default() };
+        let storage = |label: &str, bytes: u64| crate::buffer::storage(ctx, label, bytes);
+        let params = crate::buffer::uniform_init(ctx, "sampler.params", bytemuck::bytes_of(&base));
+        let rows = storage("sampler.rows", rows64 * size_of::<RowParams>() as u64)?;
+        let state = storage("sampler.state", rows64 * state::WORDS as u64 * 4)?;
+        let hist = storage("sampler.hist", rows64 * RADIX * 3 * 4)?;
+        let partials = storage("sampler.partials", rows64 * max_draws as u64 * n_groups as u64 * 8)?;
+        let out = storage("sampler.out", rows64 * max_draws as u64 * 4)?;
+        let lp_part = storage("sampler.lp_part", rows64 * n_groups as u64 * LP_STRIDE * 8)?;
+        let lp = storage("sampler.lp", rows64 * LP_WORDS as u64 * 4)?;
+        let buffers: [&wgpu::Buffer; 9] = [&params, logits, &partials, &state, &hist, &out, &lp_part, &lp, &rows];
+        let mut kernels = Vec::with_capacity(ENTRIES.len());
+        for (shader, entry, bindings) in ENTRIES {
+            let key = key(shader, entry);
+            let pipeline = cache.get(ctx, &key).await?;
+            let layout = pipeline.get_bind_group_layout(0);
+            let entries: Vec<wgpu::BindGroupEntry> =
+                bindings.iter().map(|&b| wgpu::BindGroupEntry { binding: b, resource: buffers[b as usize].as_entire_binding() }).collect();
+            let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&key.label()), layout: &layout, entries: &entries });
+            kernels.push(Kernel { pipeline, bind });
+        }
+        Ok(Sampler { n_vocab, max_rows, max_draws, base, params, rows, state, out, lp, kernels, _partials: partials, _hist: hist, _lp_part: lp_part })
+    }
+
+    pub fn n_vocab(&self) -> u32 {
+        self.n_vocab
+    }
+
+    /// The rows' internal state ([max_rows, state::WORDS] u32): the max logit and the
+    /// survivors' threshold.
+    pub fn state_buffer(&self) -> &wgpu::Buffer {
+        &self.state
+    }
+
+    /// Token ids: [max_rows, n_draws] u32 (row r's draw d at r · n_draws + d).
+    pub fn out_buffer(&self) -> &wgpu::Buffer {
+        &self.out
+    }
+
+    /// Log-probability records: [max_rows, LP_WORDS] u32.
+    pub fn logprobs_buffer(&self) -> &wgpu::Buffer {
+        &self.lp
+    }
+
+    /// Writes one step's settings (queued before the next submission) and returns which
+    /// passes [`Sampler::encode`] records. One prepared step per submission: a second
+    /// `prepare` before the submit overwrites the first.
+    pub fn prepare(&self, ctx: &GpuContext, rows: &[SampleRow], n_draws: u32) -> Result<SamplePlan> {
+        if rows.is_empty() || rows.len() > self.max_rows as usize {
+            return Err(unsupported(format!("{} rows, the sampler takes 1..={}", rows.len(), self.max_rows)));
+        }
+        if !(1..=self.max_draws).contains(&n_draws) {
+            return Err(unsupported(format!("n_draws {n_draws} not in 1..={}", self.max_draws)));
+        }
+        for r in rows {
+            let sp = SamplingParams {
+                temperature: r.temperature,
+                top_k: r.top_k,
+                top_p: r.top_p,
+                min_p: r.min_p,
+                n_logprobs: r.n_logprobs as usize,
+                ..Default::default()
+            };
+            sp.validate().map_err(|e| unsupported(e.to_string()))?;
+        }
+        let dev: Vec<RowParams> = rows.iter().map(|r| r.device(self.n_vocab)).collect();
+        let p = Params { n_rows: rows.len() as u32, n_draws, ..self.base };
+        ctx.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(&p));
+        ctx.queue.write_buffer(&self.rows, 0, bytemuck::cast_slice(&dev));
+        let sampled: Vec<&RowParams> = dev.iter().filter(|r| r.greedy == 0).collect();
+        Ok(SamplePlan {
+            n_rows: rows.len() as u32,
+            n_draws,
+            sampled: !sampled.is_empty(),
+            top_k: sampled.iter().any(|r| r.top_k > 0),
+            top_p: sampled.iter().any(|r| r.top_p < 1.0),
+            logprobs: dev.iter().any(|r| r.n_top > 0),
+        })
+    }
+
+    fn dispatch(&self, pass: &mut wgpu::ComputePass<'_>, k: usize, x: u32, y: u32, z: u32) {
+        let k = &self.kernels[k];
+        pass.set_pipeline(&k.pipeline);
+        pass.set_bind_group(0, &k.bind, &[]);
+        pass.dispatch_workgroups(x, y, z);
+    }
+
+    /// Records one prepared step: row r's draws go to out[r · n_draws ..], its
+    /// log-probability record (for its first draw) to lp[r · LP_WORDS ..].
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, plan: &SamplePlan) {
+        let (g, rows) = (self.base.n_groups, plan.n_rows);
+        if plan.sampled {
+            self.dispatch(pass, INIT, 1, rows, 1);
+        }
+        self.dispatch(pass, ARGMAX_PARTIAL, g, rows, 1);
+        self.dispatch(pass, ARGMAX_FINAL, 1, rows, 1);
+        for (on, hist, select) in [(plan.top_k, TOPK_HIST, TOPK_SELECT), (plan.top_p, TOPP_HIST, TOPP_SELECT)] {
+            if on {
+                for _ in 0..self.base.n_levels {
+                    self.dispatch(pass, hist, g, rows, 1);
+                    self.dispatch(pass, select, 1, rows, 1);
+                }
+            }
+        }
+        if plan.sampled {
+            self.dispatch(pass, GUMBEL_PARTIAL, g, rows, plan.n_draws);
+            self.dispatch(pass, GUMBEL_FINAL, plan.n_draws, rows, 1);
+        }
+        if plan.logprobs {
+            self.dispatch(pass, LOGPROB_PARTIAL, g, rows, 1);
+            self.dispatch(pass, LOGPROB_FINAL, 1, rows, 1);
+        }
+    }
+
+    /// Reads the step's results back (tests and tools; the model copies them into its own
+    /// readback buffer instead): every row's draws, and its record when it asked for one.
+    pub async fn read(&self, ctx: &GpuContext, plan: &SamplePlan, rows: &[SampleRow]) -> Result<Vec<Vec<Sampled>>> {
+        let n = (plan.n_rows * plan.n_draws) as usize;
+        let out = crate::buffer::read_u32(ctx, &self.out, 0, n).await?;
+        let lp = if plan.logprobs { crate::buffer::read_u32(ctx, &self.lp, 0, plan.n_rows as usize * LP_WORDS).await? } else { Vec::new() };
+        Ok(decode(plan, rows, &out, &lp))
+    }
+}
+
+/// A step's results from the `out` words ([n_rows, n_draws]) and the `lp` records
+/// ([n_rows, LP_WORDS], empty without log-probabilities): per row its draws, the first with
+/// log-probabilities when the row asked for them.
+pub fn decode(plan: &SamplePlan, rows: &[SampleRow], out: &[u32], lp: &[u32]) -> Vec<Vec<Sampled>> {
+    let d = plan.n_draws as usize;
+    rows.iter()
+        .enumerate()
+        .map(|(r, row)| {
+            let mut draws: Vec<Sampled> = out[r * d..(r + 1) * d].iter().map(|&id| Sampled { id, ..Default::default() }).collect();
+            if row.n_logprobs > 0 {
+                draws[0] = decode_logprobs(&lp[r * LP_WORDS..(r + 1) * LP_WORDS]);
+            }
+            draws
+        })
+        .collect()
+}
+
+/// A log-probability record ([`LP_WORDS`] u32) as a [`Sampled`].
+pub fn decode_logprobs(words: &[u32]) -> Sampled {
+    let n = (words[2] as usize).min(MAX_LOGPROBS);
+    Sampled {
+        id: words[0],
+        logprob: Some(f32::from_bits(words[1])),
+        top_logprobs: (0..n).map(|k| (words[3 + 2 * k], f32::from_bits(words[4 + 2 * k]))).collect(),
+    }
+}

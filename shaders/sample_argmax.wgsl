@@ -1,0 +1,141 @@
+// Greedy argmax and Gumbel-max draws per row of logits (see sample_common.wgsl), so only ids
+// are read back.
+//
+// Greedy: argmax_partial (n_groups × n_rows workgroups, each a chunk of one row) →
+// argmax_final (one workgroup per row); the lowest index wins ties. It also records each
+// row's largest logit, which sampling and log-probabilities start from. Sampled rows then
+// (after sample_threshold.wgsl's search) draw: gumbel_partial (n_groups × n_rows × n_draws)
+// → gumbel_final (n_draws × n_rows). Gumbel-max over the survivors of
+// (logit − max)/T + G, G = −ln(−ln U) from a counter-based hash of (seed, step + draw, index),
+// draws exactly from softmax(logit/T) restricted to them. Greedy rows skip the draw passes.
+#include "sample_common.wgsl"
+
+// pcg4d (Jarzynski & Olano, "Hash Functions for GPU Rendering", 2020).
+fn pcg4d(a: vec4<u32>) -> vec4<u32> {
+    var v = a * 1664525u + 1013904223u;
+    v.x += v.y * v.w;
+    v.y += v.z * v.x;
+    v.z += v.x * v.y;
+    v.w += v.y * v.z;
+    v ^= v >> vec4<u32>(16u);
+    v.x += v.y * v.w;
+    v.y += v.z * v.x;
+    v.z += v.x * v.y;
+    v.w += v.y * v.z;
+    return v;
+}
+
+// lowbias32 (Wellons) as a final mix.
+fn mix32(a: u32) -> u32 {
+    var x = a;
+    x ^= x >> 16u;
+    x *= 0x7feb352du;
+    x ^= x >> 15u;
+    x *= 0x846ca68bu;
+    x ^= x >> 16u;
+    return x;
+}
+
+const TWO_POW_M32: f32 = 2.3283064365386963e-10;
+const V_MIN: f32 = 1.1641532182693481e-10;
+const V_MAX: f32 = 0.99999994;
+
+// A standard Gumbel variate for (seed, step, index). U = 1 − v; E = −ln(1 − v) keeps full
+// relative precision for small E (the large-G tail that decides the winner).
+fn gumbel(i: u32, step: u32, seed_lo: u32, seed_hi: u32) -> f32 {
+    let h = pcg4d(vec4<u32>(i, step, seed_lo, seed_hi));
+    let v = clamp(f32(mix32(h.x ^ h.z)) * TWO_POW_M32, V_MIN, V_MAX);
+    var e: f32;
+    if (v < 0.25) {
+        // −ln(1 − v) = 2·atanh(s), s = v / (2 − v) ≤ 1/7.
+        let s = v / (2.0 - v);
+        let s2 = s * s;
+        e = 2.0 * s * (1.0 + s2 * (1.0 / 3.0 + s2 * (0.2 + s2 * (1.0 / 7.0 + s2 * (1.0 / 9.0 + s2 * (1.0 / 11.0))))));
+    } else {
+        e = -log(1.0 - v);
+    }
+    return -log(e);
+}
+
+fn partial_pass(g: u32, row: u32, draw: u32, lid: u32, sample: bool) {
+    let r = rows[row];
+    let live = !sample || r.greedy == 0u;
+    let start = g * params.chunk;
+    let end = min(start + params.chunk, params.n_vocab);
+    var bv = NEG_MAX;
+    var bi = NONE;
+    if (live) {
+        let lmax = bitcast<f32>(state[st(row, MAX_BITS)]);
+        let tv = state[st(row, THR_V)];
+        let ti = state[st(row, THR_I)];
+        let step = r.step + draw;
+        for (var i = start + lid; i < end; i += WG) {
+            var v = logit(row, i);
+            if (sample) {
+                let d = v - lmax;
+                if (!(d >= r.log_min_p) || !key_at_least(order_key(v), index_key(i), tv, ti)) {
+                    continue;
+                }
+                v = d * r.inv_temp + gumbel(i, step, r.seed_lo, r.seed_hi);
+            }
+            if (better(v, i, bv, bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+    }
+    let best = wg_argmax(lid, bv, bi);
+    if (lid == 0u && live) {
+        partials[(row * params.n_draws + draw) * params.n_groups + g] = best;
+    }
+}
+
+fn final_pass(row: u32, draw: u32, lid: u32, greedy: bool) {
+    let live = greedy || rows[row].greedy == 0u;
+    var bv = NEG_MAX;
+    var bi = NONE;
+    let base = (row * params.n_draws + draw) * params.n_groups;
+    if (live) {
+        for (var j = lid; j < params.n_groups; j += WG) {
+            let p = partials[base + j];
+            if (better(bitcast<f32>(p.x), p.y, bv, bi)) {
+                bv = bitcast<f32>(p.x);
+                bi = p.y;
+            }
+        }
+    }
+    let best = wg_argmax(lid, bv, bi);
+    if (lid == 0u && live) {
+        let id = select(best.y, 0u, best.y >= params.n_vocab);
+        if (greedy) {
+            state[st(row, MAX_BITS)] = best.x;
+            state[st(row, MAX_ID)] = id;
+            // A greedy row's every draw is its argmax; sampled rows overwrite theirs.
+            for (var d = 0u; d < params.n_draws; d++) {
+                out[row * params.n_draws + d] = id;
+            }
+        } else {
+            out[row * params.n_draws + draw] = id;
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn argmax_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    partial_pass(wg.x, wg.y, 0u, lid, false);
+}
+
+@compute @workgroup_size(WG)
+fn argmax_final(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    final_pass(wg.y, 0u, lid, true);
+}
+
+@compute @workgroup_size(WG)
+fn gumbel_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    partial_pass(wg.x, wg.y, wg.z, lid, true);
+}
+
+@compute @workgroup_size(WG)
+fn gumbel_final(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    final_pass(wg.y, wg.x, lid, false);
+}

@@ -1,0 +1,197 @@
+// The row sampler's shared declarations: sample_argmax.wgsl (greedy argmax, Gumbel-max
+// draws), sample_threshold.wgsl (the exact top-k / top-p threshold search) and
+// sample_logprobs.wgsl include this. Each row of logits is sampled with its own settings
+// (rows[row]); workgroup id y is the row in every pass, so rows never share a reduction and a
+// row's result does not depend on the others.
+//
+// Candidates are ordered by the composite key K = (order_key(logit), n_vocab−1−index):
+// descending K is the CPU sampler's order (logit descending by total order, then lowest
+// index), and K is unique per token, so "the first m candidates" is exactly K ≥ threshold.
+// Tokens at −inf (banned) or NaN are never candidates.
+// Defines: WG (threads per workgroup; must equal RADIX for the histogram kernels), MAX_TOP.
+
+struct Params {
+    n_vocab: u32,
+    // workgroups per row in the partial and histogram passes, and logits per workgroup
+    n_groups: u32,
+    chunk: u32,
+    // bits of n_vocab − 1; radix levels = 4 + ceil(index_bits / 8)
+    index_bits: u32,
+    n_levels: u32,
+    n_rows: u32,
+    // draws per row (counters step .. step + n_draws)
+    n_draws: u32,
+    _pad0: u32,
+}
+
+// One row's settings (ops::sample::RowParams).
+struct Row {
+    // 0 = off
+    top_k: u32,
+    top_p: f32,
+    // −f32::MAX = off
+    log_min_p: f32,
+    inv_temp: f32,
+    // the seed, its stream mixed into the high word
+    seed_lo: u32,
+    seed_hi: u32,
+    step: u32,
+    // log-probability alternatives; 0 = no log-probabilities
+    n_top: u32,
+    // 1 = greedy (argmax only)
+    greedy: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+// logits: [max_rows, n_vocab] f32
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+// partials: [max_rows, max_draws, n_groups] (f32 bits of the best score, its index)
+@group(0) @binding(2) var<storage, read_write> partials: array<vec2<u32>>;
+// state: [max_rows, STATE_WORDS] u32, layout below
+@group(0) @binding(3) var<storage, read_write> state: array<u32>;
+// hist: [max_rows, RADIX, 3] (count, mass low word, mass high word)
+@group(0) @binding(4) var<storage, read_write> hist: array<atomic<u32>>;
+// out: [max_rows, max_draws] u32 token ids
+@group(0) @binding(5) var<storage, read_write> out: array<u32>;
+// lp_part: [max_rows, n_groups, 1 + MAX_TOP] per workgroup: (Σ exp(logit − max) f32 bits,
+// keys found), then its largest keys K, descending
+@group(0) @binding(6) var<storage, read_write> lp_part: array<vec2<u32>>;
+// lp: [max_rows, LP_WORDS] u32: the chosen id, its log-probability (f32 bits), how many
+// alternatives follow, then (id, log-probability f32 bits) each, most likely first
+@group(0) @binding(7) var<storage, read_write> lp: array<u32>;
+// rows: [max_rows] Row
+@group(0) @binding(8) var<storage, read> rows: array<Row>;
+
+const RADIX: u32 = 256u;
+const NONE: u32 = 0xffffffffu;
+// The most negative finite f32, spelled exactly (a rounded decimal is out of range for Tint).
+const NEG_MAX: f32 = -0x1.fffffep+127f;
+
+// state words, per row
+const STATE_WORDS: u32 = 32u;
+// f32 bits of the largest logit, and its index
+const MAX_BITS: u32 = 0u;
+const MAX_ID: u32 = 1u;
+// survivors are K ≥ (THR_V, THR_I)
+const THR_V: u32 = 2u;
+const THR_I: u32 = 3u;
+// the top-k threshold, which bounds the top-p search
+const KTHR_V: u32 = 4u;
+const KTHR_I: u32 = 5u;
+// radix-select blocks for top-k and top-p, BLOCK_WORDS each
+const K_BLOCK: u32 = 8u;
+const P_BLOCK: u32 = 18u;
+const BLOCK_WORDS: u32 = 10u;
+const PREFIX_V: u32 = 0u;
+const PREFIX_I: u32 = 1u;
+const MASK_V: u32 = 2u;
+const MASK_I: u32 = 3u;
+const LEVEL: u32 = 4u;
+const DONE: u32 = 5u;
+// top-k: rank still wanted inside the current bucket
+const REMAIN: u32 = 6u;
+// top-p: mass above the current bucket, and the target mass (64-bit, low word first)
+const ABOVE_LO: u32 = 6u;
+const ABOVE_HI: u32 = 7u;
+const TARGET_LO: u32 = 8u;
+const TARGET_HI: u32 = 9u;
+
+// lp words, per row
+const LP_WORDS: u32 = 3u + 2u * MAX_TOP;
+const LP_ID: u32 = 0u;
+const LP_LOGPROB: u32 = 1u;
+const LP_N: u32 = 2u;
+const LP_TOP: u32 = 3u;
+// lp_part words per workgroup
+const LP_STRIDE: u32 = 1u + MAX_TOP;
+
+var<workgroup> red_v: array<f32, WG>;
+var<workgroup> red_i: array<u32, WG>;
+var<workgroup> red_k: array<vec2<u32>, WG>;
+
+// Word w of row `row`'s state.
+fn st(row: u32, w: u32) -> u32 {
+    return row * STATE_WORDS + w;
+}
+
+fn logit(row: u32, i: u32) -> f32 {
+    return logits[row * params.n_vocab + i];
+}
+
+// ---- ordering ----
+
+fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
+    return v > bv || (v == bv && i < bi);
+}
+
+// Monotone map of f32 (total order, as f32::total_cmp) to u32.
+fn order_key(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+
+// The logit whose order_key is k.
+fn key_logit(k: u32) -> f32 {
+    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
+}
+
+fn index_key(i: u32) -> u32 {
+    return params.n_vocab - 1u - i;
+}
+
+fn key_at_least(kv: u32, ki: u32, tv: u32, ti: u32) -> bool {
+    return kv > tv || (kv == tv && ki >= ti);
+}
+
+fn key_greater(a: vec2<u32>, b: vec2<u32>) -> bool {
+    return a.x > b.x || (a.x == b.x && a.y > b.y);
+}
+
+// ---- workgroup reductions ----
+
+fn wg_argmax(lid: u32, v: f32, i: u32) -> vec2<u32> {
+    red_v[lid] = v;
+    red_i[lid] = i;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s && better(red_v[lid + s], red_i[lid + s], red_v[lid], red_i[lid])) {
+            red_v[lid] = red_v[lid + s];
+            red_i[lid] = red_i[lid + s];
+        }
+        workgroupBarrier();
+    }
+    return vec2<u32>(bitcast<u32>(red_v[0]), red_i[0]);
+}
+
+fn wg_sum(lid: u32, v: f32) -> f32 {
+    red_v[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red_v[lid] += red_v[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red_v[0];
+    // Everyone has read the result before red_v is reused.
+    workgroupBarrier();
+    return r;
+}
+
+// The largest key K across the workgroup; (0, 0) (below every live logit) = none.
+fn wg_keymax(lid: u32, k: vec2<u32>) -> vec2<u32> {
+    red_k[lid] = k;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s && key_greater(red_k[lid + s], red_k[lid])) {
+            red_k[lid] = red_k[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red_k[0];
+    workgroupBarrier();
+    return r;
+}
