@@ -1,6 +1,6 @@
 // The package's OpenAI shaping (web/src/openai.js) over a scripted core, in node: response
-// and chunk shapes, usage, errors, early cancellation and one-at-a-time requests. The real
-// engine behind it is tested in Chromium by package.test.mjs.
+// and chunk shapes, usage, errors, n choices, concurrent requests, and cancellation of one
+// request only. The real engine behind it is tested in Chromium by package.test.mjs.
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -8,38 +8,50 @@ import { openaiApi } from "../../web/src/openai.js";
 import { InvalidRequestError, ContextWindowExceededError } from "../../web/src/errors.js";
 
 const SUMMARY = { prompt_tokens: 3, cached_prompt_tokens: 1, completion_tokens: 2, ttft_ms: 5, prefill_tok_s: 60, decode_tok_s: 20 };
+const tick = () => new Promise((r) => setTimeout(r, 1));
 
-/** A core that emits `tokens` one per macrotask, records requests and interrupts. */
-function scriptedCore(tokens = ["Hel", "lo"], { tail = "", fail = null } = {}) {
+/** A core that runs requests concurrently, emitting `tokens` (per choice) one per macrotask. */
+function scriptedCore(tokens = ["Hel", "lo"], { tail = "", fail = null, submitError = null } = {}) {
+  let next = 1;
   const core = {
     requests: [],
-    interrupts: 0,
+    cancelled: [],
     running: 0,
     maxRunning: 0,
-    aborted: false,
-    interrupt() {
-      core.interrupts += 1;
-      core.aborted = true;
-    },
-    async generate(request, onToken) {
-      core.requests.push(JSON.parse(request));
+    async submit(request, onEvent) {
+      if (submitError) throw Object.assign(new Error(submitError.message), { name: submitError.name });
+      const req = JSON.parse(request);
+      core.requests.push(req);
+      const id = next++;
+      const n = req.n ?? 1;
       core.running += 1;
       core.maxRunning = Math.max(core.maxRunning, core.running);
-      core.aborted = false;
-      try {
-        if (fail) throw Object.assign(new Error(fail.message), { name: fail.name });
-        let n = 0;
-        for (const [i, t] of tokens.entries()) {
-          if (core.aborted) break;
-          await new Promise((r) => setTimeout(r, 1));
-          onToken(t, 100 + i, null);
-          n += 1;
+      (async () => {
+        await tick();
+        if (fail) {
+          onEvent({ type: "error", name: fail.name, message: fail.message });
+        } else {
+          const emitted = new Array(n).fill(0);
+          for (const [i, t] of tokens.entries()) {
+            if (core.cancelled.includes(id)) break;
+            await tick();
+            for (let c = 0; c < n; c++) {
+              onEvent({ type: "token", choice: c, id: 100 + i, text: n > 1 ? `${t}${c}` : t, logprobs: null });
+              emitted[c] += 1;
+            }
+          }
+          const reason = core.cancelled.includes(id) ? "abort" : "length";
+          for (let c = 0; c < n; c++) {
+            onEvent({ type: "done", choice: c, text: tail, summary: { ...SUMMARY, completion_tokens: emitted[c], finish_reason: reason } });
+          }
         }
-        const finish_reason = core.aborted ? "abort" : "length";
-        return JSON.stringify({ ...SUMMARY, completion_tokens: n, finish_reason, text: tail, logprobs: null });
-      } finally {
         core.running -= 1;
-      }
+        onEvent({ type: "end" });
+      })();
+      return id;
+    },
+    cancel(id) {
+      core.cancelled.push(id);
     },
   };
   return core;
@@ -51,6 +63,8 @@ test("completions.create returns a text_completion with usage; request fields pa
   const r = await api.completions.create({ prompt: "Say", max_tokens: 2, temperature: 0, stop: "x", top_k: 5, ignored: 1 });
   assert.equal(r.object, "text_completion");
   assert.equal(r.model, "m");
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].index, 0);
   assert.equal(r.choices[0].text, "Hello!");
   assert.equal(r.choices[0].finish_reason, "length");
   assert.deepEqual(r.usage, {
@@ -75,40 +89,51 @@ test("streamed chat: role first, one chunk per delta, then finish_reason and usa
   assert.equal(chunks[0].usage, undefined);
 });
 
+test("n: 2 returns two choices, streamed and not; usage counts both", async () => {
+  const api = openaiApi(scriptedCore(["a", "b"]), () => "m");
+  const r = await api.chat.completions.create({ messages: [{ role: "user", content: "hi" }], n: 2 });
+  assert.deepEqual(r.choices.map((c) => [c.index, c.message.content]), [[0, "a0b0"], [1, "a1b1"]]);
+  assert.equal(r.usage.completion_tokens, 4);
+  const chunks = [];
+  for await (const c of await api.completions.create({ prompt: "x", n: 2, stream: true })) chunks.push(c);
+  const text = (i) => chunks.filter((c) => c.choices[0].index === i).map((c) => c.choices[0].text).join("");
+  assert.equal(text(0), "a0b0");
+  assert.equal(text(1), "a1b1");
+  assert.deepEqual(chunks.filter((c) => c.choices[0].finish_reason).map((c) => c.choices[0].index).sort(), [0, 1]);
+  assert.equal(chunks.at(-1).usage.completion_tokens, 4, "the last chunk carries the request's usage");
+  await assert.rejects(api.completions.create({ prompt: "x", n: 0 }), InvalidRequestError);
+  await assert.rejects(api.completions.create({ prompt: "x", n: 1.5 }), InvalidRequestError);
+});
+
 test("bad requests are InvalidRequestErrors; engine errors keep their class", async () => {
   const api = openaiApi(scriptedCore(), () => "m");
   await assert.rejects(api.chat.completions.create({ messages: [] }), InvalidRequestError);
   await assert.rejects(api.completions.create({ prompt: 3 }), InvalidRequestError);
   await assert.rejects(api.completions.create(undefined), InvalidRequestError);
-  await assert.rejects(api.completions.create({ prompt: "x", n: 2 }), InvalidRequestError);
+  const refused = openaiApi(scriptedCore([], { submitError: { name: "ContextWindowExceededError", message: "too long" } }), () => "m");
+  await assert.rejects(refused.completions.create({ prompt: "x" }), (e) => e instanceof ContextWindowExceededError && e.code === "context_length_exceeded");
   const failing = openaiApi(scriptedCore([], { fail: { name: "ContextWindowExceededError", message: "too long" } }), () => "m");
-  await assert.rejects(failing.completions.create({ prompt: "x" }), (e) => e instanceof ContextWindowExceededError && e.code === "context_length_exceeded");
   const stream = await failing.completions.create({ prompt: "x", stream: true });
   await assert.rejects(async () => {
     for await (const _ of stream);
   }, ContextWindowExceededError);
 });
 
-test("breaking out of a stream interrupts the generation", async () => {
+test("concurrent requests run at once; breaking out of one stream cancels only that one", async () => {
   const core = scriptedCore(["a", "b", "c", "d", "e", "f"]);
   const api = openaiApi(core, () => "m");
+  const other = api.completions.create({ prompt: "y" });
   let seen = 0;
   for await (const _ of await api.completions.create({ prompt: "x", stream: true })) {
     seen += 1;
     if (seen === 2) break;
   }
-  assert.equal(core.interrupts, 1);
-  // The next request waits for the interrupted one instead of failing as busy.
-  const r = await api.completions.create({ prompt: "y" });
-  assert.equal(r.choices[0].text, "abcdef");
-  assert.equal(core.maxRunning, 1);
-});
-
-test("concurrent requests run one at a time, in order", async () => {
-  const core = scriptedCore(["x"]);
-  const api = openaiApi(core, () => "m");
-  const results = await Promise.all([1, 2, 3].map((i) => api.completions.create({ prompt: `p${i}` })));
-  assert.equal(core.maxRunning, 1);
-  assert.deepEqual(core.requests.map((r) => r.prompt), ["p1", "p2", "p3"]);
-  assert.ok(results.every((r) => r.choices[0].text === "x"));
+  assert.equal(core.cancelled.length, 1, "exactly one request was cancelled");
+  const r = await other;
+  assert.equal(r.choices[0].text, "abcdef", "the other request finished untouched");
+  assert.equal(r.choices[0].finish_reason, "length");
+  assert.equal(core.maxRunning, 2, "both requests ran at the same time");
+  const many = await Promise.all([1, 2, 3].map((i) => api.completions.create({ prompt: `p${i}` })));
+  assert.ok(many.every((m) => m.choices[0].text === "abcdef"));
+  assert.equal(core.maxRunning, 3);
 });

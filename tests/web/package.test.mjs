@@ -134,3 +134,57 @@ test("worker engine: streamed chat on qwen2.5-coder-0.5b (read by HTTP ranges) e
   assert.ok(server.requests.some((q) => q.path === QWEN && q.status === 206), "read by Range requests");
   assert.equal(modelGets(QWEN), server.requests.filter((q) => q.path === QWEN && q.method === "GET" && q.status === 206).length);
 });
+
+test("one engine, concurrent requests: two streams progress together, breaking one leaves the other, n: 2", { timeout: 20 * MINUTES }, async () => {
+  const t0 = performance.now();
+  const prompts = [1, 2, 3, 4].map((n) => readFileSync(join(GOLDEN, `prompts/p${n}.txt`), "utf8"));
+  const r = await page.evaluate(
+    async ({ PKG, GEMMA, prompts }) => {
+      const flint = await import(PKG);
+      const engine = await flint.createEngine({ model: GEMMA });
+      const events = [];
+      // Reads a stream, logging (name, finished?) per chunk; stops after `stopAfter` chunks.
+      const consume = async (name, stream, stopAfter = Infinity) => {
+        let text = "", n = 0, finish = null;
+        for await (const c of stream) {
+          const ch = c.choices[0];
+          text += ch.text ?? "";
+          finish = ch.finish_reason ?? finish;
+          events.push({ name, done: ch.finish_reason != null });
+          if (++n >= stopAfter) break;
+        }
+        return { text, finish };
+      };
+      const req = (prompt, max_tokens) => engine.completions.create({ prompt, temperature: 0, max_tokens, stream: true });
+      const [a, b] = await Promise.all([consume("a", await req(prompts[0], 5)), consume("b", await req(prompts[1], 5))]);
+      const together = events.splice(0);
+      // Breaking out of c cancels c only; d runs to its end.
+      const [c, d] = await Promise.all([consume("c", await req(prompts[2], 12), 2), consume("d", await req(prompts[3], 5))]);
+      const two = await engine.completions.create({ prompt: prompts[0], temperature: 0, max_tokens: 3, n: 2 });
+      await engine.unload();
+      return { a, b, c, d, together, two };
+    },
+    { PKG, GEMMA, prompts },
+  );
+  console.log(`concurrent requests in ${secondsSince(t0)} s: ${JSON.stringify(r.together)}`);
+  const prefix = (n, text) => {
+    const want = golden("gemma", n).greedy_text_16;
+    assert.ok(text.length > 0 && want.startsWith(text), `prompt ${n}: ${JSON.stringify(text)} is not a prefix of ${JSON.stringify(want)}`);
+  };
+  prefix(1, r.a.text);
+  prefix(2, r.b.text);
+  assert.equal(r.a.finish, "length");
+  assert.equal(r.b.finish, "length");
+  // Both streams had chunks before either finished.
+  const firstOf = (name) => r.together.findIndex((e) => e.name === name);
+  const doneOf = (name) => r.together.findIndex((e) => e.name === name && e.done);
+  assert.ok(firstOf("a") < doneOf("b") && firstOf("b") < doneOf("a"), "the two streams did not overlap");
+  prefix(4, r.d.text);
+  assert.equal(r.d.finish, "length", "the other request finished on its own");
+  assert.ok(r.c.text.length > 0 && r.c.finish === null, "the broken stream stopped early");
+  assert.equal(r.two.choices.length, 2);
+  assert.deepEqual(r.two.choices.map((c) => c.index), [0, 1]);
+  for (const c of r.two.choices) prefix(1, c.text);
+  assert.equal(r.two.choices[0].text, r.two.choices[1].text, "greedy choices agree");
+  assert.equal(r.two.usage.completion_tokens, 6);
+});

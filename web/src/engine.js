@@ -16,11 +16,11 @@ export class Engine {
   get info() {
     return this.#core.info;
   }
-  /** Ends the running request after its current token; its finish_reason is "abort". */
+  /** Ends every running request of this engine after its current token: finish_reason "abort". */
   interruptGenerate() {
     this.#core.interrupt();
   }
-  /** Forgets the conversation: the next request reuses no cached prompt. */
+  /** Forgets the conversation: drops the cached prompts no running request holds. */
   async resetChat() {
     try {
       await this.#core.reset();
@@ -28,7 +28,8 @@ export class Engine {
       throw fromWire(e);
     }
   }
-  /** `flint bench`'s measurement in this browser: {prefill_tok_s: [...], decode_tok_s: [...]}. */
+  /** `flint bench`'s measurement in this browser once running requests are done:
+   * {prefill_tok_s: [...], decode_tok_s: [...]}. */
   async bench({ promptTokens = 128, genTokens = 32, reps = 3 } = {}) {
     try {
       return await this.#core.bench(promptTokens, genTokens, reps);

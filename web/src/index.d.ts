@@ -22,8 +22,10 @@ export interface EngineOptions {
   initProgressCallback?: (report: InitProgressReport) => void;
   /** Where the engine's .wasm is served from (self-hosting); default: next to this module. */
   wasmUrl?: string | URL;
-  /** Context size in tokens (default 4096). */
+  /** Context size in tokens of one request (default 4096). */
   nCtx?: number;
+  /** Requests (choices) running at once in the same forward steps (default 4). */
+  maxSeqs?: number;
   /** Keep URL models in the browser's cache (default true). */
   useCache?: boolean;
 }
@@ -44,7 +46,8 @@ export interface SamplingOptions {
   logit_bias?: Record<string, number>;
   logprobs?: boolean;
   top_logprobs?: number;
-  n?: 1;
+  /** Choices from the same prompt (1..128); choice i draws from the random stream (seed, i). */
+  n?: number;
 }
 
 export type FinishReason = "stop" | "length" | "abort";
@@ -74,7 +77,7 @@ export interface ChatCompletion {
   object: "chat.completion";
   created: number;
   model: string;
-  choices: { index: 0; message: { role: "assistant"; content: string }; finish_reason: FinishReason; logprobs: Logprobs | null }[];
+  choices: { index: number; message: { role: "assistant"; content: string }; finish_reason: FinishReason; logprobs: Logprobs | null }[];
   usage: Usage;
 }
 
@@ -83,7 +86,7 @@ export interface ChatCompletionChunk {
   object: "chat.completion.chunk";
   created: number;
   model: string;
-  choices: { index: 0; delta: { role?: "assistant"; content?: string }; finish_reason: FinishReason | null; logprobs: Logprobs | null }[];
+  choices: { index: number; delta: { role?: "assistant"; content?: string }; finish_reason: FinishReason | null; logprobs: Logprobs | null }[];
   /** On the last chunk only. */
   usage?: Usage;
 }
@@ -93,7 +96,7 @@ export interface Completion {
   object: "text_completion";
   created: number;
   model: string;
-  choices: { index: 0; text: string; finish_reason: FinishReason | null; logprobs: Logprobs | null }[];
+  choices: { index: number; text: string; finish_reason: FinishReason | null; logprobs: Logprobs | null }[];
   usage?: Usage;
 }
 
@@ -112,6 +115,8 @@ export interface EngineInfo {
   n_ctx: number;
   n_vocab: number;
   n_layer: number;
+  /** Requests (choices) that run at once. */
+  max_seqs: number;
   adapter: string;
   backend: string;
   has_chat_template: boolean;
@@ -131,11 +136,12 @@ export interface Engine {
     create(req: CompletionRequest & { stream: true }): Promise<AsyncIterable<Completion>>;
     create(req: CompletionRequest & { stream?: false }): Promise<Completion>;
   };
-  /** Ends the running request after its current token (finish_reason "abort"). */
+  /** Ends every running request after its current token (finish_reason "abort"). */
   interruptGenerate(): void;
-  /** Forgets the conversation's cached prompt. */
+  /** Forgets cached prompts that no running request holds. */
   resetChat(): Promise<void>;
-  /** Prefill and decode speed in this browser, as `flint bench` measures natively. */
+  /** Prefill and decode speed in this browser, as `flint bench` measures natively, once
+   * running requests are done. */
   bench(opts?: { promptTokens?: number; genTokens?: number; reps?: number }): Promise<{ prefill_tok_s: number[]; decode_tok_s: number[] }>;
   /** Frees the model's GPU memory. */
   unload(): Promise<void>;

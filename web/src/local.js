@@ -53,7 +53,7 @@ export class LocalCore {
   #engine;
   info;
 
-  static async load({ model, initProgressCallback, wasmUrl, nCtx, useCache = true }) {
+  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, useCache = true }) {
     if (typeof navigator === "undefined" || !navigator.gpu) {
       throw new WebGPUNotAvailableError("WebGPU is not available in this browser (navigator.gpu is missing)");
     }
@@ -69,7 +69,10 @@ export class LocalCore {
     const total = reader.size;
     const core = new LocalCore();
     try {
-      core.#engine = await loadEngine(reader, JSON.stringify(nCtx ? { n_ctx: nCtx } : {}));
+      const opts = {};
+      if (nCtx) opts.n_ctx = nCtx;
+      if (maxSeqs) opts.max_seqs = maxSeqs;
+      core.#engine = await loadEngine(reader, JSON.stringify(opts));
     } catch (e) {
       throw fromWire(e);
     }
@@ -83,11 +86,19 @@ export class LocalCore {
     return this.#engine;
   }
 
-  generate(request, onToken) {
-    return this.#live().generate(request, onToken);
+  /** Queues `request`; `onEvent` gets each event object. Resolves to the request's id. */
+  async submit(request, onEvent) {
+    try {
+      return this.#live().submit(request, (json) => onEvent(JSON.parse(json)));
+    } catch (e) {
+      throw fromWire(e);
+    }
+  }
+  cancel(id) {
+    this.#engine?.cancel(id);
   }
   interrupt() {
-    this.#engine?.interrupt();
+    this.#engine?.interruptAll();
   }
   reset() {
     this.#live().reset();

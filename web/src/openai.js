@@ -1,13 +1,16 @@
 // The OpenAI-shaped API (`chat.completions.create`, `completions.create`) over a core that
-// runs one request at a time: `core.generate(request, onToken) → Promise<summary>`. The
-// in-page engine and the Web Worker proxy are both such cores, so this shaping is written once.
+// runs requests concurrently: `core.submit(request, onEvent) → Promise<id>` with events
+// `{type: "token" | "done" | "error" | "end", ...}` and `core.cancel(id)`. The in-page engine
+// and the Web Worker proxy are both such cores, so this shaping is written once.
 
 import { fromWire, InvalidRequestError } from "./errors.js";
 
 const REQUEST_FIELDS = [
   "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
-  "frequency_penalty", "repetition_penalty", "repeat_last_n", "logit_bias", "logprobs", "top_logprobs",
+  "frequency_penalty", "repetition_penalty", "repeat_last_n", "logit_bias", "logprobs", "top_logprobs", "n",
 ];
+/** Most choices one request may ask for (OpenAI's limit). */
+const MAX_N = 128;
 
 /** The engine's request: the sampling fields OpenAI's API names, and the prompt or messages. */
 function engineRequest(params, input) {
@@ -15,20 +18,25 @@ function engineRequest(params, input) {
   for (const k of REQUEST_FIELDS) if (params[k] != null) req[k] = params[k];
   if (typeof req.stop === "string") req.stop = [req.stop];
   if (params.max_completion_tokens != null && req.max_tokens == null) req.max_tokens = params.max_completion_tokens;
-  if (params.n != null && params.n !== 1) throw new InvalidRequestError("only n = 1 is supported");
+  if (req.n != null && !(Number.isInteger(req.n) && req.n >= 1 && req.n <= MAX_N)) {
+    throw new InvalidRequestError(`n must be an integer in 1..${MAX_N}`);
+  }
   return JSON.stringify(req);
 }
 
-function usage(summary) {
+/** Usage of a request from its choices' summaries: the prompt once, every choice's tokens. */
+function usage(summaries) {
+  const first = summaries[0];
+  const completion = summaries.reduce((n, s) => n + (s?.completion_tokens ?? 0), 0);
   return {
-    prompt_tokens: summary.prompt_tokens,
-    completion_tokens: summary.completion_tokens,
-    total_tokens: summary.prompt_tokens + summary.completion_tokens,
-    cached_prompt_tokens: summary.cached_prompt_tokens,
-    prompt_tokens_details: { cached_tokens: summary.cached_prompt_tokens },
-    ttft_ms: summary.ttft_ms,
-    prefill_tok_s: summary.prefill_tok_s,
-    decode_tok_s: summary.decode_tok_s,
+    prompt_tokens: first.prompt_tokens,
+    completion_tokens: completion,
+    total_tokens: first.prompt_tokens + completion,
+    cached_prompt_tokens: first.cached_prompt_tokens,
+    prompt_tokens_details: { cached_tokens: first.cached_prompt_tokens },
+    ttft_ms: first.ttft_ms,
+    prefill_tok_s: first.prefill_tok_s,
+    decode_tok_s: first.decode_tok_s,
   };
 }
 
@@ -77,25 +85,41 @@ class Channel {
   }
 }
 
-/** Requests on one engine run one after another, in the order they were made. */
-function serialize(core) {
-  let tail = Promise.resolve();
-  return (request, onDelta) => {
-    const result = tail.then(() => run(core, request, onDelta));
-    tail = result.catch(() => {});
-    return result;
-  };
-}
-
-/** One request's run: streams deltas (text, logprobs) and returns the final summary. */
-async function run(core, request, onDelta) {
-  try {
-    const summary = JSON.parse(await core.generate(request, (text, _id, logprobs) => onDelta(text, logprobs)));
-    if (summary.text) onDelta(summary.text, null);
-    return summary;
-  } catch (e) {
-    throw fromWire(e);
-  }
+/**
+ * Runs one request on `core`: `onDelta(choice, text, logprobs)` as tokens arrive,
+ * `onDone(choice, summary)` as each choice ends; resolves to the summaries by choice.
+ * `ref.cancel()` cancels it (before or after the core has given it an id).
+ */
+function run(core, request, { onDelta, onDone }, ref) {
+  return new Promise((resolve, reject) => {
+    const summaries = [];
+    let failed = null;
+    const onEvent = (ev) => {
+      if (ev.type === "token") {
+        if (ev.text || ev.logprobs) onDelta(ev.choice, ev.text, ev.logprobs ?? null);
+      } else if (ev.type === "done") {
+        if (ev.text) onDelta(ev.choice, ev.text, null);
+        summaries[ev.choice] = ev.summary;
+        onDone?.(ev.choice, ev.summary);
+      } else if (ev.type === "error") {
+        failed = fromWire(ev);
+      } else if (ev.type === "end") {
+        if (failed) reject(failed);
+        else resolve(summaries);
+      }
+    };
+    ref.cancel = () => {
+      ref.cancelled = true;
+      if (ref.id != null) core.cancel(ref.id);
+    };
+    core.submit(request, onEvent).then(
+      (id) => {
+        ref.id = id;
+        if (ref.cancelled) core.cancel(id);
+      },
+      (e) => reject(fromWire(e)),
+    );
+  });
 }
 
 function parseLogprobs(lp) {
@@ -103,7 +127,7 @@ function parseLogprobs(lp) {
 }
 
 /** `create` for one endpoint; `shape` builds the non-streamed object and the chunks. */
-function endpoint(core, queue, model, toInput, shape) {
+function endpoint(core, model, toInput, shape) {
   return {
     async create(params) {
       if (params == null || typeof params !== "object") throw new InvalidRequestError("the request must be an object");
@@ -111,27 +135,38 @@ function endpoint(core, queue, model, toInput, shape) {
       const id = newId(shape.prefix);
       const created = Math.floor(Date.now() / 1000);
       const head = { id, created, model: model() };
+      const ref = {};
       if (!params.stream) {
-        let text = "";
-        const content = [];
-        const summary = await queue(request, (t, lp) => {
-          text += t;
-          if ((lp = parseLogprobs(lp))) content.push(lp);
-        });
-        const logprobs = params.logprobs ? { content } : null;
-        return { ...head, object: shape.object, choices: [shape.choice(text, summary.finish_reason, logprobs)], usage: usage(summary) };
+        const texts = [];
+        const contents = [];
+        const onDelta = (i, t, lp) => {
+          texts[i] = (texts[i] ?? "") + t;
+          if ((lp = parseLogprobs(lp))) (contents[i] ??= []).push(lp);
+        };
+        const summaries = await run(core, request, { onDelta }, ref);
+        const choices = summaries.map((s, i) =>
+          shape.choice(i, texts[i] ?? "", s.finish_reason, params.logprobs ? { content: contents[i] ?? [] } : null),
+        );
+        return { ...head, object: shape.object, choices, usage: usage(summaries) };
       }
-      // A consumer that stops iterating early ends the generation too.
-      const channel = new Channel(() => core.interrupt());
-      let first = true;
-      queue(request, (t, lp) => {
+      // A consumer that stops iterating early cancels this request (and only this one).
+      const channel = new Channel(() => ref.cancel?.());
+      const started = new Set();
+      // Each choice's finish chunk; the request's last one also carries its usage.
+      let finish = null;
+      const onDelta = (i, t, lp) => {
         lp = parseLogprobs(lp);
         if (!t && !lp) return;
-        channel.push({ ...head, object: shape.chunkObject, choices: [shape.delta(t, first, lp ? { content: [lp] } : null)] });
-        first = false;
-      }).then(
-        (summary) => {
-          channel.push({ ...head, object: shape.chunkObject, choices: [shape.last(summary.finish_reason)], usage: usage(summary) });
+        channel.push({ ...head, object: shape.chunkObject, choices: [shape.delta(i, t, !started.has(i), lp ? { content: [lp] } : null)] });
+        started.add(i);
+      };
+      const onDone = (i, summary) => {
+        if (finish) channel.push(finish);
+        finish = { ...head, object: shape.chunkObject, choices: [shape.last(i, summary.finish_reason)] };
+      };
+      run(core, request, { onDelta, onDone }, ref).then(
+        (summaries) => {
+          if (finish) channel.push({ ...finish, usage: usage(summaries) });
           channel.close();
         },
         (e) => channel.close(e),
@@ -143,11 +178,9 @@ function endpoint(core, queue, model, toInput, shape) {
 
 /** `chat.completions` and `completions` over `core`; `model()` names the loaded model. */
 export function openaiApi(core, model) {
-  const queue = serialize(core);
   const chat = {
     completions: endpoint(
       core,
-      queue,
       model,
       (p) => {
         if (!Array.isArray(p.messages) || !p.messages.length) throw new InvalidRequestError("messages must be a non-empty array");
@@ -157,20 +190,19 @@ export function openaiApi(core, model) {
         prefix: "chatcmpl",
         object: "chat.completion",
         chunkObject: "chat.completion.chunk",
-        choice: (text, finish_reason, logprobs) => ({ index: 0, message: { role: "assistant", content: text }, finish_reason, logprobs }),
-        delta: (text, first, logprobs) => ({
-          index: 0,
+        choice: (index, text, finish_reason, logprobs) => ({ index, message: { role: "assistant", content: text }, finish_reason, logprobs }),
+        delta: (index, text, first, logprobs) => ({
+          index,
           delta: first ? { role: "assistant", content: text } : { content: text },
           finish_reason: null,
           logprobs,
         }),
-        last: (finish_reason) => ({ index: 0, delta: {}, finish_reason, logprobs: null }),
+        last: (index, finish_reason) => ({ index, delta: {}, finish_reason, logprobs: null }),
       },
     ),
   };
   const completions = endpoint(
     core,
-    queue,
     model,
     (p) => {
       if (typeof p.prompt !== "string") throw new InvalidRequestError("prompt must be a string");
@@ -180,9 +212,9 @@ export function openaiApi(core, model) {
       prefix: "cmpl",
       object: "text_completion",
       chunkObject: "text_completion",
-      choice: (text, finish_reason, logprobs) => ({ index: 0, text, finish_reason, logprobs }),
-      delta: (text, _first, logprobs) => ({ index: 0, text, finish_reason: null, logprobs }),
-      last: (finish_reason) => ({ index: 0, text: "", finish_reason, logprobs: null }),
+      choice: (index, text, finish_reason, logprobs) => ({ index, text, finish_reason, logprobs }),
+      delta: (index, text, _first, logprobs) => ({ index, text, finish_reason: null, logprobs }),
+      last: (index, finish_reason) => ({ index, text: "", finish_reason, logprobs: null }),
     },
   );
   return { chat, completions };

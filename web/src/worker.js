@@ -1,6 +1,7 @@
 // The engine inside a Web Worker: the page talks to it through createWebWorkerEngine, so
 // loading and generating never block the page. Messages: {id, op, args} in; {id, kind, ...}
-// out, with kind "progress" | "token" | "result" | "error".
+// out, with kind "progress" | "event" | "result" | "error"; a submitted request's events carry
+// the id of the call that submitted it, until its "end" event.
 
 import { LocalCore } from "./local.js";
 import { toWire } from "./errors.js";
@@ -14,8 +15,11 @@ const ops = {
     core = await LocalCore.load({ ...args, initProgressCallback: (report) => postMessage({ id, kind: "progress", report }) });
     return core.info;
   },
-  generate(id, { request }) {
-    return need().generate(request, (text, tokenId, logprobs) => postMessage({ id, kind: "token", text, tokenId, logprobs }));
+  submit(id, { request }) {
+    return need().submit(request, (event) => postMessage({ id, kind: "event", event }));
+  },
+  cancel(_id, { rid }) {
+    core?.cancel(rid);
   },
   interrupt() {
     core?.interrupt();

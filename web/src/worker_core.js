@@ -15,11 +15,18 @@ export class WorkerCore {
     worker.addEventListener("error", (e) => this.#failAll(new Error(`the engine worker failed: ${e.message ?? "error"}`)));
   }
 
+  #streams = new Map();
+
   #receive({ id, kind, ...rest }) {
+    if (kind === "event") {
+      const onEvent = this.#streams.get(id);
+      if (rest.event.type === "end") this.#streams.delete(id);
+      onEvent?.(rest.event);
+      return;
+    }
     const p = this.#pending.get(id);
     if (!p) return;
     if (kind === "progress") p.onProgress?.(rest.report);
-    else if (kind === "token") p.onToken?.(rest.text, rest.tokenId, rest.logprobs);
     else {
       this.#pending.delete(id);
       if (kind === "result") p.resolve(rest.value);
@@ -30,26 +37,39 @@ export class WorkerCore {
   #failAll(err) {
     for (const p of this.#pending.values()) p.reject(err);
     this.#pending.clear();
+    for (const onEvent of this.#streams.values()) {
+      onEvent({ type: "error", name: err.name, message: err.message });
+      onEvent({ type: "end" });
+    }
+    this.#streams.clear();
   }
 
-  #call(op, args, handlers = {}) {
-    const id = this.#next++;
+  #call(op, args, handlers = {}, id = this.#next++) {
     return new Promise((resolve, reject) => {
       this.#pending.set(id, { resolve, reject, ...handlers });
       this.#worker.postMessage({ id, op, args });
     });
   }
 
-  async load({ model, initProgressCallback, wasmUrl, nCtx, useCache }) {
+  async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, useCache }) {
     // Blobs and Files cross by structured clone (no copy of the data); URLs are resolved here,
     // where the page's base URL is known.
     const m = typeof model === "string" || model instanceof URL ? new URL(model, location.href).href : model;
     const w = wasmUrl ? new URL(wasmUrl, location.href).href : undefined;
-    this.info = await this.#call("load", { model: m, wasmUrl: w, nCtx, useCache }, { onProgress: initProgressCallback });
+    this.info = await this.#call("load", { model: m, wasmUrl: w, nCtx, maxSeqs, useCache }, { onProgress: initProgressCallback });
     return this;
   }
-  generate(request, onToken) {
-    return this.#call("generate", { request }, { onToken });
+  /** Queues `request` in the worker; `onEvent` gets its events. Resolves to its id. */
+  submit(request, onEvent) {
+    const id = this.#next++;
+    this.#streams.set(id, onEvent);
+    return this.#call("submit", { request }, {}, id).catch((e) => {
+      this.#streams.delete(id);
+      throw e;
+    });
+  }
+  cancel(rid) {
+    this.#worker.postMessage({ id: 0, op: "cancel", args: { rid } });
   }
   interrupt() {
     this.#worker.postMessage({ id: 0, op: "interrupt" });

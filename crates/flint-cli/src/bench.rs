@@ -1,9 +1,10 @@
 //! `flint bench`: load time, prefill and decode speed (median and range over repetitions),
 //! time to first token, peak host memory, and decode's effective bandwidth as a share of the
-//! device's copy bandwidth measured in the same run.
+//! device's copy bandwidth measured in the same run. With `--concurrency`, the aggregate
+//! decode speed of that many streams at once, as a ratio to one stream in the same run.
 
 use clap::{Args, ValueEnum};
-use flint::{Engine, LoadOptions};
+use flint::{Engine, LoadOptions, OpTimes, StreamRun};
 use serde_json::json;
 
 use crate::run::BackendArg;
@@ -33,11 +34,17 @@ pub struct BenchArgs {
     backend: BackendArg,
     #[arg(long, value_enum, default_value_t = BenchFormat::Text)]
     format: BenchFormat,
-    /// Also time every kernel of the prompt's prefill (up to 256 tokens) and of one decode step
-    /// (GPU timestamp queries) and print where the time goes.
+    /// Also time every kernel of the prompt's prefill (up to 256 tokens) and of decode steps
+    /// of 1, 8 and 9 sequences (GPU timestamp queries) and print where the time goes.
     #[arg(long)]
     profile: bool,
+    /// Streams submitted at once, e.g. 1,4,8 (1 always runs): aggregate decode speed per level.
+    #[arg(long, value_delimiter = ',', value_name = "N,...")]
+    concurrency: Vec<usize>,
 }
+
+/// Decode step sizes `--profile` times.
+const PROFILE_DECODE_SIZES: [usize; 3] = [1, 8, 9];
 
 struct Stats {
     median: f64,
@@ -69,29 +76,20 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// The most prompt tokens a profiled prefill step takes (the GPU backend's prefill chunk).
+/// The most prompt tokens a profiled prefill step takes (the engine's step budget).
 const PROFILE_MAX_TOKENS: usize = 256;
 
 /// Per-op-kind totals (label, microseconds, dispatches), largest first.
 type Profile = Vec<(String, f64, usize)>;
 
-/// Times each op of the prompt's prefill as one step, then (after prefilling the prompt) each
-/// op of one decode step.
-fn profile_steps(engine: &mut Engine, prompt: &[u32]) -> Result<(Profile, Profile), Failure> {
-    let backend = engine.backend_mut();
-    let (prefill, decode) = futures::executor::block_on(async {
-        backend.truncate(0);
-        let prefill = backend.profile(&prompt[..prompt.len().min(PROFILE_MAX_TOKENS)]).await?;
-        backend.truncate(0);
-        backend.forward(prompt).await?;
-        let decode = backend.profile(&prompt[..1]).await?;
-        Ok::<_, flint_core::backend::BackendError>((prefill, decode))
-    })
-    .map_err(Failure::runtime)?;
-    Ok((by_kind(prefill), by_kind(decode)))
+/// Times each op of the prompt's prefill as one step, then of decode steps of each size.
+fn profile_steps(engine: &Engine, prompt: &[u32]) -> Result<(Profile, Vec<Profile>), Failure> {
+    let prompt = &prompt[..prompt.len().min(PROFILE_MAX_TOKENS)];
+    let (prefill, decodes) = futures::executor::block_on(engine.profile(prompt, &PROFILE_DECODE_SIZES)).map_err(Failure::runtime)?;
+    Ok((by_kind(prefill), decodes.into_iter().map(by_kind).collect()))
 }
 
-fn by_kind(ops: Vec<(String, f64)>) -> Profile {
+fn by_kind(ops: OpTimes) -> Profile {
     let mut by_kind: Profile = Vec::new();
     for (label, ns) in ops {
         match by_kind.iter_mut().find(|k| k.0 == label) {
@@ -118,16 +116,59 @@ fn print_profile(what: &str, p: &Profile) {
     }
 }
 
+/// One concurrency level's figures over the repetitions.
+struct Level {
+    concurrency: usize,
+    aggregate: Stats,
+    per_stream: Stats,
+    ttft: Stats,
+}
+
+/// `n` streams at once, `reps` times: aggregate decode tok/s (tokens after each stream's
+/// first, summed, over the time from the first first token to the last token), every
+/// stream's own decode tok/s and time to first token.
+fn run_level(engine: &Engine, n: usize, args: &BenchArgs) -> Result<Level, Failure> {
+    let prompts = (0..n).map(|i| engine.bench_prompt(args.prompt_tokens, i)).collect::<Result<Vec<_>, _>>().map_err(Failure::usage)?;
+    let (mut agg, mut per, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.reps {
+        let runs: Vec<StreamRun> = futures::executor::block_on(engine.bench_streams(&prompts, args.gen_tokens)).map_err(Failure::runtime)?;
+        let start = runs.iter().map(|r| r.first_ms).fold(f64::INFINITY, f64::min);
+        let end = runs.iter().map(|r| r.last_ms).fold(0.0, f64::max);
+        let tokens: usize = runs.iter().map(|r| r.tokens.saturating_sub(1)).sum();
+        agg.push(if end > start { tokens as f64 * 1e3 / (end - start) } else { 0.0 });
+        per.extend(runs.iter().map(|r| r.decode_tok_s()));
+        ttft.extend(runs.iter().map(|r| r.first_ms));
+    }
+    Ok(Level { concurrency: n, aggregate: stats(agg), per_stream: stats(per), ttft: stats(ttft) })
+}
+
 pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     if args.reps == 0 || args.prompt_tokens == 0 || args.gen_tokens == 0 {
         return Err(Failure::usage("-p, -n and --reps must be at least 1"));
     }
+    if args.concurrency.contains(&0) {
+        return Err(Failure::usage("--concurrency levels must be at least 1"));
+    }
+    let mut levels: Vec<usize> = std::iter::once(1).chain(args.concurrency.iter().copied()).collect();
+    levels.sort_unstable();
+    levels.dedup();
+    let most = *levels.last().unwrap_or(&1);
     let path = crate::resolve(&args.model)?;
-    let opts = LoadOptions { backend: args.backend.kind(), n_ctx: args.prompt_tokens + args.gen_tokens + 1, max_binding_mb: None, kv_budget_mb: None };
+    let n_ctx = args.prompt_tokens + args.gen_tokens + 1;
+    let max_seqs = most.max(if args.profile { PROFILE_DECODE_SIZES[2] } else { 1 }).max(flint::DEFAULT_MAX_SEQS);
+    // Room for every stream's whole context at once, plus a quarter.
+    let positions = most * n_ctx.next_multiple_of(16) + 16;
+    let opts = LoadOptions {
+        backend: args.backend.kind(),
+        n_ctx,
+        max_seqs,
+        kv_budget_positions: Some(positions + positions / 4),
+        ..LoadOptions::default()
+    };
     let t0 = std::time::Instant::now();
-    let mut engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+    let engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
     let load_s = t0.elapsed().as_secs_f64();
-    let prompt = engine.bench_prompt(args.prompt_tokens).map_err(Failure::usage)?;
+    let prompt = engine.bench_prompt(args.prompt_tokens, 0).map_err(Failure::usage)?;
 
     let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.reps {
@@ -136,13 +177,20 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         prefill.push(r.prefill_tok_s);
         decode.push(r.decode_tok_s);
     }
+    let concurrency = if args.concurrency.is_empty() {
+        Vec::new()
+    } else {
+        levels.iter().map(|&n| run_level(&engine, n, &args)).collect::<Result<Vec<_>, _>>()?
+    };
     let copy_gbs = futures::executor::block_on(engine.copy_bandwidth_gbs()).map_err(Failure::runtime)?;
-    let profile = if args.profile { Some(profile_steps(&mut engine, &prompt)?) } else { None };
+    let profile = if args.profile { Some(profile_steps(&engine, &prompt)?) } else { None };
     let (prefill, decode, ttft) = (stats(prefill), stats(decode), stats(ttft));
     let bytes_per_token = engine.bytes_per_decode_token(args.prompt_tokens + args.gen_tokens / 2) as f64;
     let decode_gbs = bytes_per_token * decode.median / 1e9;
     let pct = if copy_gbs > 0.0 { 100.0 * decode_gbs / copy_gbs } else { 0.0 };
-    let report = json!({
+    let base = concurrency.first().map_or(0.0, |l| l.aggregate.median);
+    let ratio = |l: &Level| if base > 0.0 { l.aggregate.median / base } else { 0.0 };
+    let mut report = json!({
         "model": args.model,
         "backend": engine.backend_name(),
         "adapter": engine.adapter_name(),
@@ -158,10 +206,25 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         "decode_bandwidth_gbs": round2(decode_gbs),
         "decode_bandwidth_pct": round2(pct),
     });
-    let mut report = report;
-    if let Some((prefill, decode)) = &profile {
+    if !concurrency.is_empty() {
+        report["concurrency"] = json!(concurrency
+            .iter()
+            .map(|l| json!({
+                "concurrency": l.concurrency,
+                "aggregate_decode_tok_s": stats_json(&l.aggregate),
+                "per_stream_decode_tok_s": stats_json(&l.per_stream),
+                "ttft_ms": stats_json(&l.ttft),
+                "ratio_to_1": round2(ratio(l)),
+            }))
+            .collect::<Vec<_>>());
+    }
+    if let Some((prefill, decodes)) = &profile {
         report["prefill_profile_us"] = profile_json(prefill);
-        report["decode_profile_us"] = profile_json(decode);
+        report["decode_profile_us"] = json!(PROFILE_DECODE_SIZES
+            .iter()
+            .zip(decodes)
+            .map(|(n, p)| json!({"sequences": n, "ops": profile_json(p)}))
+            .collect::<Vec<_>>());
     }
     match args.format {
         BenchFormat::Json => println!("{report}"),
@@ -176,9 +239,30 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             println!("ttft       {:.1} ms (min {:.1}, max {:.1})", ttft.median, ttft.min, ttft.max);
             println!("peak rss   {:.0} MB", peak_rss_mb());
             println!("bandwidth  decode {decode_gbs:.2} GB/s = {pct:.1}% of measured copy bandwidth {copy_gbs:.2} GB/s");
-            if let Some((prefill, decode)) = &profile {
+            if !concurrency.is_empty() {
+                println!("concurrency  aggregate decode tok/s (min, max) | per stream tok/s | ttft ms | ratio to 1");
+                for l in &concurrency {
+                    println!(
+                        "  {:>3}      {:>8.2} ({:.2}, {:.2}) | {:>7.2} ({:.2}, {:.2}) | {:>8.1} ({:.1}, {:.1}) | {:.2}x",
+                        l.concurrency,
+                        l.aggregate.median,
+                        l.aggregate.min,
+                        l.aggregate.max,
+                        l.per_stream.median,
+                        l.per_stream.min,
+                        l.per_stream.max,
+                        l.ttft.median,
+                        l.ttft.min,
+                        l.ttft.max,
+                        ratio(l)
+                    );
+                }
+            }
+            if let Some((prefill, decodes)) = &profile {
                 print_profile(&format!("prefill ({} tokens)", args.prompt_tokens.min(PROFILE_MAX_TOKENS)), prefill);
-                print_profile("decode step", decode);
+                for (n, p) in PROFILE_DECODE_SIZES.iter().zip(decodes) {
+                    print_profile(&format!("decode step of {n} sequence{}", if *n == 1 { "" } else { "s" }), p);
+                }
             }
         }
     }

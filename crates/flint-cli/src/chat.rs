@@ -3,14 +3,13 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use clap::Args;
-use flint::{Engine, Event, FinishReason, GenerateParams, Summary};
-use flint_core::chat::{ChatMessage, ChatTemplate};
+use flint::{Canceller, Engine, EngineError, Event, FinishReason, GenerateParams, Request, Summary};
 use futures::StreamExt;
 
-use crate::run::{chat_prompt, max_tokens_from, seed_from, ModelArgs, Opened, SamplingArgs, EXIT_INTERRUPTED};
+use crate::run::{chat_input, max_tokens_from, seed_from, ModelArgs, Opened, SamplingArgs, EXIT_INTERRUPTED};
 use crate::Failure;
 
 #[derive(Args)]
@@ -48,8 +47,10 @@ const GENERATING: u8 = 2;
 
 struct Interrupt {
     state: AtomicU8,
-    /// The running generation's abort flag.
-    abort: Arc<AtomicBool>,
+    /// Cancels the reply being generated.
+    reply: Mutex<Option<Canceller>>,
+    /// Ctrl-C came while a reply streamed (twice ends the program).
+    aborted: AtomicBool,
     /// Ctrl-C at the prompt: a multi-line message being typed is dropped.
     at_prompt: AtomicBool,
     interactive: bool,
@@ -61,8 +62,11 @@ impl Interrupt {
     fn on_ctrl_c(&self) {
         match self.state.load(Ordering::SeqCst) {
             GENERATING => {
-                if self.abort.swap(true, Ordering::SeqCst) {
+                if self.aborted.swap(true, Ordering::SeqCst) {
                     std::process::exit(EXIT_INTERRUPTED);
+                }
+                if let Some(c) = self.reply.lock().ok().and_then(|g| g.clone()) {
+                    c.cancel();
                 }
             }
             AT_PROMPT => {
@@ -86,11 +90,10 @@ enum Input {
 
 struct Session {
     engine: Engine,
-    template: ChatTemplate,
     params: GenerateParams,
     system: Option<String>,
-    /// User and assistant turns, oldest first.
-    history: Vec<ChatMessage>,
+    /// User and assistant turns (role, content), oldest first.
+    history: Vec<(String, String)>,
     last: Option<Summary>,
     ctl: Arc<Interrupt>,
     dim: bool,
@@ -108,7 +111,8 @@ pub fn chat(args: ChatArgs) -> Result<(), Failure> {
     let interactive = std::io::stdin().is_terminal();
     let ctl = Arc::new(Interrupt {
         state: AtomicU8::new(LOADING),
-        abort: Arc::new(AtomicBool::new(false)),
+        reply: Mutex::new(None),
+        aborted: AtomicBool::new(false),
         at_prompt: AtomicBool::new(false),
         interactive,
     });
@@ -117,8 +121,7 @@ pub fn chat(args: ChatArgs) -> Result<(), Failure> {
         eprintln!("warning: Ctrl-C will end the program, not just the reply: {e}");
     }
     let name = opened.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let (engine, template) = opened.load(&args.model, true)?;
-    let template = template.ok_or_else(|| Failure::usage("the chat template did not load"))?;
+    let engine = opened.load(&args.model)?;
     if interactive {
         eprintln!(
             "{name} on {}, context {} tokens. /help for commands, /bye or Ctrl-D to exit.",
@@ -128,7 +131,6 @@ pub fn chat(args: ChatArgs) -> Result<(), Failure> {
     }
     let mut session = Session {
         engine,
-        template,
         params,
         system: args.model.system.clone(),
         history: Vec::new(),
@@ -224,7 +226,7 @@ impl Session {
             "/clear" => {
                 self.history.clear();
                 self.last = None;
-                self.engine.reset();
+                self.engine.clear_cache();
                 println!("Cleared the conversation.");
             }
             "/system" if rest.is_empty() => {
@@ -299,40 +301,37 @@ impl Session {
         Ok(format!("Set {key} to {value}."))
     }
 
-    fn messages(&self) -> Vec<ChatMessage> {
-        let system = self.system.iter().map(|s| ChatMessage::new("system", s.as_str()));
+    fn messages(&self) -> Vec<(String, String)> {
+        let system = self.system.iter().map(|s| ("system".to_string(), s.clone()));
         system.chain(self.history.iter().cloned()).collect()
     }
 
     /// Renders the whole conversation plus `text` and streams the reply; the engine reuses
-    /// the KV of the prefix it already holds.
+    /// the KV blocks of the prefix it has cached.
     fn reply(&mut self, text: String) -> Result<(), Failure> {
-        self.history.push(ChatMessage::new("user", text));
-        let ids = match chat_prompt(&self.engine, &self.template, &self.messages()) {
-            Ok(ids) => ids,
+        self.history.push(("user".to_string(), text));
+        let request = Request::new(chat_input(&self.messages()), self.params.clone());
+        let mut stream = match self.engine.submit(request) {
+            Ok(s) => s,
             Err(e) => {
                 self.history.pop();
                 eprintln!("error: {e}");
                 return Ok(());
             }
         };
-        self.ctl.abort.store(false, Ordering::SeqCst);
-        let abort = self.ctl.abort.clone();
-        let ctl = self.ctl.clone();
-        let engine = &mut self.engine;
-        let params = self.params.clone();
-        let outcome = futures::executor::block_on(async move {
-            let mut stream = match engine.generate(ids, params, abort) {
-                Ok(stream) => stream,
-                Err(e) => return Ok(Err(e.to_string())),
-            };
-            ctl.state.store(GENERATING, Ordering::SeqCst);
+        self.ctl.aborted.store(false, Ordering::SeqCst);
+        if let Ok(mut g) = self.ctl.reply.lock() {
+            *g = Some(stream.canceller());
+        }
+        self.ctl.state.store(GENERATING, Ordering::SeqCst);
+        let outcome = futures::executor::block_on(async {
             let mut out = std::io::stdout().lock();
             let mut reply = String::new();
             while let Some(event) = stream.next().await {
-                let (piece, summary) = match event.map_err(Failure::runtime)? {
-                    Event::Token { text, .. } => (text, None),
-                    Event::Done { summary, text } => (text, Some(summary)),
+                let (piece, summary) = match event {
+                    Ok(Event::Token { text, .. }) => (text, None),
+                    Ok(Event::Done { summary, text, .. }) => (text, Some(summary)),
+                    Err(e) => return Ok(Err(e)),
                 };
                 reply.push_str(&piece);
                 write!(out, "{piece}").and_then(|_| out.flush()).map_err(|e| Failure::runtime(format!("stdout: {e}")))?;
@@ -346,21 +345,30 @@ impl Session {
             Err(Failure::runtime("the reply ended without a summary"))
         });
         self.ctl.state.store(AT_PROMPT, Ordering::SeqCst);
+        if let Ok(mut g) = self.ctl.reply.lock() {
+            *g = None;
+        }
         let (reply, summary) = match outcome? {
             Ok(done) => done,
-            Err(e) => {
-                self.history.pop();
-                eprintln!("error: {e} (/clear starts a new conversation)");
-                return Ok(());
-            }
+            Err(e) => return self.failed(e),
         };
         self.timings(&summary);
         if reply.is_empty() && summary.finish_reason == FinishReason::Abort {
             self.history.pop();
         } else {
-            self.history.push(ChatMessage::new("assistant", reply));
+            self.history.push(("assistant".to_string(), reply));
         }
         self.last = Some(summary);
+        Ok(())
+    }
+
+    /// A reply that failed mid-stream: the turn is dropped; a lost device ends the program.
+    fn failed(&mut self, e: EngineError) -> Result<(), Failure> {
+        self.history.pop();
+        if matches!(e.backend(), Some(flint::BackendError::DeviceLost(_))) {
+            return Err(Failure::runtime(e));
+        }
+        eprintln!("error: {e} (/clear starts a new conversation)");
         Ok(())
     }
 

@@ -1,5 +1,6 @@
 //! `flint run`: complete one prompt and stream the tokens (text or jsonl), through the model's
 //! chat template unless `--raw`. Also the flags and loading code `flint chat` shares.
+//! The engine renders, tokenizes and validates; this only builds the request and prints.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -7,8 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
-use flint::{Engine, Event, GenerateParams, GgufFile, LoadOptions, SamplingError, SamplingParams, Tokenizer};
-use flint_core::chat::{tokenize_rendered, ChatMessage, ChatTemplate, KEY_CHAT_TEMPLATE};
+use flint::{Engine, Event, GenerateParams, GgufFile, Input, LoadOptions, Request, SamplingError, SamplingParams, KEY_CHAT_TEMPLATE};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -177,14 +177,14 @@ impl SamplingArgs {
         if self.stop.iter().any(String::is_empty) {
             return Err(Failure::usage("--stop: a stop string may not be empty"));
         }
-        let params = GenerateParams { max_tokens, sampling, stop: self.stop.clone() };
+        let params = GenerateParams { max_tokens, sampling, stop: self.stop.clone(), ignore_eos: false };
         params.validate().map_err(Failure::usage)?;
         Ok(params)
     }
 }
 
 /// An opened model file (metadata parsed, weights not yet loaded) and the template source
-/// from `--chat-template-file`, already checked to compile.
+/// from `--chat-template-file`.
 pub struct Opened {
     path: PathBuf,
     file: GgufFile,
@@ -195,11 +195,7 @@ impl Opened {
     /// Reads `--chat-template-file` and parses the model's header: cheap, before any weight is touched.
     pub fn open(args: &ModelArgs) -> Result<Opened, Failure> {
         let template_file = match &args.chat_template_file {
-            Some(f) => {
-                let src = std::fs::read_to_string(f).map_err(|e| Failure::usage(format!("{}: {e}", f.display())))?;
-                ChatTemplate::new(&src, "", "").map_err(|e| Failure::usage(format!("{}: {e}", f.display())))?;
-                Some(src)
-            }
+            Some(f) => Some(std::fs::read_to_string(f).map_err(|e| Failure::usage(format!("{}: {e}", f.display())))?),
             None => None,
         };
         let path = crate::resolve(&args.model)?;
@@ -216,38 +212,28 @@ impl Opened {
         &self.path
     }
 
-    /// Loads the weights onto the backend and, when `chat`, compiles the chat template (if any).
-    pub fn load(self, args: &ModelArgs, chat: bool) -> Result<(Engine, Option<ChatTemplate>), Failure> {
+    /// Loads the weights onto the backend (on the engine's thread), with the chat template
+    /// of `--chat-template-file` when given.
+    pub fn load(self, args: &ModelArgs) -> Result<Engine, Failure> {
         let Opened { path, file, template_file } = self;
+        drop(file);
         let opts = LoadOptions {
             backend: args.backend.kind(),
             n_ctx: args.ctx_size,
-            max_binding_mb: None,
             kv_budget_mb: args.kv_budget_mb,
+            chat_template: template_file,
+            ..LoadOptions::default()
         };
-        let engine = futures::executor::block_on(Engine::load(file, &opts))
-            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
-        let tok = engine.tokenizer();
-        let template = match template_file {
-            _ if !chat => None,
-            Some(src) => Some(ChatTemplate::new(&src, token_text(tok, tok.bos_id()), token_text(tok, tok.eos_id()))),
-            None => ChatTemplate::from_metadata(&engine.file().metadata, tok).transpose(),
-        };
-        let template = template
-            .transpose()
-            .map_err(|e| Failure::usage(format!("{}: {e} (pass --chat-template-file FILE, or --raw)", path.display())))?;
-        Ok((engine, template))
+        Engine::load_path(&path, &opts).map_err(|e| {
+            let hint = if matches!(e, flint::EngineError::Chat(_)) { " (pass --chat-template-file FILE, or --raw)" } else { "" };
+            Failure::usage(format!("{}: {e}{hint}", path.display()))
+        })
     }
 }
 
-fn token_text(tok: &Tokenizer, id: Option<u32>) -> &str {
-    id.and_then(|id| tok.token_text(id)).unwrap_or("")
-}
-
-/// Renders `messages` (ending with the user's turn) and tokenizes them as the template means.
-pub fn chat_prompt(engine: &Engine, template: &ChatTemplate, messages: &[ChatMessage]) -> Result<Vec<u32>, String> {
-    let rendered = template.render(messages, true).map_err(|e| e.to_string())?;
-    tokenize_rendered(engine.tokenizer(), &rendered).map_err(|e| e.to_string())
+/// `messages` (role, content pairs) as the engine's chat input.
+pub fn chat_input(messages: &[(String, String)]) -> Input {
+    Input::Chat(messages.iter().map(|(role, content)| json!({"role": role, "content": content})).collect())
 }
 
 fn read_prompt(args: &RunArgs) -> Result<String, Failure> {
@@ -265,11 +251,13 @@ fn read_prompt(args: &RunArgs) -> Result<String, Failure> {
 
 /// The first Ctrl-C ends the reply (the summary still prints); a second one, or one before
 /// generation starts, ends the program.
-fn install_abort_handler(abort: Arc<AtomicBool>, generating: Arc<AtomicBool>) {
+fn install_abort_handler(canceller: flint::Canceller, generating: Arc<AtomicBool>) {
+    let aborted = AtomicBool::new(false);
     let handler = move || {
-        if !generating.load(Ordering::SeqCst) || abort.swap(true, Ordering::SeqCst) {
+        if !generating.load(Ordering::SeqCst) || aborted.swap(true, Ordering::SeqCst) {
             std::process::exit(EXIT_INTERRUPTED);
         }
+        canceller.cancel();
     };
     if let Err(e) = ctrlc::set_handler(handler) {
         eprintln!("warning: Ctrl-C will not stop the reply cleanly: {e}");
@@ -290,51 +278,40 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
             opened.path().display()
         )));
     }
-    let (mut engine, template) = opened.load(&args.model, chat)?;
-    let ids = match template {
-        Some(template) => {
-            let mut messages: Vec<ChatMessage> =
-                args.model.system.iter().map(|s| ChatMessage::new("system", s.as_str())).collect();
-            messages.push(ChatMessage::new("user", prompt));
-            chat_prompt(&engine, &template, &messages).map_err(Failure::usage)?
-        }
-        None => engine.tokenize_raw(&prompt).map_err(Failure::usage)?,
-    };
-    let abort = Arc::new(AtomicBool::new(false));
-    let generating = Arc::new(AtomicBool::new(false));
-    install_abort_handler(abort.clone(), generating.clone());
-    let format = args.format;
-    // The stream borrows the engine, so the pieces top_logprobs names are decoded up front.
-    let pieces: Vec<String> = if args.logprobs > 0 {
-        let tok = engine.tokenizer();
-        (0..tok.vocab_size() as u32).map(|id| tok.decode(&[id], false).unwrap_or_default()).collect()
+    let path = opened.path().to_path_buf();
+    let engine = opened.load(&args.model)?;
+    let input = if chat {
+        let mut messages: Vec<(String, String)> = args.model.system.iter().map(|s| ("system".to_string(), s.clone())).collect();
+        messages.push(("user".to_string(), prompt));
+        chat_input(&messages)
     } else {
-        Vec::new()
+        Input::Text(prompt)
     };
+    let mut stream = engine.submit(Request::new(input, params)).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+    let generating = Arc::new(AtomicBool::new(false));
+    install_abort_handler(stream.canceller(), generating.clone());
+    let format = args.format;
+    let tok = engine.shared_tokenizer();
     futures::executor::block_on(async move {
-        let mut stream = engine.generate(ids, params, abort).map_err(Failure::usage)?;
         generating.store(true, Ordering::SeqCst);
         let mut out = std::io::stdout().lock();
         while let Some(event) = stream.next().await {
             let event = event.map_err(Failure::runtime)?;
             match (format, event) {
                 (Format::Text, Event::Token { text, .. }) => write!(out, "{text}"),
-                (Format::Jsonl, Event::Token { id, text, logprobs }) => {
+                (Format::Jsonl, Event::Token { id, text, logprobs, .. }) => {
                     let mut line = json!({"token": id, "text": text});
                     if let Some(lp) = logprobs {
                         line["logprob"] = json!(lp.logprob);
                         line["top_logprobs"] = lp
                             .top
                             .iter()
-                            .map(|&(id, logprob)| {
-                                let piece = pieces.get(id as usize).map_or("", String::as_str);
-                                json!({"token": id, "text": piece, "logprob": logprob})
-                            })
+                            .map(|&(id, logprob)| json!({"token": id, "text": tok.decode(&[id], false).unwrap_or_default(), "logprob": logprob}))
                             .collect();
                     }
                     writeln!(out, "{line}")
                 }
-                (Format::Text, Event::Done { summary: s, text }) => {
+                (Format::Text, Event::Done { summary: s, text, .. }) => {
                     let r = writeln!(out, "{text}");
                     eprintln!(
                         "\n[{}] prompt {} tok ({} cached), {:.1} tok/s | generated {} tok, {:.1} tok/s | ttft {:.0} ms",
@@ -348,7 +325,7 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
                     );
                     r
                 }
-                (Format::Jsonl, Event::Done { summary: s, text }) => {
+                (Format::Jsonl, Event::Done { summary: s, text, .. }) => {
                     if !text.is_empty() {
                         let _ = writeln!(out, "{}", json!({"text": text}));
                     }

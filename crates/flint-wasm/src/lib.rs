@@ -4,26 +4,26 @@
 //! Weights never pass whole through wasm memory: the model is a JS object
 //! `{ size, read(offset, length) → Promise<Uint8Array> }` (a URL fetched in ranges, or a
 //! `Blob` sliced), read header first and then tensor by tensor straight into GPU buffers.
-//! Requests and results cross the boundary as JSON text; tokens stream through a callback.
-//! Errors are JS `Error`s whose `name` the package maps to its error classes.
+//! The engine's run loop runs on the browser's event loop; requests submitted while others
+//! run join the same forward steps. Requests and results cross the boundary as JSON text;
+//! each request's events stream through its callback. Errors are JS `Error`s whose `name`
+//! the package maps to its error classes, chosen from the error's variant.
 #![cfg(target_arch = "wasm32")]
 
 mod request;
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use futures::future::LocalBoxFuture;
 use futures::StreamExt;
 use js_sys::{Function, Promise, Uint8Array};
 use serde_json::json;
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::{future_to_promise, JsFuture};
+use wasm_bindgen_futures::{future_to_promise, spawn_local, JsFuture};
 
-use flint::{Engine, EngineError, Event, GenerateError, LoadOptions, TokenLogprobs, Tokenizer};
-use flint_core::chat::{tokenize_rendered, ChatError, ChatTemplate};
+use flint::{BackendError, Canceller, ChatError, Engine, EngineError, Event, GenerateError, KvError, LoadOptions, SchedError, TokenLogprobs, Tokenizer};
 use flint_core::gguf::{ByteSource, GgufError};
 
 use request::Request;
@@ -46,37 +46,46 @@ fn js_error(name: &str, message: impl std::fmt::Display) -> JsValue {
     e.into()
 }
 
-/// The error class a failure belongs to, by what went wrong rather than where.
-fn engine_error(e: &EngineError, loading: bool) -> JsValue {
-    use flint::BackendError;
-    let name = match e {
-        EngineError::Gpu(flint_gpu_err) => gpu_error_name(&flint_gpu_err.to_string(), loading),
-        EngineError::Backend(BackendError::ContextFull { .. })
-        | EngineError::Generate(GenerateError::ContextExceeded { .. })
-        | EngineError::Generate(GenerateError::Backend(BackendError::ContextFull { .. })) => {
-            "ContextWindowExceededError"
-        }
-        EngineError::Backend(BackendError::Device(m))
-        | EngineError::Generate(GenerateError::Backend(BackendError::Device(m))) => gpu_error_name(m, loading),
-        EngineError::Generate(
-            GenerateError::EmptyPrompt | GenerateError::MaxTokens | GenerateError::EmptyStop | GenerateError::Sampling(_),
-        ) => "InvalidRequestError",
+/// The package's error class for a backend error, by its variant.
+fn backend_error_name(e: &BackendError, loading: bool) -> &'static str {
+    match e {
+        BackendError::DeviceLost(_) => "DeviceLostError",
+        BackendError::OutOfMemory(_) | BackendError::Validation(_) | BackendError::Device(_) if !loading => "GPUError",
+        BackendError::BadToken { .. } | BackendError::Sampling(_) if !loading => "InvalidRequestError",
         _ if loading => "ModelLoadError",
         _ => "GenerationError",
-    };
-    js_error(name, e)
+    }
 }
 
-fn gpu_error_name(message: &str, loading: bool) -> &'static str {
-    if message.contains("no GPU adapter") {
-        "WebGPUNotAvailableError"
-    } else if message.contains("device was lost") {
-        "DeviceLostError"
-    } else if loading {
-        "ModelLoadError"
-    } else {
-        "GPUError"
+/// The error class a failure belongs to, by what went wrong rather than where.
+fn error_name(e: &EngineError, loading: bool) -> &'static str {
+    use flint::GpuError;
+    match e {
+        EngineError::Gpu(GpuError::NoAdapter(_) | GpuError::RequestDevice(_)) => "WebGPUNotAvailableError",
+        EngineError::Gpu(GpuError::DeviceLost(_)) => "DeviceLostError",
+        EngineError::Gpu(_) if loading => "ModelLoadError",
+        EngineError::Gpu(_) => "GPUError",
+        EngineError::Generate(GenerateError::ContextExceeded { .. }) | EngineError::Sched(SchedError::ContextExceeded { .. }) => {
+            "ContextWindowExceededError"
+        }
+        EngineError::Generate(GenerateError::Backend(b)) | EngineError::Backend(b) => backend_error_name(b, loading),
+        EngineError::Step(b) => backend_error_name(b, false),
+        EngineError::Generate(_) | EngineError::Sched(_) => "InvalidRequestError",
+        EngineError::Chat(ChatError::Raised(_)) => "InvalidRequestError",
+        EngineError::Chat(_) | EngineError::NoChatTemplate if !loading => "ChatTemplateError",
+        EngineError::Closed => "EngineUnloadedError",
+        _ if loading => "ModelLoadError",
+        _ => "GenerationError",
     }
+}
+
+fn engine_error(e: &EngineError, loading: bool) -> JsValue {
+    let message = match e {
+        EngineError::Chat(ChatError::Raised(m)) => format!("the chat template refused the messages: {m}"),
+        EngineError::Backend(BackendError::Kv(k @ KvError::ContextTooLarge { .. })) => k.to_string(),
+        e => e.to_string(),
+    };
+    js_error(error_name(e, loading), message)
 }
 
 /// The model bytes behind a JS reader: a ranged `fetch`, a sliced `Blob`, a cached file.
@@ -131,185 +140,171 @@ impl ByteSource for JsSource {
     }
 }
 
-struct Inner {
-    engine: Engine,
-    template: Option<ChatTemplate>,
-}
-
-/// A loaded model. Methods that run on the GPU return promises; one request runs at a time.
+/// A loaded model. Requests run concurrently: each `submit` joins the running ones in the
+/// same forward steps.
 #[wasm_bindgen]
 pub struct WasmEngine {
-    inner: Rc<RefCell<Inner>>,
-    abort: Arc<AtomicBool>,
+    engine: Rc<Engine>,
+    /// Requests in flight by the id `submit` returned.
+    running: Rc<RefCell<HashMap<u32, Canceller>>>,
+    next_id: RefCell<u32>,
     info: String,
 }
 
-/// Loads a model from `source` (see the module docs) with options JSON `{"n_ctx": N}`;
-/// resolves to a `WasmEngine`.
+/// Loads a model from `source` (see the module docs) with options JSON
+/// `{"n_ctx": N, "max_seqs": N}`; resolves to a `WasmEngine` whose run loop is started.
 #[wasm_bindgen(js_name = loadEngine)]
 pub fn load_engine(source: JsValue, options: String) -> Promise {
     future_to_promise(async move {
         let source = JsSource::new(source)?;
         let opts: serde_json::Value =
             serde_json::from_str(&options).map_err(|e| js_error("InvalidRequestError", format!("options: {e}")))?;
-        let mut load = LoadOptions::default();
+        let mut load = LoadOptions { template_clock: Some(unix_seconds), ..LoadOptions::default() };
         if let Some(n) = opts.get("n_ctx").and_then(|v| v.as_u64()) {
             load.n_ctx = n as usize;
+        }
+        if let Some(n) = opts.get("max_seqs").and_then(|v| v.as_u64()).filter(|&n| (1..=64).contains(&n)) {
+            load.max_seqs = n as usize;
         }
         let file = flint::GgufFile::from_source(Box::new(source))
             .await
             .map_err(|e| js_error("ModelLoadError", format!("malformed model file: {e}")))?;
-        let mut engine = Engine::load(file, &load).await.map_err(|e| engine_error(&e, true))?;
-        engine.set_clock(performance_now);
-        let template = ChatTemplate::from_metadata(&engine.file().metadata, engine.tokenizer())
-            .map_err(|e| js_error("ModelLoadError", e))?
-            .map(|t| t.with_clock(unix_seconds));
+        let (engine, run) = Engine::load_local(file, &load).await.map_err(|e| engine_error(&e, true))?;
+        spawn_local(run);
+        let i = engine.info();
         let cfg = engine.config();
         let info = json!({
-            "architecture": engine.file().metadata.opt_str("general.architecture").ok().flatten(),
-            "name": engine.file().metadata.opt_str("general.name").ok().flatten(),
+            "architecture": i.architecture,
+            "name": i.name,
             "n_ctx": engine.n_ctx(),
             "n_vocab": cfg.n_vocab,
             "n_layer": cfg.n_layer,
+            "max_seqs": i.max_seqs,
             "adapter": engine.adapter_name(),
             "backend": engine.backend_name(),
-            "has_chat_template": template.is_some(),
+            "has_chat_template": engine.has_chat_template(),
         })
         .to_string();
-        let inner = Rc::new(RefCell::new(Inner { engine, template }));
-        Ok(WasmEngine { inner, abort: Arc::new(AtomicBool::new(false)), info }.into())
+        Ok(WasmEngine { engine: Rc::new(engine), running: Rc::default(), next_id: RefCell::new(1), info }.into())
     })
+}
+
+/// One event as the package reads it.
+fn event_json(tok: &Tokenizer, ev: &Event, logprobs: bool) -> serde_json::Value {
+    match ev {
+        Event::Token { choice, id, text, logprobs: lp, .. } => json!({
+            "type": "token",
+            "choice": choice,
+            "id": id,
+            "text": text,
+            "logprobs": lp.as_ref().filter(|_| logprobs).map(|lp| token_logprobs(tok, *id, lp)),
+        }),
+        Event::Done { choice, summary, text } => json!({
+            "type": "done",
+            "choice": choice,
+            "text": text,
+            "summary": {
+                "finish_reason": summary.finish_reason.as_str(),
+                "prompt_tokens": summary.prompt_tokens,
+                "cached_prompt_tokens": summary.cached_prompt_tokens,
+                "completion_tokens": summary.completion_tokens,
+                "ttft_ms": summary.ttft_ms,
+                "prefill_tok_s": summary.prefill_tok_s,
+                "decode_tok_s": summary.decode_tok_s,
+            },
+        }),
+    }
 }
 
 #[wasm_bindgen]
 impl WasmEngine {
-    /// JSON: architecture, name, n_ctx, n_vocab, n_layer, adapter, backend, has_chat_template.
+    /// JSON: architecture, name, n_ctx, n_vocab, n_layer, max_seqs, adapter, backend,
+    /// has_chat_template.
     pub fn info(&self) -> String {
         self.info.clone()
     }
 
-    /// Runs one request (JSON, see `request.rs`). `on_token(text, id, logprobs_json | null)` is
-    /// called for every generated token (`text` may be empty while a character or a possible
-    /// stop string is incomplete). Resolves to the summary JSON, whose `text` holds any text
-    /// still buffered at the end.
-    pub fn generate(&self, request: String, on_token: Function) -> Promise {
-        let inner = self.inner.clone();
-        let abort = self.abort.clone();
-        future_to_promise(async move {
-            let req: Request =
-                serde_json::from_str(&request).map_err(|e| js_error("InvalidRequestError", format!("request: {e}")))?;
-            let mut guard = inner
-                .try_borrow_mut()
-                .map_err(|_| js_error("EngineBusyError", "a request is already running on this engine"))?;
-            let Inner { engine, template } = &mut *guard;
-            let prompt = prompt_tokens(engine, template.as_ref(), &req)?;
-            let params = req.params().map_err(|e| js_error("InvalidRequestError", e))?;
-            abort.store(false, Ordering::SeqCst);
-            let want_logprobs = params.sampling.n_logprobs > 0;
-            let tokenizer = engine.shared_tokenizer();
-            let mut stream = engine.generate(prompt, params, abort).map_err(|e| engine_error(&e, false))?;
-            let mut content = Vec::new();
-            while let Some(event) = stream.next().await {
-                match event.map_err(|e| engine_error(&EngineError::Generate(e), false))? {
-                    Event::Token { id, text, logprobs } => {
-                        let lp = match logprobs {
-                            Some(lp) if want_logprobs => {
-                                let entry = token_logprobs(&tokenizer, id, &lp);
-                                let s = JsValue::from_str(&entry.to_string());
-                                content.push(entry);
-                                s
-                            }
-                            _ => JsValue::NULL,
-                        };
-                        on_token.call3(&JsValue::NULL, &JsValue::from_str(&text), &JsValue::from(id), &lp)?;
-                    }
-                    Event::Done { summary, text } => {
-                        let logprobs = want_logprobs.then(|| json!({ "content": content }));
-                        return Ok(JsValue::from_str(
-                            &json!({
-                                "finish_reason": summary.finish_reason.as_str(),
-                                "prompt_tokens": summary.prompt_tokens,
-                                "cached_prompt_tokens": summary.cached_prompt_tokens,
-                                "completion_tokens": summary.completion_tokens,
-                                "ttft_ms": summary.ttft_ms,
-                                "prefill_tok_s": summary.prefill_tok_s,
-                                "decode_tok_s": summary.decode_tok_s,
-                                "text": text,
-                                "logprobs": logprobs,
-                            })
-                            .to_string(),
-                        ));
-                    }
+    /// Submits one request (JSON, see `request.rs`) and returns its id. `on_event(json)` is
+    /// called for each of its events: `{"type": "token", choice, id, text, logprobs}` (`text`
+    /// may be empty while a character or a possible stop string is incomplete), one
+    /// `{"type": "done", choice, text, summary}` per choice, or `{"type": "error", name,
+    /// message}`, then `{"type": "end"}`. An invalid request throws at once.
+    pub fn submit(&self, request: String, on_event: Function) -> Result<u32, JsValue> {
+        let req: Request = serde_json::from_str(&request).map_err(|e| js_error("InvalidRequestError", format!("request: {e}")))?;
+        let want_logprobs = req.logprobs == Some(true);
+        let request = req.into_request().map_err(|e| js_error("InvalidRequestError", e))?;
+        let mut handle = self.engine.submit(request).map_err(|e| engine_error(&e, false))?;
+        let id = {
+            let mut next = self.next_id.borrow_mut();
+            let id = *next;
+            *next = next.wrapping_add(1).max(1);
+            id
+        };
+        self.running.borrow_mut().insert(id, handle.canceller());
+        let running = self.running.clone();
+        let tok = self.engine.shared_tokenizer();
+        spawn_local(async move {
+            while let Some(ev) = handle.next().await {
+                let payload = match &ev {
+                    Ok(ev) => event_json(&tok, ev, want_logprobs),
+                    Err(e) => json!({"type": "error", "name": error_name(e, false), "message": e.to_string()}),
+                };
+                if on_event.call1(&JsValue::NULL, &JsValue::from_str(&payload.to_string())).is_err() {
+                    // The callback threw: nobody can take the rest.
+                    handle.cancel();
                 }
             }
-            Err(js_error("GenerationError", "the generation ended without a summary"))
-        })
+            running.borrow_mut().remove(&id);
+            let _ = on_event.call1(&JsValue::NULL, &JsValue::from_str(r#"{"type":"end"}"#));
+        });
+        Ok(id)
+    }
+
+    /// Cancels request `id`: its choices end with `finish_reason: "abort"`, the others run on.
+    pub fn cancel(&self, id: u32) {
+        if let Some(c) = self.running.borrow().get(&id) {
+            c.cancel();
+        }
+    }
+
+    /// Ends every running request with `finish_reason: "abort"`.
+    #[wasm_bindgen(js_name = interruptAll)]
+    pub fn interrupt_all(&self) {
+        self.engine.cancel_all();
     }
 
     /// Renders chat messages (JSON array) with the model's template, as the engine would.
     #[wasm_bindgen(js_name = applyChatTemplate)]
     pub fn apply_chat_template(&self, messages: String, add_generation_prompt: bool) -> Result<String, JsValue> {
-        let inner = self.inner.try_borrow().map_err(|_| js_error("EngineBusyError", "a request is running"))?;
         let messages: Vec<serde_json::Value> =
             serde_json::from_str(&messages).map_err(|e| js_error("InvalidRequestError", format!("messages: {e}")))?;
-        render(inner.template.as_ref(), &messages, add_generation_prompt)
+        self.engine.apply_chat_template(&messages, add_generation_prompt).map_err(|e| engine_error(&e, false))
     }
 
-    /// Ends the running request after its current token (finish_reason `abort`).
-    pub fn interrupt(&self) {
-        self.abort.store(true, Ordering::SeqCst);
+    /// Drops the cached prefixes no running request holds: the next request starts a new
+    /// conversation.
+    pub fn reset(&self) {
+        self.engine.clear_cache();
     }
 
-    /// Drops every cached position: the next request starts a new conversation.
-    pub fn reset(&self) -> Result<(), JsValue> {
-        let mut inner = self.inner.try_borrow_mut().map_err(|_| js_error("EngineBusyError", "a request is running"))?;
-        inner.engine.reset();
-        Ok(())
-    }
-
-    /// `flint bench`'s measurement: resolves to JSON with the prefill and decode tok/s of
-    /// each repetition over a fixed `n_prompt`-token prompt and `n_gen` greedy tokens.
+    /// `flint bench`'s measurement once running requests are done: resolves to JSON with the
+    /// prefill and decode tok/s of each repetition over a fixed `n_prompt`-token prompt and
+    /// `n_gen` greedy tokens.
     pub fn bench(&self, n_prompt: usize, n_gen: usize, reps: usize) -> Promise {
-        let inner = self.inner.clone();
+        let engine = self.engine.clone();
         future_to_promise(async move {
-            let mut guard = inner.try_borrow_mut().map_err(|_| js_error("EngineBusyError", "a request is running"))?;
-            let engine = &mut guard.engine;
-            let prompt = engine.bench_prompt(n_prompt).map_err(|e| engine_error(&e, false))?;
+            engine.when_idle().await.map_err(|e| engine_error(&e, false))?;
+            let prompt = engine.bench_prompt(n_prompt, 0).map_err(|e| engine_error(&e, false))?;
             let (mut prefill, mut decode) = (Vec::new(), Vec::new());
             for _ in 0..reps.max(1) {
                 let r = engine.bench_once(&prompt, n_gen).await.map_err(|e| engine_error(&e, false))?;
                 prefill.push(r.prefill_tok_s);
                 decode.push(r.decode_tok_s);
             }
-            engine.reset();
+            engine.clear_cache();
             Ok(JsValue::from_str(&json!({ "prefill_tok_s": prefill, "decode_tok_s": decode }).to_string()))
         })
     }
-}
-
-fn render(template: Option<&ChatTemplate>, messages: &[serde_json::Value], add_generation_prompt: bool) -> Result<String, JsValue> {
-    let template = template.ok_or_else(|| {
-        js_error(
-            "ChatTemplateError",
-            "this model has no chat template (a base model): use completions.create with a prompt instead",
-        )
-    })?;
-    template.render_json(messages, None, add_generation_prompt).map_err(|e| match e {
-        ChatError::Raised(m) => js_error("InvalidRequestError", format!("the chat template refused the messages: {m}")),
-        e => js_error("ChatTemplateError", e),
-    })
-}
-
-fn prompt_tokens(engine: &Engine, template: Option<&ChatTemplate>, req: &Request) -> Result<Vec<u32>, JsValue> {
-    let tokens = match (&req.prompt, &req.messages) {
-        (Some(p), None) => engine.tokenize_raw(p).map_err(|e| js_error("InvalidRequestError", e))?,
-        (None, Some(m)) => {
-            let text = render(template, m, req.add_generation_prompt.unwrap_or(true))?;
-            tokenize_rendered(engine.tokenizer(), &text).map_err(|e| js_error("InvalidRequestError", e))?
-        }
-        _ => return Err(js_error("InvalidRequestError", "give exactly one of `prompt` and `messages`")),
-    };
-    Ok(tokens)
 }
 
 /// One entry of OpenAI's `logprobs.content`: the token's text, log p and the alternatives.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use flint::{GenerateParams, SamplingParams};
+use flint::{GenerateParams, Input, SamplingParams};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,6 +32,8 @@ pub struct Request {
     /// alternatives (at least one: the engine's smallest request).
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<usize>,
+    /// Choices from the same prompt (sharing its KV blocks), each its own random stream.
+    pub n: Option<usize>,
 }
 
 impl Request {
@@ -70,8 +72,22 @@ impl Request {
             logit_bias,
             n_logprobs,
         };
-        let params = GenerateParams { max_tokens, sampling, stop: self.stop.clone().unwrap_or_default() };
+        let params = GenerateParams { max_tokens, sampling, stop: self.stop.clone().unwrap_or_default(), ignore_eos: false };
         params.validate().map_err(|e| e.to_string())?;
         Ok(params)
+    }
+
+    /// The engine's request: exactly one of `prompt` and `messages`, and the settings.
+    pub fn into_request(self) -> Result<flint::Request, String> {
+        let params = self.params()?;
+        let input = match (self.prompt, self.messages) {
+            (Some(p), None) => Input::Text(p),
+            (None, Some(m)) => Input::Chat(m),
+            _ => return Err("give exactly one of `prompt` and `messages`".into()),
+        };
+        let mut req = flint::Request::new(input, params);
+        req.n = self.n.unwrap_or(1);
+        req.add_generation_prompt = self.add_generation_prompt.unwrap_or(true);
+        Ok(req)
     }
 }

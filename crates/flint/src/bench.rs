@@ -1,15 +1,103 @@
-//! What `flint bench` and the browser's benchmark share, so their figures compare.
+//! What `flint bench` and the browser's benchmark share, so their figures compare: a fixed
+//! ordinary-text prompt, one stream's timings, and many streams submitted at once.
 
-use crate::{Engine, EngineError};
+use futures::StreamExt;
+
+use flint_core::generate::Clock;
+
+use crate::{Engine, EngineError, Event, GenerateParams, Input, Request, SamplingParams};
 
 /// Ordinary text, repeated to the requested length.
 const BENCH_TEXT: &str =
     "The history of the printing press begins in the fifteenth century, when movable type spread across Europe. ";
 
+/// Timings of one benchmark repetition, in seconds.
+pub struct BenchRun {
+    pub ttft_s: f64,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    /// Prompt tokens per second of prefill.
+    pub prefill_tok_s: f64,
+    /// Generated tokens per second of decode.
+    pub decode_tok_s: f64,
+}
+
+/// One stream of a concurrent run: milliseconds from the submission of all streams.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamRun {
+    pub first_ms: f64,
+    pub last_ms: f64,
+    pub tokens: usize,
+}
+
+impl StreamRun {
+    /// Tokens after the first per second.
+    pub fn decode_tok_s(&self) -> f64 {
+        let ms = self.last_ms - self.first_ms;
+        if ms > 0.0 { (self.tokens.saturating_sub(1)) as f64 * 1e3 / ms } else { 0.0 }
+    }
+}
+
+pub(crate) fn host_copy_bandwidth_gbs(clock: Clock) -> f64 {
+    const BYTES: usize = 256 << 20;
+    let src = vec![1u8; BYTES];
+    let mut dst = vec![0u8; BYTES];
+    let t0 = clock();
+    dst.copy_from_slice(&src);
+    let ms = clock() - t0;
+    std::hint::black_box(&dst);
+    if ms > 0.0 { 2.0 * BYTES as f64 / (ms * 1e6) } else { 0.0 }
+}
+
+fn bench_request(prompt: Vec<u32>, n_tokens: usize) -> Request {
+    let params = GenerateParams { max_tokens: Some(n_tokens), sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() };
+    Request::new(Input::Tokens(prompt), params)
+}
+
 impl Engine {
-    /// A fixed, ordinary-text prompt of exactly `n` tokens.
-    pub fn bench_prompt(&self, n: usize) -> Result<Vec<u32>, EngineError> {
-        let base = self.tokenize_raw(BENCH_TEXT)?;
-        Ok(base.iter().cycle().take(n).copied().collect())
+    /// A fixed, ordinary-text prompt of exactly `n` tokens; `variant` k starts k tokens into
+    /// the text, so prompts of different variants share no KV block.
+    pub fn bench_prompt(&self, n: usize, variant: usize) -> Result<Vec<u32>, EngineError> {
+        let t = &self.info.tokenizer;
+        let base = t.encode(BENCH_TEXT, false, false)?;
+        let mut p: Vec<u32> = t.bos_id().filter(|_| t.add_bos_default()).into_iter().collect();
+        p.extend(base.iter().cycle().skip(variant % base.len().max(1)).take(n.saturating_sub(p.len())).copied());
+        p.truncate(n);
+        Ok(p)
+    }
+
+    /// One benchmark repetition from an empty prefix cache: prefill `prompt`, then `n_gen`
+    /// greedy decode steps (end-of-generation tokens are not honoured, so every rep does equal
+    /// work).
+    pub async fn bench_once(&self, prompt: &[u32], n_gen: usize) -> Result<BenchRun, EngineError> {
+        let runs = self.bench_streams(&[prompt.to_vec()], n_gen + 1).await?;
+        let r = runs[0];
+        let (prefill_s, decode_s) = (r.first_ms / 1e3, (r.last_ms - r.first_ms) / 1e3);
+        let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        Ok(BenchRun { ttft_s: prefill_s, prefill_s, decode_s, prefill_tok_s: per_s(prompt.len(), prefill_s), decode_tok_s: per_s(n_gen, decode_s) })
+    }
+
+    /// Submits one request per prompt at once (from an empty prefix cache), each generating
+    /// `n_tokens` with end-of-generation ignored, and returns each stream's first and last
+    /// token times.
+    pub async fn bench_streams(&self, prompts: &[Vec<u32>], n_tokens: usize) -> Result<Vec<StreamRun>, EngineError> {
+        self.clear_cache();
+        let clock = self.info.clock;
+        let t0 = clock();
+        let handles = prompts.iter().map(|p| self.submit(bench_request(p.clone(), n_tokens))).collect::<Result<Vec<_>, _>>()?;
+        let mut events = futures::stream::select_all(handles.into_iter().enumerate().map(|(i, h)| h.map(move |e| (i, e))));
+        let mut runs = vec![StreamRun { first_ms: 0.0, last_ms: 0.0, tokens: 0 }; prompts.len()];
+        while let Some((i, ev)) = events.next().await {
+            if let Event::Token { .. } = ev? {
+                let now = clock() - t0;
+                let r = &mut runs[i];
+                if r.tokens == 0 {
+                    r.first_ms = now;
+                }
+                r.last_ms = now;
+                r.tokens += 1;
+            }
+        }
+        Ok(runs)
     }
 }

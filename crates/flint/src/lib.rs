@@ -1,26 +1,46 @@
-//! Flint's engine facade: load a model, run requests, stream token events. The CLI uses it
-//! now; the wasm bindings and the server use the same API.
+//! Flint's engine: load a model, `submit` requests from any thread, read each request's
+//! stream of events. An owned run loop drives the scheduler and the backend, serving every
+//! active request in each forward step (continuous batching). Natively the loop runs on the
+//! engine's own thread (the backend is not `Send`) fed by a channel; in the browser the same
+//! loop runs on the event loop (`Engine::load_local`). The CLI, the server and the wasm
+//! bindings use this API and nothing below it.
 
 mod bench;
+mod request;
+mod runner;
 
-use std::sync::atomic::AtomicBool;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use futures::stream::{LocalBoxStream, StreamExt};
+use futures::channel::{mpsc, oneshot};
+use futures::Stream;
 use thiserror::Error;
 
+pub use bench::{BenchRun, StreamRun};
 pub use flint_core::arch::{ArchError, ModelConfig};
-pub use flint_core::backend::{Backend, BackendError};
+pub use flint_gpu::GpuError;
+pub use flint_core::backend::BackendError;
+pub use flint_core::chat::{ChatError, KEY_CHAT_TEMPLATE};
 pub use flint_core::generate::{Event, FinishReason, GenerateError, GenerateParams, Summary, TokenLogprobs};
 pub use flint_core::gguf::{GgufError, GgufFile};
+pub use flint_core::kv::KvError;
 pub use flint_core::sampling::{SamplingError, SamplingParams};
+pub use flint_core::sched::{SchedError, SchedStats};
 pub use flint_core::tokenizer::{Tokenizer, TokenizerError};
+pub use request::{Input, Request, MAX_N};
+pub use runner::{EventResult, OpTimes};
 
-use flint_core::generate::{default_clock, Clock, Generation};
+use flint_core::backend::{Backend, BackendOptions};
+use flint_core::chat::ChatTemplate;
+use flint_core::generate::{default_clock, Clock};
+use flint_core::kv::KvCache;
 use flint_core::reference::CpuBackend;
-use flint_core::sampling::Sampler;
+use flint_core::sched::{SchedConfig, Scheduler};
 use flint_gpu::backend::GpuBackend;
 use flint_gpu::GpuContext;
+use runner::{Command, Runner};
 
 #[derive(Debug, Error)]
 pub enum EngineError {
@@ -32,10 +52,32 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// A forward step failed; every request running then gets this (device lost, ...).
+    #[error("{0}")]
+    Step(Arc<BackendError>),
     #[error(transparent)]
     Generate(#[from] GenerateError),
     #[error(transparent)]
+    Sched(#[from] SchedError),
+    #[error(transparent)]
+    Chat(#[from] ChatError),
+    #[error("this model has no chat template (a base model): give a prompt instead, or a chat template")]
+    NoChatTemplate,
+    #[error(transparent)]
     Gpu(#[from] flint_gpu::GpuError),
+    #[error("the engine has stopped")]
+    Closed,
+}
+
+impl EngineError {
+    /// The backend error underneath, if any (a step's or a load's).
+    pub fn backend(&self) -> Option<&BackendError> {
+        match self {
+            EngineError::Backend(b) | EngineError::Generate(GenerateError::Backend(b)) => Some(b),
+            EngineError::Step(b) => Some(b),
+            _ => None,
+        }
+    }
 }
 
 /// Which compute backend runs the forward pass.
@@ -47,198 +89,397 @@ pub enum BackendKind {
     Cpu,
 }
 
+/// llama.cpp's default context size.
+pub const DEFAULT_CTX: usize = 4096;
+/// Sequences running at once, natively and in the browser.
+#[cfg(not(target_arch = "wasm32"))]
+pub const DEFAULT_MAX_SEQS: usize = 8;
+#[cfg(target_arch = "wasm32")]
+pub const DEFAULT_MAX_SEQS: usize = 4;
+/// Tokens one step runs, all sequences together.
+pub const DEFAULT_MAX_BATCH_TOKENS: usize = 256;
+
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     pub backend: BackendKind,
-    /// Context size in tokens; 0 = the model's training context.
+    /// The most tokens one sequence holds; 0 = the model's training context.
     pub n_ctx: usize,
     /// Caps each GPU weight buffer below the device's binding limit (MB); the
     /// `FLINT_MAX_BINDING_MB` environment variable does the same.
     pub max_binding_mb: Option<u64>,
-    /// GPU memory for the KV cache (MB): the context's blocks and, in what is left, earlier
-    /// requests' blocks for prefix reuse, evicted least recently used first. Never less than
-    /// the context needs; None = the context plus a quarter. The CPU backend ignores it.
+    /// KV memory (MB) shared by every sequence: running ones and cached prefixes of earlier
+    /// ones (evicted least recently used first). It must hold one whole context (an error
+    /// otherwise); None = one context plus a quarter.
     pub kv_budget_mb: Option<u64>,
+    /// KV memory as a number of positions of every layer (an alternative to `kv_budget_mb`,
+    /// which wins when both are set).
+    pub kv_budget_positions: Option<usize>,
+    /// Sequences running at once (requests' choices included).
+    pub max_seqs: usize,
+    /// Tokens one step runs, decodes and prompt chunks together.
+    pub max_batch_tokens: usize,
+    /// A Jinja chat template to use instead of the model's.
+    pub chat_template: Option<String>,
+    /// Where chat templates read the time (`strftime_now`); wasm has no system clock.
+    pub template_clock: Option<flint_core::chat::Clock>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { backend: BackendKind::Gpu, n_ctx: DEFAULT_CTX, max_binding_mb: None, kv_budget_mb: None }
+        LoadOptions {
+            backend: BackendKind::Gpu,
+            n_ctx: DEFAULT_CTX,
+            max_binding_mb: None,
+            kv_budget_mb: None,
+            kv_budget_positions: None,
+            max_seqs: DEFAULT_MAX_SEQS,
+            max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
+            chat_template: None,
+            template_clock: None,
+        }
     }
 }
 
-/// Timings of one benchmark repetition, in seconds.
-pub struct BenchRun {
-    pub ttft_s: f64,
-    pub prefill_s: f64,
-    pub decode_s: f64,
-    /// Prompt tokens per second of prefill.
-    pub prefill_tok_s: f64,
-    /// Generated tokens per second of decode.
-    pub decode_tok_s: f64,
-}
-
-fn host_copy_bandwidth_gbs(clock: Clock) -> f64 {
-    const BYTES: usize = 256 << 20;
-    let src = vec![1u8; BYTES];
-    let mut dst = vec![0u8; BYTES];
-    let t0 = clock();
-    dst.copy_from_slice(&src);
-    let ms = clock() - t0;
-    std::hint::black_box(&dst);
-    if ms > 0.0 { 2.0 * BYTES as f64 / (ms * 1e6) } else { 0.0 }
-}
-
-/// llama.cpp's default context size.
-pub const DEFAULT_CTX: usize = 4096;
-
-/// A loaded model ready to run requests.
-pub struct Engine {
+/// What the engine tells about its model, shared by every handle.
+pub struct EngineInfo {
+    pub config: ModelConfig,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+    /// The most tokens one sequence holds.
+    pub n_ctx: usize,
+    pub max_seqs: usize,
+    /// `gpu (llvmpipe)` or `cpu`.
+    pub backend_name: String,
+    /// The GPU adapter's description, or `cpu`.
+    pub adapter_name: String,
+    /// `general.architecture` and `general.name` of the file.
+    pub architecture: Option<String>,
+    pub name: Option<String>,
+    /// Bytes of every weight matrix a decode step multiplies by (the embedding table only when
+    /// it is also the output).
+    pub weight_bytes: u64,
+    /// KV bytes per position (every layer, K and V).
+    pub kv_bytes_per_position: u64,
+    /// The device's copy bandwidth (GB/s), natively measured on request.
     gpu: Option<Arc<GpuContext>>,
-    file: Arc<GgufFile>,
-    tokenizer: Arc<Tokenizer>,
-    backend: Box<dyn Backend>,
-    /// Tokens whose KV the backend holds, for prefix reuse by the next request.
-    cached: Vec<u32>,
     clock: Clock,
 }
 
+/// A loaded model. Cheap to share (`Arc`); requests may come from any thread.
+pub struct Engine {
+    commands: mpsc::UnboundedSender<Command>,
+    info: Arc<EngineInfo>,
+    next_id: AtomicU64,
+    #[cfg(not(target_arch = "wasm32"))]
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The run loop of an engine made with [`Engine::load_local`]: drive it on the thread or
+/// event loop that loaded the engine; it ends when the engine is dropped.
+pub type RunLoop = futures::future::LocalBoxFuture<'static, ()>;
+
+fn file_text(file: &GgufFile, key: &str) -> Option<String> {
+    file.metadata.opt_str(key).ok().flatten().map(str::to_string)
+}
+
+fn weight_bytes(file: &GgufFile, cfg: &ModelConfig) -> u64 {
+    file.tensors.iter().filter(|t| !(t.name == "token_embd.weight" && !cfg.tied_output)).map(|t| t.n_bytes).sum()
+}
+
 impl Engine {
-    /// Opens a model file on disk (memory-mapped) and builds the backend.
+    /// Opens a model file on disk (memory-mapped) on a new engine thread, builds the backend
+    /// there and returns once it is loaded.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn load_path(path: &std::path::Path, opts: &LoadOptions) -> Result<Engine, EngineError> {
-        let file = GgufFile::open(path)?;
-        futures::executor::block_on(Self::load(file, opts))
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (path, opts) = (path.to_path_buf(), opts.clone());
+        let thread = std::thread::Builder::new()
+            .name("flint-engine".into())
+            .spawn(move || {
+                let loaded = GgufFile::open(&path).map_err(EngineError::from);
+                let loaded = loaded.and_then(|file| futures::executor::block_on(Self::build(file, &opts)));
+                match loaded {
+                    Ok((engine, run)) => {
+                        let _ = ready_tx.send(Ok(engine));
+                        futures::executor::block_on(run);
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(|e| EngineError::Backend(BackendError::Device(format!("cannot start the engine thread: {e}"))))?;
+        let mut engine = ready_rx.recv().map_err(|_| EngineError::Closed)??;
+        engine.thread = Some(thread);
+        Ok(engine)
     }
 
-    /// Validates a parsed file (architecture, tensor shapes, tokenizer) and builds the backend.
-    pub async fn load(file: GgufFile, opts: &LoadOptions) -> Result<Engine, EngineError> {
+    /// Loads a parsed file on this thread and returns the engine with its run loop, which the
+    /// caller drives (the browser: `spawn_local`).
+    pub async fn load_local(file: GgufFile, opts: &LoadOptions) -> Result<(Engine, RunLoop), EngineError> {
+        Self::build(file, opts).await
+    }
+
+    async fn build(file: GgufFile, opts: &LoadOptions) -> Result<(Engine, RunLoop), EngineError> {
         let config = ModelConfig::from_gguf(&file)?;
         let tokenizer = Arc::new(Tokenizer::from_metadata(&file.metadata)?);
+        let bos = tokenizer.bos_id().and_then(|id| tokenizer.token_text(id)).unwrap_or("").to_string();
+        let eos = tokenizer.eos_id().and_then(|id| tokenizer.token_text(id)).unwrap_or("").to_string();
+        let template = match &opts.chat_template {
+            Some(src) => Some(ChatTemplate::new(src, &bos, &eos)?),
+            None => ChatTemplate::from_metadata(&file.metadata, &tokenizer)?,
+        };
+        let template = template.map(|t| match opts.template_clock {
+            Some(c) => t.with_clock(c),
+            None => t,
+        });
+        let n_ctx = if opts.n_ctx == 0 { config.n_ctx_train } else { opts.n_ctx }.clamp(1, config.n_ctx_train);
+        let kv_bytes_per_position = (config.n_layer * (config.kv_dim() + config.v_dim()) * 4) as u64;
+        let kv_budget_bytes = match (opts.kv_budget_mb, opts.kv_budget_positions) {
+            (Some(mb), _) => Some(mb.saturating_mul(1 << 20)),
+            (None, Some(p)) => Some((p as u64).saturating_mul(kv_bytes_per_position)),
+            (None, None) => None,
+        };
+        let max_seqs = opts.max_seqs.max(1);
+        let bopts = BackendOptions { n_ctx, max_seqs, max_batch_tokens: opts.max_batch_tokens.max(1), max_outputs: max_seqs, kv_budget_bytes };
         let file = Arc::new(file);
-        let n_ctx = if opts.n_ctx == 0 { config.n_ctx_train } else { opts.n_ctx };
         let (backend, gpu): (Box<dyn Backend>, _) = match opts.backend {
-            BackendKind::Cpu => (Box::new(CpuBackend::new(file.clone(), config, n_ctx).await?), None),
+            BackendKind::Cpu => (Box::new(CpuBackend::new(file.clone(), config.clone(), &bopts).await?), None),
             BackendKind::Gpu => {
                 let ctx = Arc::new(GpuContext::new().await?);
-                let kv_budget = opts.kv_budget_mb.map(|mb| mb.saturating_mul(1 << 20));
-                let gpu = GpuBackend::with_kv_budget(ctx.clone(), &file, config, n_ctx, opts.max_binding_mb, kv_budget).await?;
+                let gpu = GpuBackend::new(ctx.clone(), &file, config.clone(), &bopts, opts.max_binding_mb).await?;
                 (Box::new(gpu), Some(ctx))
             }
         };
-        Ok(Engine { gpu, file, tokenizer, backend, cached: Vec::new(), clock: default_clock })
+        let sched_cfg = SchedConfig { max_batch_tokens: bopts.max_batch_tokens, max_seqs, n_ctx };
+        let sched = Scheduler::new(sched_cfg, KvCache::new(backend.kv_layout().clone()))?;
+        let info = EngineInfo {
+            tokenizer: tokenizer.clone(),
+            template,
+            n_ctx,
+            max_seqs,
+            backend_name: backend.name(),
+            adapter_name: gpu.as_ref().map_or_else(|| "cpu".to_string(), |g: &Arc<GpuContext>| g.adapter_name()),
+            architecture: file_text(&file, "general.architecture"),
+            name: file_text(&file, "general.name"),
+            weight_bytes: weight_bytes(&file, &config),
+            kv_bytes_per_position,
+            config,
+            gpu,
+            clock: default_clock,
+        };
+        let (tx, rx) = mpsc::unbounded();
+        // The loop keeps the file (and its memory map) alive with the backend.
+        let runner = Runner::new(backend, sched, tokenizer, default_clock, n_ctx);
+        let run: RunLoop = Box::pin(async move {
+            let _file = file;
+            runner.run(rx).await;
+        });
+        let engine = Engine {
+            commands: tx,
+            info: Arc::new(info),
+            next_id: AtomicU64::new(1),
+            #[cfg(not(target_arch = "wasm32"))]
+            thread: None,
+        };
+        Ok((engine, run))
     }
 
-    /// Replaces the clock used for timings (wasm passes `performance.now`).
-    pub fn set_clock(&mut self, clock: Clock) {
-        self.clock = clock;
-    }
-
-    pub fn file(&self) -> &GgufFile {
-        &self.file
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
     }
     pub fn config(&self) -> &ModelConfig {
-        self.backend.config()
+        &self.info.config
     }
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        &self.info.tokenizer
     }
-    /// The tokenizer, for callers that decode while a request holds the engine.
+    /// The tokenizer, for callers that decode on their own.
     pub fn shared_tokenizer(&self) -> Arc<Tokenizer> {
-        self.tokenizer.clone()
+        self.info.tokenizer.clone()
     }
-    /// The backend itself, for tools and tests that drive it step by step.
-    pub fn backend_mut(&mut self) -> &mut dyn Backend {
-        // Whatever the caller runs, the record of cached tokens no longer holds.
-        self.cached.clear();
-        self.backend.as_mut()
+    pub fn has_chat_template(&self) -> bool {
+        self.info.template.is_some()
     }
-
-    /// Drops every cached position, the prefix index's blocks included, so their memory is
-    /// free again (a new conversation; `resetChat`, `/clear`).
-    pub fn reset(&mut self) {
-        self.cached.clear();
-        self.backend.clear_cache();
-    }
-
     pub fn backend_name(&self) -> String {
-        self.backend.name()
+        self.info.backend_name.clone()
+    }
+    pub fn adapter_name(&self) -> String {
+        self.info.adapter_name.clone()
     }
     pub fn n_ctx(&self) -> usize {
-        self.backend.n_ctx()
-    }
-
-    /// The GPU adapter's description, or `cpu`.
-    pub fn adapter_name(&self) -> String {
-        self.gpu.as_ref().map_or_else(|| "cpu".to_string(), |g| g.adapter_name())
-    }
-
-    /// One benchmark repetition from an empty cache: prefill `prompt`, then `n_gen` greedy
-    /// decode steps (end-of-generation tokens are not honoured, so every rep does equal work).
-    pub async fn bench_once(&mut self, prompt: &[u32], n_gen: usize) -> Result<BenchRun, EngineError> {
-        let clock = self.clock;
-        let mut sampler = Sampler::new(SamplingParams::greedy()).map_err(GenerateError::from)?;
-        self.reset();
-        let t0 = clock();
-        let mut tok = self.backend.forward_sample(prompt, &mut sampler).await?.id;
-        let t1 = clock();
-        for _ in 0..n_gen {
-            tok = self.backend.forward_sample(std::slice::from_ref(&tok), &mut sampler).await?.id;
-        }
-        let t2 = clock();
-        let (prefill_s, decode_s) = ((t1 - t0) / 1e3, (t2 - t1) / 1e3);
-        Ok(BenchRun {
-            ttft_s: prefill_s,
-            prefill_s,
-            decode_s,
-            prefill_tok_s: prompt.len() as f64 / prefill_s,
-            decode_tok_s: n_gen as f64 / decode_s,
-        })
-    }
-
-    /// The device's buffer-copy bandwidth (GB/s, bytes read + written), measured now.
-    pub async fn copy_bandwidth_gbs(&self) -> Result<f64, EngineError> {
-        match &self.gpu {
-            Some(ctx) => Ok(flint_gpu::bench::copy_bandwidth_gbs(ctx, self.clock).await?),
-            None => Ok(host_copy_bandwidth_gbs(self.clock)),
-        }
-    }
-
-    /// Bytes a decode step must read at context length `n_ctx`: every weight matrix the step
-    /// multiplies by (the embedding table only when it is also the output) plus the KV cache.
-    pub fn bytes_per_decode_token(&self, n_ctx: usize) -> u64 {
-        let cfg = self.config();
-        let mut bytes = 0;
-        for t in &self.file.tensors {
-            let embd_lookup_only = t.name == "token_embd.weight" && !cfg.tied_output;
-            if !embd_lookup_only {
-                bytes += t.n_bytes;
-            }
-        }
-        let kv_per_pos = (cfg.kv_dim() + cfg.v_dim()) as u64 * 4 * cfg.n_layer as u64;
-        bytes + kv_per_pos * n_ctx as u64
+        self.info.n_ctx
     }
 
     /// Tokenizes a raw prompt: special tokens parsed, BOS as the model's metadata says.
     pub fn tokenize_raw(&self, text: &str) -> Result<Vec<u32>, EngineError> {
-        Ok(self.tokenizer.encode(text, self.tokenizer.add_bos_default(), true)?)
+        let t = &self.info.tokenizer;
+        Ok(t.encode(text, t.add_bos_default(), true)?)
     }
 
-    /// Logits of the last prompt position (for tests and tools), from an empty cache.
-    pub async fn prompt_logits(&mut self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
-        self.reset();
-        Ok(self.backend.forward(prompt).await?)
+    /// Renders chat messages with the chat template, as a request would.
+    pub fn apply_chat_template(&self, messages: &[serde_json::Value], add_generation_prompt: bool) -> Result<String, EngineError> {
+        request::render(self.info.template.as_ref(), messages, add_generation_prompt)
     }
 
-    /// Streams the completion of `prompt`; fails before any work if the request cannot run.
-    pub fn generate(
-        &mut self,
-        prompt: Vec<u32>,
-        params: GenerateParams,
-        abort: Arc<AtomicBool>,
-    ) -> Result<LocalBoxStream<'_, Result<Event, GenerateError>>, EngineError> {
-        let generation =
-            Generation::new(self.backend.as_mut(), &self.tokenizer, &mut self.cached, prompt, params, abort, self.clock)?;
-        Ok(futures::stream::unfold(generation, |mut g| async move { g.next_event().await.map(|e| (e, g)) }).boxed_local())
+    /// Validates `req`, queues it and returns its stream of events (one `Done` per choice
+    /// ends it). Dropping the handle cancels the request.
+    pub fn submit(&self, req: Request) -> Result<RequestHandle, EngineError> {
+        let now = (self.info.clock)();
+        let prepared = request::prepare(req, &self.info.tokenizer, self.info.template.as_ref(), self.info.n_ctx, self.info.config.n_vocab, now)?;
+        let n_choices = prepared.choices.len();
+        let prompt_tokens = prepared.prompt.len();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded();
+        self.commands.unbounded_send(Command::Submit { id, prepared, events: tx }).map_err(|_| EngineError::Closed)?;
+        Ok(RequestHandle { id, events: rx, commands: self.commands.clone(), remaining: n_choices, prompt_tokens, finished: false })
+    }
+
+    /// Ends every running request with `finish_reason: abort`.
+    pub fn cancel_all(&self) {
+        let _ = self.commands.unbounded_send(Command::CancelAll);
+    }
+
+    /// Drops every cached prefix that no running request holds (a new conversation).
+    pub fn clear_cache(&self) {
+        let _ = self.commands.unbounded_send(Command::ClearCache);
+    }
+
+    /// The scheduler's counters (steps, preemptions, running and waiting sequences).
+    pub async fn stats(&self) -> Result<SchedStats, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.unbounded_send(Command::Stats(tx)).map_err(|_| EngineError::Closed)?;
+        rx.await.map_err(|_| EngineError::Closed)
+    }
+
+    /// Resolves once no request runs or waits (benchmarks wait for traffic to end).
+    pub async fn when_idle(&self) -> Result<(), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.unbounded_send(Command::WhenIdle(tx)).map_err(|_| EngineError::Closed)?;
+        rx.await.map_err(|_| EngineError::Closed)
+    }
+
+    /// Last-position logits after `prompt` (tests and tools; a full readback).
+    pub async fn prompt_logits(&self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let params = GenerateParams { max_tokens: Some(1), sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() };
+        let mut req = Request::new(Input::Tokens(prompt.to_vec()), params);
+        req.logits = true;
+        let mut h = self.submit(req)?;
+        while let Some(ev) = futures::StreamExt::next(&mut h).await {
+            if let Event::Token { logits: Some(l), .. } = ev? {
+                return Ok(l);
+            }
+        }
+        Err(EngineError::Closed)
+    }
+
+    /// Per-op GPU timings (label, ns) of a prefill step of `prompt` and of decode steps of
+    /// each size in `decode_sizes` (that many sequences), run once the engine is idle.
+    pub async fn profile(&self, prompt: &[u32], decode_sizes: &[usize]) -> Result<(OpTimes, Vec<OpTimes>), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        let cmd = Command::Profile { prompt: prompt.to_vec(), decode_sizes: decode_sizes.to_vec(), reply: tx };
+        self.commands.unbounded_send(cmd).map_err(|_| EngineError::Closed)?;
+        rx.await.map_err(|_| EngineError::Closed)?
+    }
+
+    /// The device's buffer-copy bandwidth (GB/s, bytes read + written), measured now.
+    pub async fn copy_bandwidth_gbs(&self) -> Result<f64, EngineError> {
+        match &self.info.gpu {
+            Some(ctx) => Ok(flint_gpu::bench::copy_bandwidth_gbs(ctx, self.info.clock).await?),
+            None => Ok(bench::host_copy_bandwidth_gbs(self.info.clock)),
+        }
+    }
+
+    /// Bytes a decode step must read at context length `n_ctx`: every weight matrix the step
+    /// multiplies by plus the KV cache.
+    pub fn bytes_per_decode_token(&self, n_ctx: usize) -> u64 {
+        self.info.weight_bytes + self.info.kv_bytes_per_position * n_ctx as u64
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Closing the channel ends the loop once its requests are gone.
+        self.commands.close_channel();
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One submitted request: a stream of its events (every choice's tokens, then a `Done` per
+/// choice), and its cancellation. Dropping it cancels the request.
+pub struct RequestHandle {
+    id: u64,
+    events: mpsc::UnboundedReceiver<EventResult>,
+    commands: mpsc::UnboundedSender<Command>,
+    remaining: usize,
+    prompt_tokens: usize,
+    finished: bool,
+}
+
+impl RequestHandle {
+    /// Stops the request within one step: its choices end with `abort`, its blocks are freed.
+    pub fn cancel(&self) {
+        let _ = self.commands.unbounded_send(Command::Cancel(self.id));
+    }
+
+    /// A handle that cancels its request from elsewhere (a Ctrl-C handler, a disconnect).
+    pub fn canceller(&self) -> Canceller {
+        Canceller { id: self.id, commands: self.commands.clone() }
+    }
+
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+}
+
+/// Cancels one request; cloneable and `Send`.
+#[derive(Clone)]
+pub struct Canceller {
+    id: u64,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl Canceller {
+    pub fn cancel(&self) {
+        let _ = self.commands.unbounded_send(Command::Cancel(self.id));
+    }
+}
+
+impl Stream for RequestHandle {
+    type Item = EventResult;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<EventResult>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.events).poll_next(cx) {
+            Poll::Ready(Some(ev)) => {
+                match &ev {
+                    Ok(Event::Done { .. }) => {
+                        self.remaining = self.remaining.saturating_sub(1);
+                        self.finished = self.remaining == 0;
+                    }
+                    Err(_) => self.finished = true,
+                    _ => {}
+                }
+                Poll::Ready(Some(ev))
+            }
+            Poll::Ready(None) => {
+                self.finished = true;
+                Poll::Ready((self.remaining > 0).then_some(Err(EngineError::Closed)))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for RequestHandle {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.cancel();
+        }
     }
 }

@@ -1,9 +1,17 @@
-//! Whole-model oracle tests on the GPU (lavapipe in CI): 16 greedy tokens per golden prompt
-//! for both models at the device's binding limit, and gemma again with weights split at 64 MB.
+//! Whole-model oracle tests on the GPU (lavapipe in CI), and batched equals alone. Every
+//! golden prompt runs alone (its last-position logits against the f32 reference, 16 greedy
+//! ids under the near-tie rule), then the prompts run together: different lengths, so prompt
+//! chunks and decodes share steps; a second wave joins while the first decodes; two requests
+//! sample with seeds; and a copy of a long prompt (gemma: prompt 7, past its 512-token window;
+//! qwen: prompt 5) joins once the first copy is decoding and must start from its KV blocks.
+//! Every request's every logit must equal its solo run's bit for bit (the kernels are
+//! batch-invariant). And gemma once more with its weights split at 64 MB; and forced
+//! preemption.
 
 mod common;
 
-use flint::{BackendKind, Engine, LoadOptions};
+use common::{assert_same, check_golden, golden_prompt, solo, together, Job, Output};
+use flint::{BackendKind, Engine, LoadOptions, SamplingParams};
 
 fn gpu(name: &str, max_binding_mb: Option<u64>) -> Option<Engine> {
     flint_gpu::testing::context()?;
@@ -12,21 +20,110 @@ fn gpu(name: &str, max_binding_mb: Option<u64>) -> Option<Engine> {
 }
 
 const GREEDY: usize = 16;
+/// Tokens each request generates in the batched run (short: the prompts are the point).
+const BATCHED: usize = 8;
+/// Tokens a seeded request draws.
+const SEEDED: usize = 6;
+
+fn golden_jobs(engine: &Engine, golden: &str) -> Vec<Job> {
+    (1..=7).map(|i| Job::greedy(golden_prompt(engine, golden, i), GREEDY)).collect()
+}
+
+/// The first `n` tokens of a run.
+fn first(out: &Output, n: usize) -> Output {
+    Output { ids: out.ids[..n].to_vec(), logits: out.logits[..n].to_vec(), summary: out.summary.clone() }
+}
+
+/// `long`: the golden prompt whose copy joins later (its index, 1-based); `prompts`: the
+/// golden prompts of the batched run.
+fn batched_equals_alone(name: &str, golden: &str, prompts: &[usize], long: usize) {
+    let Some(engine) = gpu(name, None) else { return };
+    let t0 = std::time::Instant::now();
+    let mut jobs = golden_jobs(&engine, golden);
+    let seeded = |p: &Job, seed| Job {
+        n_gen: SEEDED,
+        sampling: SamplingParams { temperature: 0.9, top_k: 0, top_p: 0.95, min_p: 0.0, seed: Some(seed), ..Default::default() },
+        ..p.clone()
+    };
+    jobs.push(seeded(&jobs[1], 11));
+    jobs.push(seeded(&jobs[3], 12));
+    let alone = solo(&engine, &jobs);
+    eprintln!("{name}: {} requests alone in {:.1}s", jobs.len(), t0.elapsed().as_secs_f64());
+    let agree: Vec<usize> = (0..7).map(|i| check_golden(&format!("{name} alone"), golden, i + 1, &alone[i])).collect();
+    eprintln!("{name}: tokens before the first difference from llama.cpp's greedy output: {agree:?}");
+
+    // Together: the first half of the prompts and a seeded request at once, the rest joining
+    // once the first has two tokens, and the long prompt's copy once its first has one.
+    let t1 = std::time::Instant::now();
+    let mut batched: Vec<Job> = Vec::new();
+    let mut want: Vec<Output> = Vec::new();
+    for (k, &p) in prompts.iter().enumerate() {
+        let join_after = if k % 2 == 0 { None } else { Some((0, 2)) };
+        batched.push(Job { n_gen: BATCHED, join_after, ..jobs[p - 1].clone() });
+        want.push(first(&alone[p - 1], BATCHED));
+    }
+    batched.push(Job { join_after: None, ..jobs[7].clone() });
+    batched.push(Job { join_after: Some((0, 2)), ..jobs[8].clone() });
+    want.extend([alone[7].clone(), alone[8].clone()]);
+    let at = prompts.iter().position(|&p| p == long).expect("the long prompt runs batched");
+    batched.push(Job { n_gen: BATCHED, join_after: Some((at, 1)), ..jobs[long - 1].clone() });
+    want.push(first(&alone[long - 1], BATCHED));
+    let got = together(&engine, &batched);
+    eprintln!("{name}: {} requests together in {:.1}s", batched.len(), t1.elapsed().as_secs_f64());
+    assert_same(&format!("{name} batched"), &want, &got);
+    let copy = got.last().unwrap().summary.as_ref().unwrap();
+    let len = jobs[long - 1].prompt.len();
+    assert_eq!(copy.cached_prompt_tokens, (len - 1) / 16 * 16, "{name}: the copy of prompt {long} must start from the first's full blocks");
+    assert_eq!(got[at].summary.as_ref().unwrap().cached_prompt_tokens, 0, "{name}: the first copy runs cold");
+}
 
 #[test]
-fn gemma_3_270m_gpu_matches_f32_reference() {
-    let Some(mut e) = gpu("gemma-3-270m", None) else { return };
-    common::run_golden(&mut e, "gemma", 1..=7, GREEDY, "gpu");
+fn gemma_3_270m_gpu_batched_equals_alone_and_the_f32_reference() {
+    batched_equals_alone("gemma-3-270m", "gemma", &[7, 1, 3, 2, 5, 4, 6], 7);
+}
+
+#[test]
+fn qwen2_5_coder_0_5b_gpu_batched_equals_alone_and_the_f32_reference() {
+    batched_equals_alone("qwen2.5-coder-0.5b", "qwen", &[5, 1, 3, 2, 4, 6], 5);
 }
 
 #[test]
 fn gemma_3_270m_gpu_split_at_64mb_matches_f32_reference() {
-    let Some(mut e) = gpu("gemma-3-270m", Some(64)) else { return };
-    common::run_golden(&mut e, "gemma", 1..=7, GREEDY, "gpu/64MB");
+    let Some(engine) = gpu("gemma-3-270m", Some(64)) else { return };
+    let jobs = golden_jobs(&engine, "gemma");
+    let outs = solo(&engine, &jobs);
+    for (i, out) in outs.iter().enumerate() {
+        check_golden("gpu/64MB", "gemma", i + 1, out);
+    }
 }
 
 #[test]
-fn qwen2_5_coder_0_5b_gpu_matches_f32_reference() {
-    let Some(mut e) = gpu("qwen2.5-coder-0.5b", None) else { return };
-    common::run_golden(&mut e, "qwen", 1..=7, GREEDY, "gpu");
+fn preempted_requests_recompute_to_the_same_tokens() {
+    // A 48-token context, a pool of two contexts (and a block), and four requests that each
+    // grow to most of one: the scheduler admits three on their prompts and must preempt as
+    // they grow. The same four with room for all are the oracle (batched equals alone is
+    // shown above).
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let path = common::model_path("gemma-3-270m");
+    let roomy = Engine::load_path(&path, &LoadOptions { n_ctx: 48, ..LoadOptions::default() }).unwrap();
+    let texts = [
+        "The first law of thermodynamics states that energy cannot be created or destroyed, only",
+        "In the beginning of the seventeenth century, the city of Amsterdam grew into a center of",
+        "A good recipe for bread needs flour, water, salt and yeast, and the dough must rest for",
+        "The river flows from the mountains through three countries before it reaches the sea at",
+    ];
+    // Each ends at 44 positions: three blocks of the seven.
+    let jobs: Vec<Job> = texts.iter().map(|t| roomy.tokenize_raw(t).unwrap()).map(|p| Job::greedy(p.clone(), 44 - p.len())).collect();
+    assert!(jobs.iter().all(|j| j.prompt.len() >= 16 && j.prompt.len() < 32), "prompt lengths {:?}", jobs.iter().map(|j| j.prompt.len()).collect::<Vec<_>>());
+    let want = together(&roomy, &jobs);
+    drop(roomy);
+    let tight = Engine::load_path(&path, &LoadOptions { n_ctx: 48, kv_budget_positions: Some(2 * 48 + 16), ..LoadOptions::default() }).unwrap();
+    let got = together(&tight, &jobs);
+    let stats = futures::executor::block_on(tight.stats()).unwrap();
+    eprintln!("preemption run: {stats:?}");
+    assert!(stats.preemptions > 0, "the pool never ran short: {stats:?}");
+    assert_same("preempted", &want, &got);
+    assert!(got.iter().zip(&jobs).all(|(o, j)| o.ids.len() == j.n_gen));
 }

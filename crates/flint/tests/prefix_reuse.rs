@@ -1,19 +1,20 @@
 //! Multi-turn prefix reuse: a second request whose prompt extends the first conversation
-//! prefills only its new tokens, and its reply equals a cold run of the whole prompt.
+//! prefills only what lies past the first's full KV blocks, and its reply equals a cold run
+//! of the whole prompt.
 
 mod common;
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-
-use flint::{BackendKind, Engine, Event, GenerateParams, LoadOptions, SamplingParams, Summary};
+use flint::{BackendKind, Engine, Event, GenerateParams, Input, LoadOptions, Request, SamplingParams, Summary};
 use futures::StreamExt;
 
-fn generate(engine: &mut Engine, prompt: Vec<u32>, n: usize) -> (Vec<u32>, Summary) {
-    let params = GenerateParams { max_tokens: Some(n), sampling: SamplingParams::greedy(), stop: Vec::new() };
+/// Positions per KV block.
+const BLOCK: usize = 16;
+
+fn generate(engine: &Engine, prompt: Vec<u32>, n: usize) -> (Vec<u32>, Summary) {
+    let params = GenerateParams { max_tokens: Some(n), sampling: SamplingParams::greedy(), ..Default::default() };
     futures::executor::block_on(async {
         let mut ids = Vec::new();
-        let mut stream = engine.generate(prompt, params, Arc::new(AtomicBool::new(false))).unwrap();
+        let mut stream = engine.submit(Request::new(Input::Tokens(prompt), params)).unwrap();
         while let Some(ev) = stream.next().await {
             match ev.unwrap() {
                 Event::Token { id, .. } => ids.push(id),
@@ -26,21 +27,23 @@ fn generate(engine: &mut Engine, prompt: Vec<u32>, n: usize) -> (Vec<u32>, Summa
 
 fn second_turn_reuses_the_first(backend: BackendKind) {
     let opts = LoadOptions { backend, ..LoadOptions::default() };
-    let path = common::model_path("gemma-3-270m");
-    let mut engine = Engine::load_path(&path, &opts).unwrap();
-    let first = engine.tokenize_raw("The capital of France is Paris. The capital of Germany is").unwrap();
-    let (reply, s1) = generate(&mut engine, first.clone(), 6);
+    let engine = Engine::load_path(&common::model_path("gemma-3-270m"), &opts).unwrap();
+    let first = engine.tokenize_raw("The capital of France is Paris. The capital of Germany is Berlin, and the capital of Spain is").unwrap();
+    let (reply, s1) = generate(&engine, first.clone(), 6);
     assert_eq!(s1.cached_prompt_tokens, 0);
 
     let mut second = first.clone();
     second.extend(&reply);
     second.extend(engine.tokenizer().encode(" The capital of Italy is", false, false).unwrap());
-    let (warm, s2) = generate(&mut engine, second.clone(), 6);
-    // Everything fed so far is reused: the prompt and all but the last reply token.
-    assert_eq!(s2.cached_prompt_tokens, first.len() + reply.len() - 1, "{s2:?}");
+    let (warm, s2) = generate(&engine, second.clone(), 6);
+    // Every full block the first request computed is reused: its prompt and all but the last
+    // reply token were computed.
+    let computed = first.len() + reply.len() - 1;
+    assert!(computed >= BLOCK, "the first request fills a block");
+    assert_eq!(s2.cached_prompt_tokens, computed / BLOCK * BLOCK, "{s2:?}");
 
-    engine.reset();
-    let (cold, s3) = generate(&mut engine, second, 6);
+    engine.clear_cache();
+    let (cold, s3) = generate(&engine, second, 6);
     assert_eq!(s3.cached_prompt_tokens, 0);
     assert_eq!(warm, cold, "a warm second turn must equal a cold run of the whole conversation");
 }

@@ -1,10 +1,13 @@
 //! Shared oracle checks for the whole-model tests: llama.cpp's prompt ids, the f32
-//! reference's last-position logits (NMSE ≤ 1e-5) and its greedy continuation.
+//! reference's last-position logits (NMSE ≤ 1e-5) and its greedy continuation; and a driver
+//! that runs requests alone or together through `Engine::submit`, keeping every token's
+//! logits, so batched runs can be compared with solo ones bit for bit.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 
-use flint::{Backend, Engine, SamplingParams};
+use flint::{Engine, Event, GenerateParams, Input, Request, SamplingParams, Summary};
+use futures::StreamExt;
 use serde_json::Value;
 
 /// NMSE = Σ(a−b)² / Σ(b−mean(b))², the foundation issue's definition.
@@ -25,12 +28,12 @@ pub fn model_path(name: &str) -> PathBuf {
     p
 }
 
-fn json(path: PathBuf) -> Value {
+pub fn json(path: PathBuf) -> Value {
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }
 
-fn ids(v: &Value) -> Vec<u32> {
+pub fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
@@ -44,6 +47,15 @@ fn prompt_file(golden: &str, index: usize) -> PathBuf {
     shared().join("golden/prompts").join(name)
 }
 
+/// Golden prompt `index` of model `golden`, tokenized, checked against llama.cpp's ids.
+pub fn golden_prompt(engine: &Engine, golden: &str, index: usize) -> Vec<u32> {
+    let llama = json(shared().join(format!("golden/{golden}/{index}.json")));
+    let text = std::fs::read_to_string(prompt_file(golden, index)).unwrap();
+    let prompt = engine.tokenize_raw(&text).unwrap();
+    assert_eq!(prompt, ids(&llama["prompt_token_ids"]), "{golden} prompt {index}: prompt ids differ from llama.cpp's");
+    prompt
+}
+
 fn nmse(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len());
     let mean = want.iter().map(|&v| v as f64).sum::<f64>() / want.len() as f64;
@@ -53,7 +65,7 @@ fn nmse(got: &[f32], want: &[f32]) -> f64 {
 }
 
 /// Greedy ids must equal the reference's, except after a step whose top-2 margin is a near tie.
-fn check_greedy(label: &str, got: &[u32], reference: &Value) {
+pub fn check_greedy(label: &str, got: &[u32], reference: &Value) {
     let want = ids(&reference["greedy_token_ids"]);
     let steps = reference["greedy_steps_top2"].as_array().unwrap();
     assert!(got.len() <= want.len());
@@ -70,48 +82,113 @@ fn check_greedy(label: &str, got: &[u32], reference: &Value) {
     }
 }
 
-/// Prefills the prompt once, checks its logits, then decodes `n` greedy tokens from there
-/// through the backend's own sampling path (on the GPU: argmax on the device).
-fn logits_then_greedy(engine: &mut Engine, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
+/// Checks one golden prompt's run: the first logits against the f32 reference's last-position
+/// logits, the greedy ids under the near-tie rule; returns how long llama.cpp agrees.
+pub fn check_golden(label: &str, golden: &str, index: usize, out: &Output) -> usize {
+    let reference = json(shared().join(format!("golden/f32/{golden}/{index}.json")));
+    let llama = json(shared().join(format!("golden/{golden}/{index}.json")));
+    let bytes = std::fs::read(shared().join(format!("golden/f32/{golden}/{index}.last_logits.f32"))).unwrap();
+    let want: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let e = nmse(&out.logits[0], &want);
+    assert!(e <= MAX_NMSE, "{label}: last-position logits NMSE {e:e} > {MAX_NMSE:e}");
+    check_greedy(label, &out.ids, &reference);
+    let agree = out.ids.iter().zip(ids(&llama["greedy_token_ids"])).take_while(|(a, b)| **a == *b).count();
+    eprintln!("{label}: NMSE {e:.2e}, {} greedy ids match, llama.cpp agrees for {agree}", out.ids.len());
+    agree
+}
+
+/// One request of a run: its prompt, how many tokens, its sampling, and when it joins.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub n_gen: usize,
+    pub sampling: SamplingParams,
+    /// Submitted once job `.0` has produced `.1` tokens (None: at the start).
+    pub join_after: Option<(usize, usize)>,
+}
+
+impl Job {
+    pub fn greedy(prompt: Vec<u32>, n_gen: usize) -> Job {
+        Job { prompt, n_gen, sampling: SamplingParams::greedy(), join_after: None }
+    }
+}
+
+/// What one request produced: its tokens, the logits each was drawn from, its summary.
+#[derive(Clone, Debug, Default)]
+pub struct Output {
+    pub ids: Vec<u32>,
+    pub logits: Vec<Vec<f32>>,
+    pub summary: Option<Summary>,
+}
+
+fn request(job: &Job) -> Request {
+    let params = GenerateParams { max_tokens: Some(job.n_gen), sampling: job.sampling.clone(), ignore_eos: true, ..Default::default() };
+    let mut r = Request::new(Input::Tokens(job.prompt.clone()), params);
+    r.logits = true;
+    r
+}
+
+/// Each job alone, one after another, each from an empty prefix cache; the cache is left
+/// empty too.
+pub fn solo(engine: &Engine, jobs: &[Job]) -> Vec<Output> {
+    let outs = jobs
+        .iter()
+        .map(|j| {
+            engine.clear_cache();
+            together(engine, std::slice::from_ref(&Job { join_after: None, ..j.clone() })).remove(0)
+        })
+        .collect();
+    engine.clear_cache();
+    outs
+}
+
+/// Every job through the engine at once, later ones joining as their `join_after` says.
+pub fn together(engine: &Engine, jobs: &[Job]) -> Vec<Output> {
     futures::executor::block_on(async {
-        let backend: &mut dyn Backend = engine.backend_mut();
-        backend.truncate(0);
-        let logits = backend.forward(prompt).await.unwrap();
-        let mut sampler = flint_core::sampling::Sampler::new(SamplingParams::greedy()).unwrap();
-        let mut out = vec![flint_core::sampling::argmax(&logits)];
-        while out.len() < n {
-            let next = backend.forward_sample(&out[out.len() - 1..], &mut sampler).await.unwrap().id;
-            out.push(next);
+        let mut outs = vec![Output::default(); jobs.len()];
+        let mut pending: Vec<usize> = (0..jobs.len()).collect();
+        let mut streams = futures::stream::SelectAll::new();
+        let submit = |i: usize| engine.submit(request(&jobs[i])).unwrap().map(move |e| (i, e));
+        pending.retain(|&i| {
+            if jobs[i].join_after.is_none() {
+                streams.push(submit(i));
+                false
+            } else {
+                true
+            }
+        });
+        while let Some((i, ev)) = streams.next().await {
+            match ev.unwrap() {
+                Event::Token { id, logits, .. } => {
+                    outs[i].ids.push(id);
+                    outs[i].logits.push(logits.expect("logits were asked for"));
+                }
+                Event::Done { summary, .. } => outs[i].summary = Some(summary),
+            }
+            pending.retain(|&k| {
+                let (after, n) = jobs[k].join_after.expect("pending jobs join later");
+                if outs[after].ids.len() >= n {
+                    streams.push(submit(k));
+                    false
+                } else {
+                    true
+                }
+            });
         }
-        (logits, out)
+        assert!(pending.is_empty(), "jobs {pending:?} never joined");
+        outs
     })
 }
 
-/// Golden prompts `prompts` (1..=7 is all) of one model: prompt ids, last logits, `n_greedy` greedy ids.
-pub fn run_golden(engine: &mut Engine, golden: &str, prompts: std::ops::RangeInclusive<usize>, n_greedy: usize, label: &str) {
-    let mut llama_agree = Vec::new();
-    for index in prompts {
-        let t0 = std::time::Instant::now();
-        let label = format!("{label} {golden} prompt {index}");
-        let llama = json(shared().join(format!("golden/{golden}/{index}.json")));
-        let reference = json(shared().join(format!("golden/f32/{golden}/{index}.json")));
-        let text = std::fs::read_to_string(prompt_file(golden, index)).unwrap();
-        let prompt = engine.tokenize_raw(&text).unwrap();
-        assert_eq!(prompt, ids(&llama["prompt_token_ids"]), "{label}: prompt ids differ from llama.cpp's");
-
-        let (logits, greedy) = logits_then_greedy(engine, &prompt, n_greedy);
-        let bytes = std::fs::read(shared().join(format!("golden/f32/{golden}/{index}.last_logits.f32"))).unwrap();
-        let want: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-        let e = nmse(&logits, &want);
-        assert!(e <= MAX_NMSE, "{label}: last-position logits NMSE {e:e} > {MAX_NMSE:e}");
-        check_greedy(&label, &greedy, &reference);
-        let llama_ids = ids(&llama["greedy_token_ids"]);
-        let agree = greedy.iter().zip(&llama_ids).take_while(|(a, b)| a == b).count();
-        llama_agree.push(agree);
-        eprintln!(
-            "{label}: NMSE {e:.2e}, {n_greedy} greedy ids match, llama.cpp agrees for {agree}, {:.1}s",
-            t0.elapsed().as_secs_f64()
-        );
+/// Asserts every job's tokens and logits equal the oracle's, bit for bit.
+pub fn assert_same(label: &str, want: &[Output], got: &[Output]) {
+    for (i, (a, b)) in want.iter().zip(got).enumerate() {
+        assert_eq!(a.ids, b.ids, "{label}: request {i}'s tokens differ");
+        for (k, (la, lb)) in a.logits.iter().zip(&b.logits).enumerate() {
+            if la != lb {
+                let worst = la.iter().zip(lb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                panic!("{label}: request {i}'s logits at token {k} differ (largest difference {worst:e})");
+            }
+        }
     }
-    eprintln!("{label} {golden}: tokens before the first difference from llama.cpp's greedy output: {llama_agree:?}");
 }

@@ -1,0 +1,95 @@
+//! One request type for every front end (the CLI, the server, the wasm bindings): the prompt
+//! as text, token ids or chat messages, the sampling and stopping settings and the number of
+//! choices. It is validated and turned into token ids here, once, before it reaches the run
+//! loop, so a request that cannot run fails at `submit` with a typed error.
+
+use flint_core::chat::{tokenize_rendered, ChatError, ChatTemplate};
+use flint_core::generate::{GenerateError, GenerateParams, Generation};
+use flint_core::sampling::clock_seed;
+use flint_core::tokenizer::Tokenizer;
+
+use crate::EngineError;
+
+/// Most choices one request may ask for (OpenAI's limit).
+pub const MAX_N: usize = 128;
+
+/// What to complete.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Input {
+    /// Raw text: special tokens parsed, BOS as the model's metadata says.
+    Text(String),
+    /// Token ids as they are.
+    Tokens(Vec<u32>),
+    /// Chat messages (`{"role", "content", ...}` objects) rendered with the chat template.
+    Chat(Vec<serde_json::Value>),
+}
+
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub input: Input,
+    pub params: GenerateParams,
+    /// Choices to generate from the same prompt (sharing its KV blocks).
+    pub n: usize,
+    /// For chat input: end the rendered prompt with the assistant's turn opening.
+    pub add_generation_prompt: bool,
+    /// Every generated token's event carries the logits it was drawn from (tests and tools:
+    /// a full readback per token).
+    pub logits: bool,
+}
+
+impl Request {
+    pub fn new(input: Input, params: GenerateParams) -> Request {
+        Request { input, params, n: 1, add_generation_prompt: true, logits: false }
+    }
+}
+
+/// A validated request: its prompt ids and one per-choice generation state each.
+pub(crate) struct Prepared {
+    pub prompt: Vec<u32>,
+    pub choices: Vec<Generation>,
+    pub logits: bool,
+}
+
+/// Renders chat `messages` with `template`; a template's refusal is a typed error.
+pub(crate) fn render(template: Option<&ChatTemplate>, messages: &[serde_json::Value], add_generation_prompt: bool) -> Result<String, EngineError> {
+    let template = template.ok_or(EngineError::NoChatTemplate)?;
+    template.render_json(messages, None, add_generation_prompt).map_err(EngineError::Chat)
+}
+
+/// Checks `req` against the model and turns it into ids and choices.
+pub(crate) fn prepare(
+    req: Request,
+    tokenizer: &Tokenizer,
+    template: Option<&ChatTemplate>,
+    n_ctx: usize,
+    n_vocab: usize,
+    now: f64,
+) -> Result<Prepared, EngineError> {
+    if !(1..=MAX_N).contains(&req.n) {
+        return Err(GenerateError::BadN { n: req.n, max: MAX_N }.into());
+    }
+    req.params.validate()?;
+    let prompt = match req.input {
+        Input::Text(t) => tokenizer.encode(&t, tokenizer.add_bos_default(), true)?,
+        Input::Tokens(ids) => ids,
+        Input::Chat(messages) => {
+            let text = render(template, &messages, req.add_generation_prompt)?;
+            tokenize_rendered(tokenizer, &text).map_err(|e| EngineError::Chat(ChatError::Render(e.to_string())))?
+        }
+    };
+    if prompt.is_empty() {
+        return Err(GenerateError::EmptyPrompt.into());
+    }
+    if let Some(&id) = prompt.iter().find(|&&id| id as usize >= n_vocab) {
+        return Err(flint_core::backend::BackendError::BadToken { id, n_vocab }.into());
+    }
+    if prompt.len() + 1 > n_ctx {
+        return Err(GenerateError::ContextExceeded { prompt: prompt.len(), n_ctx }.into());
+    }
+    // One seed for the request; choice i draws from its stream i.
+    let seed = req.params.sampling.seed.unwrap_or_else(clock_seed);
+    let choices = (0..req.n)
+        .map(|i| Generation::new(&prompt, &req.params, seed, i, n_vocab, now))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Prepared { prompt, choices, logits: req.logits })
+}

@@ -1,0 +1,279 @@
+//! The engine's run loop: it owns the backend and the scheduler, takes commands from a
+//! channel (natively on the engine's own thread, in the browser on its event loop), and runs
+//! one forward step after another while any request waits or runs. Each step serves every
+//! running sequence (continuous batching); per-request state turns each sampled token into
+//! the request's events. A cancelled request stops within one step and frees its blocks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::channel::{mpsc, oneshot};
+use futures::StreamExt;
+
+use flint_core::backend::{Backend, BackendError};
+use flint_core::generate::{Clock, Event, FinishReason, Generation};
+use flint_core::kv::SeqId;
+use flint_core::sampling::{Sampler, SamplingParams};
+use flint_core::sched::{SchedStats, Scheduler};
+use flint_core::tokenizer::Tokenizer;
+
+use crate::request::Prepared;
+use crate::EngineError;
+
+/// What a request's stream yields.
+pub type EventResult = Result<Event, EngineError>;
+
+/// Timings of each op of one step (label, nanoseconds).
+pub type OpTimes = Vec<(String, f64)>;
+
+pub(crate) enum Command {
+    Submit { id: u64, prepared: Prepared, events: mpsc::UnboundedSender<EventResult> },
+    Cancel(u64),
+    CancelAll,
+    /// Drop every cached prefix no running request holds.
+    ClearCache,
+    Stats(oneshot::Sender<SchedStats>),
+    /// Answered once nothing runs or waits.
+    WhenIdle(oneshot::Sender<()>),
+    /// Once idle: per-op timings of a step of `prompt` (prefill) and of decode steps of each
+    /// size in `decode_sizes` (that many sequences after the prompt).
+    Profile { prompt: Vec<u32>, decode_sizes: Vec<usize>, reply: oneshot::Sender<Result<(OpTimes, Vec<OpTimes>), EngineError>> },
+}
+
+struct Choice {
+    seq: SeqId,
+    gen: Generation,
+}
+
+struct RequestState {
+    events: mpsc::UnboundedSender<EventResult>,
+    choices: Vec<Choice>,
+    logits: bool,
+}
+
+pub(crate) struct Runner {
+    backend: Box<dyn Backend>,
+    sched: Scheduler,
+    tokenizer: Arc<Tokenizer>,
+    clock: Clock,
+    n_ctx: usize,
+    requests: HashMap<u64, RequestState>,
+    /// The request and choice of every live sequence.
+    owner: HashMap<SeqId, (u64, usize)>,
+    /// Profiles and waits for the engine to be idle.
+    profiles: Vec<Command>,
+}
+
+impl Runner {
+    pub fn new(backend: Box<dyn Backend>, sched: Scheduler, tokenizer: Arc<Tokenizer>, clock: Clock, n_ctx: usize) -> Runner {
+        Runner { backend, sched, tokenizer, clock, n_ctx, requests: HashMap::new(), owner: HashMap::new(), profiles: Vec::new() }
+    }
+
+    /// Runs until every engine handle is gone.
+    pub async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        loop {
+            if self.sched.is_idle() {
+                for c in std::mem::take(&mut self.profiles) {
+                    self.profile(c).await;
+                }
+                match commands.next().await {
+                    Some(c) => self.handle(c),
+                    None => return,
+                }
+            }
+            // Everything that arrived meanwhile joins this step.
+            loop {
+                match commands.try_recv() {
+                    Ok(c) => self.handle(c),
+                    Err(mpsc::TryRecvError::Closed) if self.sched.is_idle() => return,
+                    Err(_) => break,
+                }
+            }
+            if !self.sched.is_idle() {
+                if let Err(e) = self.step().await {
+                    self.fail_all(e);
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, c: Command) {
+        match c {
+            Command::Submit { id, prepared, events } => self.submit(id, prepared, events),
+            Command::Cancel(id) => self.cancel(id),
+            Command::CancelAll => {
+                let ids: Vec<u64> = self.requests.keys().copied().collect();
+                for id in ids {
+                    self.cancel(id);
+                }
+            }
+            Command::ClearCache => self.sched.clear_cache(),
+            Command::Stats(reply) => {
+                let _ = reply.send(self.sched.stats());
+            }
+            c @ (Command::Profile { .. } | Command::WhenIdle(_)) => self.profiles.push(c),
+        }
+    }
+
+    fn submit(&mut self, id: u64, prepared: Prepared, events: mpsc::UnboundedSender<EventResult>) {
+        let Prepared { prompt, choices, logits } = prepared;
+        let seqs = match self.sched.add(prompt, choices.len() - 1) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = events.unbounded_send(Err(EngineError::Sched(e)));
+                return;
+            }
+        };
+        let choices: Vec<Choice> = seqs.iter().zip(choices).map(|(&seq, gen)| Choice { seq, gen }).collect();
+        for (i, c) in choices.iter().enumerate() {
+            self.owner.insert(c.seq, (id, i));
+        }
+        self.requests.insert(id, RequestState { events, choices, logits });
+    }
+
+    /// Ends every unfinished choice of request `id` with `abort` and frees its sequences.
+    fn cancel(&mut self, id: u64) {
+        let Some(mut req) = self.requests.remove(&id) else { return };
+        let now = (self.clock)();
+        for c in &mut req.choices {
+            self.owner.remove(&c.seq);
+            self.sched.finish(c.seq);
+            if !c.gen.is_done() {
+                let _ = req.events.unbounded_send(Ok(c.gen.finish(FinishReason::Abort, now)));
+            }
+        }
+    }
+
+    /// A failed step fails every request: the device state is unknown.
+    fn fail_all(&mut self, e: BackendError) {
+        let e = Arc::new(e);
+        for (_, req) in self.requests.drain() {
+            for c in &req.choices {
+                self.sched.finish(c.seq);
+            }
+            let _ = req.events.unbounded_send(Err(EngineError::Step(e.clone())));
+        }
+        self.owner.clear();
+    }
+
+    async fn step(&mut self) -> Result<(), BackendError> {
+        let plan = self.sched.schedule();
+        if plan.is_empty() {
+            return Ok(());
+        }
+        let now = (self.clock)();
+        for e in &plan.entries {
+            for &seq in std::iter::once(&e.seq).chain(&e.forked) {
+                if let Some(&(rid, ci)) = self.owner.get(&seq) {
+                    let cached = self.sched.cached(seq);
+                    if let Some(r) = self.requests.get_mut(&rid) {
+                        r.choices[ci].gen.started(now, cached);
+                    }
+                }
+            }
+        }
+        let outputs = plan.output_seqs();
+        let want_logits = outputs.iter().any(|s| self.owner.get(s).and_then(|(r, _)| self.requests.get(r)).is_some_and(|r| r.logits));
+        let result = {
+            let mut samplers: HashMap<SeqId, &mut Sampler> = HashMap::new();
+            for req in self.requests.values_mut() {
+                for c in req.choices.iter_mut().filter(|c| outputs.contains(&c.seq)) {
+                    samplers.insert(c.seq, c.gen.sampler_mut());
+                }
+            }
+            let batch = self.sched.batch(&plan, &mut samplers, want_logits);
+            self.backend.step(batch).await?
+        };
+        self.sched.step_done(&plan);
+        let now = (self.clock)();
+        for (k, &seq) in outputs.iter().enumerate() {
+            let Some(&(rid, ci)) = self.owner.get(&seq) else { continue };
+            let Some(req) = self.requests.get_mut(&rid) else { continue };
+            let room = self.sched.tokens(seq).len() < self.n_ctx;
+            let sampled = result.sampled[k].clone();
+            let id = sampled.id;
+            let (mut events, go_on) = req.choices[ci].gen.on_sampled(&self.tokenizer, sampled, now, room);
+            if req.logits {
+                if let Some(Event::Token { logits, .. }) = events.first_mut() {
+                    *logits = result.logits.get(k).cloned();
+                }
+            }
+            let delivered = events.into_iter().all(|e| req.events.unbounded_send(Ok(e)).is_ok());
+            if go_on && delivered {
+                self.sched.append(seq, id);
+            } else {
+                self.sched.finish(seq);
+                self.owner.remove(&seq);
+            }
+            let all_done = req.choices.iter().all(|c| c.gen.is_done());
+            if !delivered {
+                // Nobody listens: the request was dropped without a cancel.
+                self.cancel(rid);
+            } else if all_done {
+                self.requests.remove(&rid);
+            }
+        }
+        Ok(())
+    }
+
+    /// A profile, run while idle on a private sequence; cached prefixes are dropped before and
+    /// after, since its blocks overwrite whatever they held.
+    async fn profile(&mut self, c: Command) {
+        let (prompt, decode_sizes, reply) = match c {
+            Command::Profile { prompt, decode_sizes, reply } => (prompt, decode_sizes, reply),
+            Command::WhenIdle(reply) => {
+                let _ = reply.send(());
+                return;
+            }
+            _ => return,
+        };
+        self.sched.clear_cache();
+        let r = self.profile_steps(&prompt, &decode_sizes).await;
+        self.sched.clear_cache();
+        let _ = reply.send(r.map_err(|e| EngineError::Step(Arc::new(e))));
+    }
+
+    async fn profile_steps(&mut self, prompt: &[u32], decode_sizes: &[usize]) -> Result<(OpTimes, Vec<OpTimes>), BackendError> {
+        use flint_core::backend::{OutputRow, StepBatch, StepEntry};
+        use flint_core::kv::KvCache;
+        let limits = self.backend.limits();
+        let prompt = &prompt[..prompt.len().min(limits.max_tokens)];
+        let layout = self.backend.kv_layout().clone();
+        let mut kv = KvCache::new(layout);
+        kv.open(0);
+        let copies = kv.reserve(0, prompt.len())?;
+        let mut greedy = Sampler::new(SamplingParams::greedy())?;
+        let prefill = {
+            let outputs = vec![OutputRow { index: prompt.len() - 1, sampler: &mut greedy }];
+            let batch = StepBatch { entries: vec![StepEntry { tokens: prompt, start: 0, tables: kv.tables(0), outputs }], copies: &copies, logits: false };
+            self.backend.profile(batch).await?
+        };
+        // The profiled prefill stored the prompt's KV: decode steps of n sequences fork it.
+        let mut decodes = Vec::new();
+        for &n in decode_sizes {
+            let n = n.clamp(1, limits.max_seqs.min(limits.max_outputs));
+            let mut samplers: Vec<Sampler> = (0..n).map(|_| Sampler::new(SamplingParams::greedy())).collect::<Result<_, _>>()?;
+            let mut copies = Vec::new();
+            for s in 1..=n as u64 {
+                kv.fork(0, s);
+                copies.extend(kv.reserve(s, prompt.len() + 1)?);
+            }
+            let token = [prompt[0]];
+            let entries = samplers
+                .iter_mut()
+                .enumerate()
+                .map(|(i, sampler)| StepEntry {
+                    tokens: &token,
+                    start: prompt.len(),
+                    tables: kv.tables(i as u64 + 1),
+                    outputs: vec![OutputRow { index: 0, sampler }],
+                })
+                .collect();
+            decodes.push(self.backend.profile(StepBatch { entries, copies: &copies, logits: false }).await?);
+            for s in 1..=n as u64 {
+                kv.release(s);
+            }
+        }
+        Ok((prefill, decodes))
+    }
+}
