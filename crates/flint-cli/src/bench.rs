@@ -156,8 +156,12 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     let path = crate::resolve(&args.model)?;
     let n_ctx = args.prompt_tokens + args.gen_tokens + 1;
     let max_seqs = most.max(if args.profile { PROFILE_DECODE_SIZES[2] } else { 1 }).max(flint::DEFAULT_MAX_SEQS);
-    // Room for every stream's whole context at once, plus a quarter.
-    let positions = most * n_ctx.next_multiple_of(16) + 16;
+    // Room for every stream's whole context at once (and the profile's forks), plus a quarter.
+    let ctx_positions = n_ctx.next_multiple_of(16);
+    let mut positions = most * ctx_positions + 16;
+    if args.profile {
+        positions = positions.max(ctx_positions + 16 * (PROFILE_DECODE_SIZES[2] + 1));
+    }
     let opts = LoadOptions {
         backend: args.backend.kind(),
         n_ctx,

@@ -174,6 +174,14 @@ pub struct Engine {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+// Natively, callers on any thread submit to one engine.
+#[cfg(not(target_arch = "wasm32"))]
+const _: () = {
+    const fn shared<T: Send + Sync>() {}
+    shared::<Engine>();
+    shared::<Canceller>();
+};
+
 /// The run loop of an engine made with [`Engine::load_local`]: drive it on the thread or
 /// event loop that loaded the engine; it ends when the engine is dropped.
 pub type RunLoop = futures::future::LocalBoxFuture<'static, ()>;

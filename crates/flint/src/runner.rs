@@ -252,24 +252,31 @@ impl Runner {
         let mut decodes = Vec::new();
         for &n in decode_sizes {
             let n = n.clamp(1, limits.max_seqs.min(limits.max_outputs));
-            let mut samplers: Vec<Sampler> = (0..n).map(|_| Sampler::new(SamplingParams::greedy())).collect::<Result<_, _>>()?;
             let mut copies = Vec::new();
             for s in 1..=n as u64 {
                 kv.fork(0, s);
                 copies.extend(kv.reserve(s, prompt.len() + 1)?);
             }
             let token = [prompt[0]];
-            let entries = samplers
-                .iter_mut()
-                .enumerate()
-                .map(|(i, sampler)| StepEntry {
-                    tokens: &token,
-                    start: prompt.len(),
-                    tables: kv.tables(i as u64 + 1),
-                    outputs: vec![OutputRow { index: 0, sampler }],
-                })
-                .collect();
-            decodes.push(self.backend.profile(StepBatch { entries, copies: &copies, logits: false }).await?);
+            // Once to build and warm this step size's kernels (untimed), then timed.
+            for warm in [true, false] {
+                let mut samplers: Vec<Sampler> = (0..n).map(|_| Sampler::new(SamplingParams::greedy())).collect::<Result<_, _>>()?;
+                let entries = samplers
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(i, sampler)| StepEntry {
+                        tokens: &token,
+                        start: prompt.len(),
+                        tables: kv.tables(i as u64 + 1),
+                        outputs: vec![OutputRow { index: 0, sampler }],
+                    })
+                    .collect();
+                let copies = if warm { &copies[..] } else { &[][..] };
+                let times = self.backend.profile(StepBatch { entries, copies, logits: false }).await?;
+                if !warm {
+                    decodes.push(times);
+                }
+            }
             for s in 1..=n as u64 {
                 kv.release(s);
             }

@@ -26,11 +26,12 @@ pub const SPLIT_TARGET_GROUPS: u32 = 1024;
 pub const SPLIT_MIN_POSITIONS: u32 = 64;
 /// Most splits of one token; bounds the shared split scratch.
 pub const MAX_SPLITS: u32 = 16;
-/// Invocations of one `rows` workgroup (the serial kernel for CPU-type adapters).
-pub const ROWS_WG: u32 = 64;
+/// Invocations of one `rows` workgroup (the serial kernel for CPU-type adapters): one 8-lane
+/// SIMD group, so a decode step's few (token, head) rows still spread over the CPU threads.
+pub const ROWS_WG: u32 = 8;
 /// On CPU-type adapters a decode token's positions are split until about this many `rows`
-/// invocations run (two workgroups' worth, one per CPU thread of a small machine).
-pub const ROWS_TARGET_INVOCATIONS: u32 = 2 * ROWS_WG;
+/// invocations run.
+pub const ROWS_TARGET_INVOCATIONS: u32 = 128;
 /// Most positions one serial-kernel invocation walks: llvmpipe ends a loop after 65535
 /// iterations, so longer ranges take more splits.
 pub const ROWS_MAX_POSITIONS: u32 = 32768;
