@@ -1,20 +1,30 @@
-//! Per-op timings of one step: every op of the body (and of the head when the step has output
-//! rows) in its own timed compute pass, with GPU timestamp queries. Nothing is sampled.
+//! Per-op timings of one step: every op of the body (and of the head, the logit edits and the
+//! sampler when the step has output rows) in its own timed compute pass, with GPU timestamp
+//! queries. The draws are made (each output's sampler advances) but not read.
 
 use flint_core::backend::StepBatch;
 
 use super::graph::{Encode, Step};
 use super::GpuModel;
 use crate::error::{GpuError, Result};
+use crate::ops::penalize::StepEdits;
+use crate::ops::sample::SampleRow;
 
 impl GpuModel {
     /// Runs `batch` with each op timed; returns (op label, GPU nanoseconds) in execution order.
-    pub async fn profile(&mut self, batch: StepBatch<'_>) -> Result<Vec<(String, f64)>> {
+    pub async fn profile(&mut self, mut batch: StepBatch<'_>) -> Result<Vec<(String, f64)>> {
         if !self.ctx.caps.timestamps {
             return Err(GpuError::Unsupported { op: "profile", message: "the adapter has no timestamp queries".into() });
         }
         let layout = self.write_batch(&batch);
         let n_out = layout.gather.len() as u32;
+        let plan = if n_out > 0 {
+            let rows: Vec<SampleRow> = batch.entries.iter_mut().flat_map(|e| e.outputs.iter_mut().map(|o| SampleRow::next(o.sampler))).collect();
+            let edits: Vec<StepEdits> = batch.entries.iter().flat_map(|e| e.outputs.iter().map(|o| StepEdits::from_sampler(o.sampler))).collect();
+            Some((self.penalize.prepare(&self.ctx, &edits)?, self.sampler.prepare(&self.ctx, &rows, 1)?))
+        } else {
+            None
+        };
         let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("profile") });
         self.kv.encode_copies(&mut enc, batch.copies);
         let body = Step { n_tok: layout.tokens.len() as u32, max_kv_len: layout.max_kv_len };
@@ -23,7 +33,11 @@ impl GpuModel {
         if n_out > 0 {
             ops.extend(self.graph.head.ops().into_iter().map(|op| (op, head)));
         }
-        let n = ops.len() as u32;
+        let mut labels: Vec<String> = ops.iter().map(|(op, _)| op.label()).collect();
+        if plan.is_some() {
+            labels.extend(["logit edits".to_string(), "sample".to_string()]);
+        }
+        let n = labels.len() as u32;
         let queries = self.ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: 2 * n });
         let resolved = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("profile_resolve"),
@@ -31,7 +45,7 @@ impl GpuModel {
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        for (i, (op, step)) in ops.iter().enumerate() {
+        let timed = |enc: &mut wgpu::CommandEncoder, i: usize, record: &mut dyn FnMut(&mut wgpu::ComputePass<'_>)| {
             let i = i as u32;
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("profiled op"),
@@ -41,13 +55,20 @@ impl GpuModel {
                     end_of_pass_write_index: Some(2 * i + 1),
                 }),
             });
-            op.encode(&mut pass, step);
+            record(&mut pass);
+        };
+        for (i, (op, step)) in ops.iter().enumerate() {
+            timed(&mut enc, i, &mut |pass| op.encode(pass, step));
+        }
+        if let Some((edits, samples)) = &plan {
+            timed(&mut enc, ops.len(), &mut |pass| self.penalize.encode(pass, edits));
+            timed(&mut enc, ops.len() + 1, &mut |pass| self.sampler.encode(pass, samples));
         }
         enc.resolve_query_set(&queries, 0..2 * n, &resolved, 0);
         self.ctx.queue.submit([enc.finish()]);
         let bytes = crate::buffer::read(&self.ctx, &resolved, 0, 16 * n as u64).await?;
         let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes);
         let period = self.ctx.queue.get_timestamp_period() as f64;
-        Ok(ops.iter().enumerate().map(|(i, (op, _))| (op.label(), ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period)).collect())
+        Ok(labels.into_iter().enumerate().map(|(i, label)| (label, ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period)).collect())
     }
 }

@@ -15,6 +15,10 @@ const SHADER: &str = "rms_norm.wgsl";
 const SHORT_ROW: u32 = 512;
 const WG_SHORT: u32 = 64;
 const WG_LONG: u32 = 256;
+/// On CPU-type adapters: one 8-lane SIMD group per row. A workgroup runs there as a loop of
+/// SIMD groups between barriers, so 256 threads cost 8 barrier stages of 32 groups each for a
+/// row of a few hundred values.
+const WG_CPU: u32 = 8;
 
 /// Which rows are normalized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,18 +53,26 @@ pub struct RmsNorm {
     _params: wgpu::Buffer,
 }
 
-fn key(row_len: u32, in_place: bool, gather: bool) -> PipelineKey {
-    let wg = if row_len < SHORT_ROW { WG_SHORT } else { WG_LONG };
+fn key(caps: &crate::Caps, row_len: u32, in_place: bool, gather: bool) -> PipelineKey {
+    let wg = if caps.cpu_like {
+        WG_CPU
+    } else if row_len < SHORT_ROW {
+        WG_SHORT
+    } else {
+        WG_LONG
+    };
     PipelineKey::new(SHADER, "main", ShaderDefs::new().u32("WG", wg).flag("IN_PLACE", in_place).flag("GATHER", gather))
 }
 
-pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
+pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = Vec::new();
     for row_len in [WG_SHORT, SHORT_ROW] {
-        for in_place in [false, true] {
-            v.push(key(row_len, in_place, false));
+        for (in_place, gather) in [(false, false), (true, false), (false, true)] {
+            let k = key(caps, row_len, in_place, gather);
+            if !v.contains(&k) {
+                v.push(k);
+            }
         }
-        v.push(key(row_len, false, true));
     }
     v
 }
@@ -101,7 +113,7 @@ impl RmsNorm {
         check("w", w, row)?;
         check("x", x, x_rows * row)?;
         check("out", out, batch.max_tokens as u64 * rows_per_token as u64 * row)?;
-        let key = key(desc.row_len, in_place, gather);
+        let key = key(&ctx.caps, desc.row_len, in_place, gather);
         let pipeline = cache.get(ctx, &key).await?;
         let p = Params { row_len: desc.row_len, rows_per_token, eps: desc.eps, _pad: 0 };
         let label = key.label();

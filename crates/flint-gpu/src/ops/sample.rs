@@ -25,8 +25,13 @@ use crate::shader::ShaderDefs;
 /// Threads per workgroup; the histogram kernels need exactly one per radix bucket.
 const WG: u32 = 256;
 const RADIX: u64 = 256;
-/// Logits each thread scans in the partial passes before more workgroups are used.
+/// Logits each thread scans in the partial passes before more workgroups are used. A GPU
+/// wants many workgroups per row to fill its SMs; a CPU-type adapter runs a workgroup's 256
+/// threads as loops of SIMD lanes between its barriers, so it wants few, long workgroups —
+/// still more per row than it has threads (gemma's 262,144 logits: 16 per row on lavapipe,
+/// 256 on a GPU). Only the partials' count changes; each pass reads the same logits.
 const ITEMS_PER_THREAD: u32 = 4;
+const CPU_ITEMS_PER_THREAD: u32 = 64;
 /// Most workgroups per row, so the final pass reduces them in one workgroup.
 const MAX_GROUPS: u32 = WG;
 /// Most rows, and most draws per row (grid dimensions).
@@ -239,7 +244,8 @@ impl Sampler {
         if logits.size() < rows64 * n_vocab as u64 * 4 {
             return Err(unsupported(format!("logits holds {} bytes, needs [{max_rows}, {n_vocab}] f32", logits.size())));
         }
-        let n_groups = n_vocab.div_ceil(WG * ITEMS_PER_THREAD).clamp(1, MAX_GROUPS);
+        let items = if ctx.caps.cpu_like { CPU_ITEMS_PER_THREAD } else { ITEMS_PER_THREAD };
+        let n_groups = n_vocab.div_ceil(WG * items).clamp(1, MAX_GROUPS);
         let index_bits = (32 - (n_vocab - 1).leading_zeros()).max(1);
         let base = Params { n_vocab, n_groups, chunk: n_vocab.div_ceil(n_groups), index_bits, n_levels: 4 + index_bits.div_ceil(8), ..Default::default() };
         let storage = |label: &str, bytes: u64| crate::buffer::storage(ctx, label, bytes);
