@@ -67,6 +67,7 @@ test("createEngine: greedy completion of golden prompt 1 on gemma-3-270m equals 
   assert.equal(r.done.choices[0].text, golden("gemma", 1).greedy_text_16);
   assert.equal(r.done.choices[0].finish_reason, "length");
   assert.equal(r.done.usage.completion_tokens, 16);
+  assert.ok(r.done.usage.ttft_ms > 0 && r.done.usage.decode_tok_s > 0, "the request is timed with the browser's clock");
   assert.equal(r.done.usage.prompt_tokens, golden("gemma", 1).prompt_token_ids.length);
   assert.deepEqual(r.stages, ["download", "load", "ready"]);
   assert.equal(r.badTemperature, "InvalidRequestError");

@@ -1,9 +1,11 @@
 //! The wgpu device: adapter choice (best available, `FLINT_ADAPTER` overrides), the adapter's
-//! own limits, optional features, and errors captured instead of panicking.
+//! own limits, optional features, the pipelines compiled for it, and errors captured instead
+//! of panicking.
 
 use std::sync::{Arc, Mutex};
 
 use crate::error::{GpuError, Result};
+use crate::pipeline::PipelineCache;
 
 /// Optional capabilities the kernels may use; every kernel has a path without them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -33,8 +35,14 @@ pub struct GpuContext {
     pub limits: wgpu::Limits,
     pub caps: Caps,
     pub info: wgpu::AdapterInfo,
+    /// Every pipeline compiled on this device, shared by the models loaded on it.
+    pub pipelines: PipelineCache,
     sink: Arc<Mutex<ErrorSink>>,
 }
+
+/// The process's context (native): see [`GpuContext::shared`].
+#[cfg(not(target_arch = "wasm32"))]
+static SHARED: Mutex<Option<Arc<GpuContext>>> = Mutex::new(None);
 
 impl std::fmt::Debug for GpuContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,6 +61,29 @@ fn rank(ty: wgpu::DeviceType) -> u32 {
 }
 
 impl GpuContext {
+    /// The process's device, opened on first use (as [`GpuContext::new`]) and kept, so every
+    /// model a process loads shares one device and the pipelines compiled for it — on a
+    /// CPU-type adapter a model's kernels take tens of seconds to compile. Opened again once
+    /// the device is lost. Errors wgpu reports outside error scopes reach whichever model
+    /// checks first.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub async fn shared() -> Result<Arc<GpuContext>> {
+        let held = SHARED.lock().map_err(|_| GpuError::DeviceLost("shared context poisoned".into()))?.clone();
+        if let Some(ctx) = held.filter(|c| !c.is_lost()) {
+            return Ok(ctx);
+        }
+        let fresh = Arc::new(GpuContext::new().await?);
+        let mut g = SHARED.lock().map_err(|_| GpuError::DeviceLost("shared context poisoned".into()))?;
+        // Another thread may have opened one meanwhile: keep the first.
+        match g.as_ref().filter(|c| !c.is_lost()) {
+            Some(ctx) => Ok(ctx.clone()),
+            None => {
+                *g = Some(fresh.clone());
+                Ok(fresh)
+            }
+        }
+    }
+
     /// Opens the best adapter, or the first whose name contains `FLINT_ADAPTER`.
     pub async fn new() -> Result<GpuContext> {
         let wanted = std::env::var("FLINT_ADAPTER").ok().filter(|s| !s.is_empty());
@@ -110,12 +141,17 @@ impl GpuContext {
                 g.lost = Some(format!("{reason:?}: {message}"));
             }
         });
-        Ok(GpuContext { adapter, device, queue, limits, caps, info, sink })
+        Ok(GpuContext { adapter, device, queue, limits, caps, info, pipelines: PipelineCache::new(), sink })
     }
 
     /// A short adapter description for reports: `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)`.
     pub fn adapter_name(&self) -> String {
         format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+    }
+
+    /// Whether wgpu reported the device lost.
+    pub fn is_lost(&self) -> bool {
+        self.sink.lock().map_or(true, |g| g.lost.is_some())
     }
 
     /// Returns the first error wgpu reported since the last check (device loss first).

@@ -159,7 +159,7 @@ pub fn load_engine(source: JsValue, options: String) -> Promise {
         let source = JsSource::new(source)?;
         let opts: serde_json::Value =
             serde_json::from_str(&options).map_err(|e| js_error("InvalidRequestError", format!("options: {e}")))?;
-        let mut load = LoadOptions { template_clock: Some(unix_seconds), ..LoadOptions::default() };
+        let mut load = LoadOptions { template_clock: Some(unix_seconds), clock: Some(performance_now), ..LoadOptions::default() };
         if let Some(n) = opts.get("n_ctx").and_then(|v| v.as_u64()) {
             load.n_ctx = n as usize;
         }

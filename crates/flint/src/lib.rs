@@ -122,6 +122,9 @@ pub struct LoadOptions {
     pub chat_template: Option<String>,
     /// Where chat templates read the time (`strftime_now`); wasm has no system clock.
     pub template_clock: Option<flint_core::chat::Clock>,
+    /// Milliseconds from any fixed origin, for timings (TTFT, tok/s) and the benchmark; None =
+    /// the process's monotonic clock (on wasm, which has none, every timing reads 0).
+    pub clock: Option<Clock>,
 }
 
 impl Default for LoadOptions {
@@ -136,6 +139,7 @@ impl Default for LoadOptions {
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
             chat_template: None,
             template_clock: None,
+            clock: None,
         }
     }
 }
@@ -254,6 +258,9 @@ impl Engine {
         let (backend, gpu): (Box<dyn Backend>, _) = match opts.backend {
             BackendKind::Cpu => (Box::new(CpuBackend::new(file.clone(), config.clone(), &bopts).await?), None),
             BackendKind::Gpu => {
+                #[cfg(not(target_arch = "wasm32"))]
+                let ctx = GpuContext::shared().await?;
+                #[cfg(target_arch = "wasm32")]
                 let ctx = Arc::new(GpuContext::new().await?);
                 let gpu = GpuBackend::new(ctx.clone(), &file, config.clone(), &bopts, opts.max_binding_mb).await?;
                 (Box::new(gpu), Some(ctx))
@@ -274,11 +281,11 @@ impl Engine {
             kv_bytes_per_position,
             config,
             gpu,
-            clock: default_clock,
+            clock: opts.clock.unwrap_or(default_clock),
         };
         let (tx, rx) = mpsc::unbounded();
         // The loop keeps the file (and its memory map) alive with the backend.
-        let runner = Runner::new(backend, sched, tokenizer, default_clock, n_ctx);
+        let runner = Runner::new(backend, sched, tokenizer, info.clock, n_ctx);
         let run: RunLoop = Box::pin(async move {
             let _file = file;
             runner.run(rx).await;

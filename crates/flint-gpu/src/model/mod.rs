@@ -23,7 +23,6 @@ use flint_core::kv::KvLayout;
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::ops::{self, Batch};
-use crate::pipeline::PipelineCache;
 use crate::weights::Uploader;
 
 use graph::{Activations, Graph, GraphInputs};
@@ -83,7 +82,7 @@ impl GpuModel {
             Some(mb) => ctx.max_binding().min(mb << 20),
             None => ctx.max_binding(),
         };
-        let cache = PipelineCache::new();
+        let cache = ctx.pipelines.clone();
         let mut up = Uploader::new(&ctx, file, max_binding);
         let inputs = GraphInputs {
             ctx: &ctx,
