@@ -127,19 +127,31 @@ struct Level {
 /// `n` streams at once, `reps` times: aggregate decode tok/s (tokens after each stream's
 /// first, summed, over the time from the first first token to the last token), every
 /// stream's own decode tok/s and time to first token.
-fn run_level(engine: &Engine, n: usize, args: &BenchArgs) -> Result<Level, Failure> {
-    let prompts = (0..n).map(|i| engine.bench_prompt(args.prompt_tokens, i)).collect::<Result<Vec<_>, _>>().map_err(Failure::usage)?;
-    let (mut agg, mut per, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+/// Every level's repetitions, interleaved (1, 4, 8, 1, 4, 8, ...), so that whatever the
+/// machine does over the run reaches every level alike and the ratios compare like with like.
+fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<Vec<Level>, Failure> {
+    let prompts = levels
+        .iter()
+        .map(|&n| (0..n).map(|i| engine.bench_prompt(args.prompt_tokens, i)).collect::<Result<Vec<_>, _>>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(Failure::usage)?;
+    let mut samples = vec![(Vec::new(), Vec::new(), Vec::new()); levels.len()];
     for _ in 0..args.reps {
-        let runs: Vec<StreamRun> = futures::executor::block_on(engine.bench_streams(&prompts, args.gen_tokens)).map_err(Failure::runtime)?;
-        let start = runs.iter().map(|r| r.first_ms).fold(f64::INFINITY, f64::min);
-        let end = runs.iter().map(|r| r.last_ms).fold(0.0, f64::max);
-        let tokens: usize = runs.iter().map(|r| r.tokens.saturating_sub(1)).sum();
-        agg.push(if end > start { tokens as f64 * 1e3 / (end - start) } else { 0.0 });
-        per.extend(runs.iter().map(|r| r.decode_tok_s()));
-        ttft.extend(runs.iter().map(|r| r.first_ms));
+        for (p, (agg, per, ttft)) in prompts.iter().zip(samples.iter_mut()) {
+            let runs: Vec<StreamRun> = futures::executor::block_on(engine.bench_streams(p, args.gen_tokens)).map_err(Failure::runtime)?;
+            let start = runs.iter().map(|r| r.first_ms).fold(f64::INFINITY, f64::min);
+            let end = runs.iter().map(|r| r.last_ms).fold(0.0, f64::max);
+            let tokens: usize = runs.iter().map(|r| r.tokens.saturating_sub(1)).sum();
+            agg.push(if end > start { tokens as f64 * 1e3 / (end - start) } else { 0.0 });
+            per.extend(runs.iter().map(|r| r.decode_tok_s()));
+            ttft.extend(runs.iter().map(|r| r.first_ms));
+        }
     }
-    Ok(Level { concurrency: n, aggregate: stats(agg), per_stream: stats(per), ttft: stats(ttft) })
+    Ok(levels
+        .iter()
+        .zip(samples)
+        .map(|(&n, (agg, per, ttft))| Level { concurrency: n, aggregate: stats(agg), per_stream: stats(per), ttft: stats(ttft) })
+        .collect())
 }
 
 pub fn bench(args: BenchArgs) -> Result<(), Failure> {
@@ -184,7 +196,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     let concurrency = if args.concurrency.is_empty() {
         Vec::new()
     } else {
-        levels.iter().map(|&n| run_level(&engine, n, &args)).collect::<Result<Vec<_>, _>>()?
+        run_levels(&engine, &levels, &args)?
     };
     let copy_gbs = futures::executor::block_on(engine.copy_bandwidth_gbs()).map_err(Failure::runtime)?;
     let profile = if args.profile { Some(profile_steps(&engine, &prompt)?) } else { None };

@@ -7,8 +7,6 @@ use flint_core::backend::StepBatch;
 use super::graph::{Encode, Step};
 use super::GpuModel;
 use crate::error::{GpuError, Result};
-use crate::ops::penalize::StepEdits;
-use crate::ops::sample::SampleRow;
 
 impl GpuModel {
     /// Runs `batch` with each op timed; returns (op label, GPU nanoseconds) in execution order.
@@ -18,13 +16,7 @@ impl GpuModel {
         }
         let layout = self.write_batch(&batch);
         let n_out = layout.gather.len() as u32;
-        let plan = if n_out > 0 {
-            let rows: Vec<SampleRow> = batch.entries.iter_mut().flat_map(|e| e.outputs.iter_mut().map(|o| SampleRow::next(o.sampler))).collect();
-            let edits: Vec<StepEdits> = batch.entries.iter().flat_map(|e| e.outputs.iter().map(|o| StepEdits::from_sampler(o.sampler))).collect();
-            Some((self.penalize.prepare(&self.ctx, &edits)?, self.sampler.prepare(&self.ctx, &rows, 1)?))
-        } else {
-            None
-        };
+        let (_, plan) = self.prepare_outputs(&mut batch)?;
         let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("profile") });
         self.kv.encode_copies(&mut enc, batch.copies);
         let body = Step { n_tok: layout.tokens.len() as u32, max_kv_len: layout.max_kv_len };

@@ -11,8 +11,8 @@ use flint_core::sampling::Sampled;
 use super::graph::Step;
 use super::{GpuModel, READBACK_WORDS};
 use crate::error::{GpuError, Result};
-use crate::ops::penalize::StepEdits;
-use crate::ops::sample::{self, SampleRow, LP_WORDS};
+use crate::ops::penalize::{PenalizePlan, StepEdits};
+use crate::ops::sample::{self, SamplePlan, SampleRow, LP_WORDS};
 
 /// A step's tokens laid out for the device.
 pub(super) struct Layout {
@@ -52,19 +52,24 @@ impl GpuModel {
         l
     }
 
+    /// Each output row's draw (a fresh counter for its sampler) and logit edits, written for
+    /// the next submission; no plans when the step has no outputs.
+    pub(super) fn prepare_outputs(&mut self, batch: &mut StepBatch<'_>) -> Result<(Vec<SampleRow>, Option<(PenalizePlan, SamplePlan)>)> {
+        let rows: Vec<SampleRow> = batch.entries.iter_mut().flat_map(|e| e.outputs.iter_mut().map(|o| SampleRow::next(o.sampler))).collect();
+        if rows.is_empty() {
+            return Ok((rows, None));
+        }
+        let edits: Vec<StepEdits> = batch.entries.iter().flat_map(|e| e.outputs.iter().map(|o| StepEdits::from_sampler(o.sampler))).collect();
+        let plan = (self.penalize.prepare(&self.ctx, &edits)?, self.sampler.prepare(&self.ctx, &rows, 1)?);
+        Ok((rows, Some(plan)))
+    }
+
     /// Runs one step (checked by the caller against the limits and the layout).
     pub async fn step(&mut self, mut batch: StepBatch<'_>) -> Result<StepResult> {
         let layout = self.write_batch(&batch);
         let n_tok = layout.tokens.len() as u32;
         let n_out = layout.gather.len();
-        // Each output row's draw: a fresh counter for its sampler, then its edits.
-        let rows: Vec<SampleRow> = batch.entries.iter_mut().flat_map(|e| e.outputs.iter_mut().map(|o| SampleRow::next(o.sampler))).collect();
-        let plan = if n_out > 0 {
-            let edits: Vec<StepEdits> = batch.entries.iter().flat_map(|e| e.outputs.iter().map(|o| StepEdits::from_sampler(o.sampler))).collect();
-            Some((self.penalize.prepare(&self.ctx, &edits)?, self.sampler.prepare(&self.ctx, &rows, 1)?))
-        } else {
-            None
-        };
+        let (rows, plan) = self.prepare_outputs(&mut batch)?;
         let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         self.kv.encode_copies(&mut enc, batch.copies);
         {
