@@ -68,12 +68,13 @@ impl GpuContext {
     /// checks first.
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn shared() -> Result<Arc<GpuContext>> {
-        let held = SHARED.lock().map_err(|_| GpuError::DeviceLost("shared context poisoned".into()))?.clone();
+        let lock = || SHARED.lock().map_err(|_| GpuError::DeviceLost("shared context poisoned".into()));
+        let held = lock()?.clone();
         if let Some(ctx) = held.filter(|c| !c.is_lost()) {
             return Ok(ctx);
         }
         let fresh = Arc::new(GpuContext::new().await?);
-        let mut g = SHARED.lock().map_err(|_| GpuError::DeviceLost("shared context poisoned".into()))?;
+        let mut g = lock()?;
         // Another thread may have opened one meanwhile: keep the first.
         match g.as_ref().filter(|c| !c.is_lost()) {
             Some(ctx) => Ok(ctx.clone()),

@@ -34,11 +34,13 @@ pub const TOKEN_BLOCKS: [u32; 4] = [1, 4, 8, 16];
 /// [`GPU_MIN_GROUPS`] workgroups, so a small matrix or step spreads over the SMs.
 const GPU_WGS: [u32; 3] = [256, 128, 64];
 const GPU_MIN_GROUPS: u64 = 256;
-/// Rows per invocation of the CPU-adapter kernels: 16 (× up to 16 tokens) for steps of several
-/// tokens, 8 for one token, where each invocation loads all of x. 16 × 16 measured fastest on
+/// Rows per invocation of the CPU-adapter kernels (see [`blocked_rows`]): 16 for 16-token
+/// blocks, [`SMALL_STEP_ROWS`] for 4- and 8-token blocks, 8 for one token, where each
+/// invocation loads all of x. 16 × 16 measured fastest on
 /// lavapipe for prefill (Q5_0 4864 → 896 × 128 tokens: 47 ms, against 60 ms for 8 × 16 and
 /// 205 ms for one row per invocation). Every row's dequantization is inlined, so a cold
-/// compile of one pipeline takes lavapipe seconds (Mesa's shader cache keeps it afterwards).
+/// compile of one pipeline takes lavapipe seconds (Mesa's shader cache shortens, but does not
+/// remove, the compile in a later process).
 /// Token quads past a step's end are skipped, so a 9-token step in a 16-token block costs
 /// what 8 tokens do (Q8_0 640 → 100000: 125 against 126 ms), while a 4-token step still
 /// wants its own block (59 ms, against 151 ms in the 16-token one).
