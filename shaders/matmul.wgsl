@@ -16,8 +16,7 @@
 // team sums its lanes with a butterfly of subgroup shuffles instead of workgroup memory and
 // barriers. Row groups beyond 65535 fold into y (linear_group).
 //
-// Defines: the format (ShaderDefs::quant), WG, TPR, TOK, TILE, HAS_BIAS, ACCUMULATE,
-// SUBGROUP_REDUCE.
+// Defines: the format (ShaderDefs::quant), WG, TPR, TOK, TILE, SUBGROUP_REDUCE.
 
 #ifdef TILE
 #define HAS_BATCH
@@ -95,18 +94,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var j = lane; j < TOK; j += TPR) {
         if (live && t0 + j < n_tok) {
 #ifdef SUBGROUP_REDUCE
-            var v = acc[j];
+            let v = acc[j];
 #else
-            var v = partial[j * WG + team * TPR];
-#endif
-#ifdef HAS_BIAS
-            v += bias[r];
+            let v = partial[j * WG + team * TPR];
 #endif
             let yi = (t0 + j) * p.y_stride + p.row_offset + r;
-#ifdef ACCUMULATE
-            v = y[yi] + v;
-#endif
-            y[yi] = v;
+            y[yi] = epilogue(v, r, yi);
         }
     }
 }

@@ -17,8 +17,7 @@
 // from the helpers below. Rows and tokens past the ends are clamped when loading and skipped
 // when storing.
 //
-// Defines: the format (ShaderDefs::quant), WG, RB, TB, BLOCK_CODE, ONE_TOKEN, HAS_BIAS,
-// ACCUMULATE.
+// Defines: the format (ShaderDefs::quant), WG, RB, TB, BLOCK_CODE, ONE_TOKEN.
 
 #ifndef ONE_TOKEN
 #define HAS_BATCH
@@ -61,15 +60,8 @@ fn store_rows(v: vec4<f32>, r0: u32, t: u32) {
     }
     for (var r = 0u; r < 4u; r++) {
         if (r0 + r < p.n_rows) {
-            var o = v[r];
-#ifdef HAS_BIAS
-            o += bias[r0 + r];
-#endif
             let yi = t * p.y_stride + p.row_offset + r0 + r;
-#ifdef ACCUMULATE
-            o = y[yi] + o;
-#endif
-            y[yi] = o;
+            y[yi] = epilogue(v[r], r0 + r, yi);
         }
     }
 }
