@@ -76,6 +76,12 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// Restarts the peak RSS count (Linux: writing 5 to clear_refs resets VmHWM to the current
+/// RSS), so that a later `peak_rss_mb` is the peak since now; false where it cannot.
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
 /// The most prompt tokens a profiled prefill step takes (the engine's step budget).
 const PROFILE_MAX_TOKENS: usize = 256;
 
@@ -122,6 +128,9 @@ struct Level {
     aggregate: Stats,
     per_stream: Stats,
     ttft: Stats,
+    /// Peak RSS while this level ran (MB): the largest over repetitions after the first (the
+    /// first compiles kernels), or the first when there is one; 0 where it cannot be told.
+    peak_rss_mb: f64,
 }
 
 /// `n` streams at once, `reps` times: aggregate decode tok/s (tokens after each stream's
@@ -135,10 +144,14 @@ fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<Vec
         .map(|&n| (0..n).map(|i| engine.bench_prompt(args.prompt_tokens, i)).collect::<Result<Vec<_>, _>>())
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::usage)?;
-    let mut samples = vec![(Vec::new(), Vec::new(), Vec::new()); levels.len()];
-    for _ in 0..args.reps {
-        for (p, (agg, per, ttft)) in prompts.iter().zip(samples.iter_mut()) {
+    let mut samples = vec![(Vec::new(), Vec::new(), Vec::new(), 0.0); levels.len()];
+    for rep in 0..args.reps {
+        for (p, (agg, per, ttft, rss)) in prompts.iter().zip(samples.iter_mut()) {
+            let reset = reset_peak_rss();
             let runs: Vec<StreamRun> = futures::executor::block_on(engine.bench_streams(p, args.gen_tokens)).map_err(Failure::runtime)?;
+            if reset && (rep > 0 || args.reps == 1) {
+                *rss = f64::max(*rss, peak_rss_mb());
+            }
             let start = runs.iter().map(|r| r.first_ms).fold(f64::INFINITY, f64::min);
             let end = runs.iter().map(|r| r.last_ms).fold(0.0, f64::max);
             let tokens: usize = runs.iter().map(|r| r.tokens.saturating_sub(1)).sum();
@@ -150,7 +163,7 @@ fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<Vec
     Ok(levels
         .iter()
         .zip(samples)
-        .map(|(&n, (agg, per, ttft))| Level { concurrency: n, aggregate: stats(agg), per_stream: stats(per), ttft: stats(ttft) })
+        .map(|(&n, (agg, per, ttft, rss))| Level { concurrency: n, aggregate: stats(agg), per_stream: stats(per), ttft: stats(ttft), peak_rss_mb: rss })
         .collect())
 }
 
@@ -231,6 +244,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
                 "per_stream_decode_tok_s": stats_json(&l.per_stream),
                 "ttft_ms": stats_json(&l.ttft),
                 "ratio_to_1": round2(ratio(l)),
+                "peak_rss_mb": round2(l.peak_rss_mb),
             }))
             .collect::<Vec<_>>());
     }
@@ -256,10 +270,10 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             println!("peak rss   {:.0} MB", peak_rss_mb());
             println!("bandwidth  decode {decode_gbs:.2} GB/s = {pct:.1}% of measured copy bandwidth {copy_gbs:.2} GB/s");
             if !concurrency.is_empty() {
-                println!("concurrency  aggregate decode tok/s (min, max) | per stream tok/s | ttft ms | ratio to 1");
+                println!("concurrency  aggregate decode tok/s (min, max) | per stream tok/s | ttft ms | ratio to 1 | peak rss MB");
                 for l in &concurrency {
                     println!(
-                        "  {:>3}      {:>8.2} ({:.2}, {:.2}) | {:>7.2} ({:.2}, {:.2}) | {:>8.1} ({:.1}, {:.1}) | {:.2}x",
+                        "  {:>3}      {:>8.2} ({:.2}, {:.2}) | {:>7.2} ({:.2}, {:.2}) | {:>8.1} ({:.1}, {:.1}) | {:.2}x | {:.0}",
                         l.concurrency,
                         l.aggregate.median,
                         l.aggregate.min,
@@ -270,7 +284,8 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
                         l.ttft.median,
                         l.ttft.min,
                         l.ttft.max,
-                        ratio(l)
+                        ratio(l),
+                        l.peak_rss_mb
                     );
                 }
             }
