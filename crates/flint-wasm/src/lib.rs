@@ -33,6 +33,15 @@ extern "C" {
     /// `performance.now()`: a global in windows and workers alike.
     #[wasm_bindgen(js_namespace = performance, js_name = now)]
     fn performance_now() -> f64;
+    #[wasm_bindgen(js_namespace = console, js_name = error)]
+    fn console_error(message: &str);
+}
+
+/// A panic (a bug, or a WebGPU error wgpu reports by panicking) aborts the instance with only
+/// "unreachable"; this prints its message and place to the console first.
+fn log_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| std::panic::set_hook(Box::new(|info| console_error(&format!("flint-wasm panicked: {info}")))));
 }
 
 fn unix_seconds() -> Option<u64> {
@@ -155,6 +164,7 @@ pub struct WasmEngine {
 /// `{"n_ctx": N, "max_seqs": N}`; resolves to a `WasmEngine` whose run loop is started.
 #[wasm_bindgen(js_name = loadEngine)]
 pub fn load_engine(source: JsValue, options: String) -> Promise {
+    log_panics();
     future_to_promise(async move {
         let source = JsSource::new(source)?;
         let opts: serde_json::Value =
