@@ -111,27 +111,14 @@ pub struct Shape {
 impl Shape {
     /// Rows one workgroup covers.
     pub fn rows_per_group(&self) -> u32 {
-        if self.blocked {
-            self.wg * self.per
-        } else {
-            self.wg / self.per
-        }
+        if self.blocked { self.wg * self.per } else { self.wg / self.per }
     }
 
     /// The variant for `tokens`-token blocks of a `n_rows` × `n_in` part when steps of up to
     /// `step_tokens` tokens run it.
-    pub fn choose(
-        caps: &crate::Caps,
-        limits: &wgpu::Limits,
-        n_in: u32,
-        n_rows: u32,
-        tokens: u32,
-        step_tokens: u32,
-    ) -> Shape {
+    pub fn choose(caps: &crate::Caps, limits: &wgpu::Limits, n_in: u32, n_rows: u32, tokens: u32, step_tokens: u32) -> Shape {
         let tiles = step_tokens.div_ceil(tokens).max(1) as u64;
-        let most = limits
-            .max_compute_invocations_per_workgroup
-            .min(limits.max_compute_workgroup_size_x);
+        let most = limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x);
         let groups = |s: &Shape| (n_rows as u64).div_ceil(s.rows_per_group() as u64) * tiles;
         let (wgs, per, blocked, min): (&[u32], u32, bool, u64) = if caps.cpu_like {
             (&CPU_WGS, blocked_rows(tokens), true, CPU_MIN_GROUPS)
@@ -140,28 +127,14 @@ impl Shape {
         };
         let mut pick = None;
         for &wg in wgs.iter().filter(|&&wg| wg <= most) {
-            let per = if blocked {
-                per
-            } else {
-                lanes_per_row(n_in / CHUNK, wg)
-            };
-            let s = Shape {
-                blocked,
-                tokens,
-                wg,
-                per,
-            };
+            let per = if blocked { per } else { lanes_per_row(n_in / CHUNK, wg) };
+            let s = Shape { blocked, tokens, wg, per };
             pick = Some(s);
             if groups(&s) >= min {
                 break;
             }
         }
-        pick.unwrap_or(Shape {
-            blocked,
-            tokens,
-            wg: 1,
-            per: if blocked { per } else { 1 },
-        })
+        pick.unwrap_or(Shape { blocked, tokens, wg: 1, per: if blocked { per } else { 1 } })
     }
 }
 
@@ -185,11 +158,7 @@ pub fn blocked_code(rows: u32, tokens: u32) -> String {
     use std::fmt::Write;
     let (rq, tq) = (rows / 4, tokens.div_ceil(4));
     // One token: vec4 accumulators (4 rows) and activation quads; else 4 × 4 matrices.
-    let acc_ty = if tokens == 1 {
-        "vec4<f32>"
-    } else {
-        "mat4x4<f32>"
-    };
+    let acc_ty = if tokens == 1 { "vec4<f32>" } else { "mat4x4<f32>" };
     let mut s = String::from("struct Block {\n");
     for i in 0..rq {
         for j in 0..tq {
@@ -217,34 +186,16 @@ pub fn blocked_code(rows: u32, tokens: u32) -> String {
         let _ = writeln!(s, "        {{\n            let xo = c * 8u + {k}u;");
         for i in 0..rq {
             let q = |r: u32| format!("q{}[{k}]", 4 * i + r);
-            let _ = writeln!(
-                s,
-                "            let w{i} = quad_rows({}, {}, {}, {});",
-                q(0),
-                q(1),
-                q(2),
-                q(3)
-            );
+            let _ = writeln!(s, "            let w{i} = quad_rows({}, {}, {}, {});", q(0), q(1), q(2), q(3));
         }
         for j in 0..tq {
-            let (open, close) = if j > 0 {
-                (format!("            if (on{j}) {{\n"), "            }\n")
-            } else {
-                (String::new(), "")
-            };
+            let (open, close) = if j > 0 { (format!("            if (on{j}) {{\n"), "            }\n") } else { (String::new(), "") };
             s.push_str(&open);
             if tokens == 1 {
                 let _ = writeln!(s, "            let u{j} = x[x0 + xo];");
             } else {
                 let t = |r: u32| format!("x{}", 4 * j + r);
-                let _ = writeln!(
-                    s,
-                    "            let u{j} = quad_tokens({}, {}, {}, {}, xo);",
-                    t(0),
-                    t(1),
-                    t(2),
-                    t(3)
-                );
+                let _ = writeln!(s, "            let u{j} = quad_tokens({}, {}, {}, {}, xo);", t(0), t(1), t(2), t(3));
             }
             for i in 0..rq {
                 let _ = writeln!(s, "            acc.a{i}_{j} += w{i} * u{j};");
@@ -259,12 +210,7 @@ pub fn blocked_code(rows: u32, tokens: u32) -> String {
             if tokens == 1 {
                 let _ = writeln!(s, "    store_rows(acc.a{i}_{j}, r0 + {}u, t0);", 4 * i);
             } else {
-                let _ = writeln!(
-                    s,
-                    "    store(acc.a{i}_{j}, r0 + {}u, t0 + {}u);",
-                    4 * i,
-                    4 * j
-                );
+                let _ = writeln!(s, "    store(acc.a{i}_{j}, r0 + {}u, t0 + {}u);", 4 * i, 4 * j);
             }
         }
     }
@@ -317,33 +263,12 @@ pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
         for tokens in TOKEN_BLOCKS {
             for wg in GPU_WGS {
                 for tpr in LANES_PER_ROW.into_iter().filter(|&t| t <= wg) {
-                    let s = Shape {
-                        blocked: false,
-                        tokens,
-                        wg,
-                        per: tpr,
-                    };
-                    v.push(key(
-                        &crate::Caps {
-                            cpu_like: false,
-                            ..*caps
-                        },
-                        ty,
-                        s,
-                    ));
+                    let s = Shape { blocked: false, tokens, wg, per: tpr };
+                    v.push(key(&crate::Caps { cpu_like: false, ..*caps }, ty, s));
                 }
             }
             for wg in CPU_WGS {
-                v.push(key(
-                    caps,
-                    ty,
-                    Shape {
-                        blocked: true,
-                        tokens,
-                        wg,
-                        per: blocked_rows(tokens),
-                    },
-                ));
+                v.push(key(caps, ty, Shape { blocked: true, tokens, wg, per: blocked_rows(tokens) }));
             }
         }
     }
@@ -386,19 +311,11 @@ fn unsupported(message: String) -> GpuError {
 /// Checks that `buf` holds `need` bytes and can be bound whole.
 fn check_buffer(ctx: &GpuContext, what: &'static str, buf: &wgpu::Buffer, need: u64) -> Result<()> {
     if buf.size() < need {
-        return Err(GpuError::Limit {
-            what,
-            need,
-            limit: buf.size(),
-        });
+        return Err(GpuError::Limit { what, need, limit: buf.size() });
     }
     let limit = ctx.limits.max_storage_buffer_binding_size;
     if buf.size() > limit {
-        return Err(GpuError::Limit {
-            what: "storage binding size",
-            need: buf.size(),
-            limit,
-        });
+        return Err(GpuError::Limit { what: "storage binding size", need: buf.size(), limit });
     }
     Ok(())
 }
@@ -420,13 +337,7 @@ impl Matmul {
         let d = desc;
         let block = d.ty.block_elems() as u32;
         if d.n_in == 0 || d.n_in % CHUNK != 0 || d.n_in % block != 0 {
-            return Err(unsupported(format!(
-                "{}: n_in {} of {} is not a multiple of {}",
-                d.label,
-                d.n_in,
-                d.ty,
-                CHUNK.max(block)
-            )));
+            return Err(unsupported(format!("{}: n_in {} of {} is not a multiple of {}", d.label, d.n_in, d.ty, CHUNK.max(block))));
         }
         if d.n_rows == 0 || d.row_offset as u64 + d.n_rows as u64 > d.y_stride as u64 {
             return Err(unsupported(format!(
@@ -445,11 +356,7 @@ impl Matmul {
         let w_bytes = row_bytes.saturating_mul(d.n_rows as u64);
         if w_bytes > u32::MAX as u64 {
             // The shader addresses weight bytes with u32.
-            return Err(GpuError::Limit {
-                what: "matmul weight part bytes",
-                need: w_bytes,
-                limit: u32::MAX as u64,
-            });
+            return Err(GpuError::Limit { what: "matmul weight part bytes", need: w_bytes, limit: u32::MAX as u64 });
         }
         check_buffer(ctx, "matmul weight bytes", w, w_bytes)?;
         check_buffer(ctx, "matmul x bytes", x, tokens * d.n_in as u64 * 4)?;
@@ -460,11 +367,7 @@ impl Matmul {
         }
         let largest = TOKEN_BLOCKS[TOKEN_BLOCKS.len() - 1];
         if tokens.div_ceil(largest as u64) > crate::ops::MAX_GROUPS_X as u64 {
-            return Err(GpuError::Limit {
-                what: "matmul token tiles",
-                need: tokens,
-                limit: crate::ops::MAX_GROUPS_X as u64 * largest as u64,
-            });
+            return Err(GpuError::Limit { what: "matmul token tiles", need: tokens, limit: crate::ops::MAX_GROUPS_X as u64 * largest as u64 });
         }
         let mut variants = Vec::new();
         for (i, &tb) in TOKEN_BLOCKS.iter().enumerate() {
@@ -473,11 +376,7 @@ impl Matmul {
             if prev >= d.max_tokens {
                 break;
             }
-            let step_tokens = if i + 1 == TOKEN_BLOCKS.len() {
-                d.max_tokens
-            } else {
-                tb.min(d.max_tokens)
-            };
+            let step_tokens = if i + 1 == TOKEN_BLOCKS.len() { d.max_tokens } else { tb.min(d.max_tokens) };
             let shape = Shape::choose(&ctx.caps, &ctx.limits, d.n_in, d.n_rows, tb, step_tokens);
             let groups = fold_groups(d.n_rows.div_ceil(shape.rows_per_group()));
             let p = Params {
@@ -487,19 +386,12 @@ impl Matmul {
                 y_stride: d.y_stride,
                 groups_x: groups.0,
                 row_bytes: row_bytes as u32,
-                flags: if bias.is_some() { FLAG_BIAS } else { 0 }
-                    | if d.accumulate { FLAG_ACCUMULATE } else { 0 },
+                flags: if bias.is_some() { FLAG_BIAS } else { 0 } | if d.accumulate { FLAG_ACCUMULATE } else { 0 },
                 _pad: 0,
             };
             let params = params(ctx, &format!("{}.params", d.label), &p);
             let key = key(&ctx.caps, d.ty, shape);
-            variants.push(Variant {
-                shape,
-                key,
-                params,
-                groups,
-                kernel: std::cell::OnceCell::new(),
-            });
+            variants.push(Variant { shape, key, params, groups, kernel: std::cell::OnceCell::new() });
         }
         let mut buffers = vec![w.clone(), x.clone(), y.clone()];
         buffers.push(match bias {
@@ -507,62 +399,34 @@ impl Matmul {
             None => crate::buffer::storage(ctx, &format!("{}.no_bias", d.label), 16)?,
         });
         buffers.push(info.clone());
-        let mm = Matmul {
-            variants,
-            buffers,
-            device: ctx.device.clone(),
-            cache: cache.clone(),
-            label: d.label.to_string(),
-        };
+        let mm = Matmul { variants, buffers, device: ctx.device.clone(), cache: cache.clone(), label: d.label.to_string() };
         // The one-token kernel is built now, so a malformed op fails here rather than mid-step.
         let first = &mm.variants[0];
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let pipeline = cache.get(ctx, &first.key).await?;
         let bind = mm.bind(first, &pipeline);
         if let Some(e) = scope.pop().await {
-            return Err(GpuError::Shader {
-                shader: format!("{}:{}", d.label, first.key.label()),
-                message: e.to_string(),
-            });
+            return Err(GpuError::Shader { shader: format!("{}:{}", d.label, first.key.label()), message: e.to_string() });
         }
         let _ = first.kernel.set(Kernel { pipeline, bind });
         Ok(mm)
     }
 
     fn bind(&self, v: &Variant, pipeline: &wgpu::ComputePipeline) -> wgpu::BindGroup {
-        let mut bufs: Vec<&wgpu::Buffer> = vec![
-            &v.params,
-            &self.buffers[0],
-            &self.buffers[1],
-            &self.buffers[2],
-            &self.buffers[3],
-        ];
+        let mut bufs: Vec<&wgpu::Buffer> = vec![&v.params, &self.buffers[0], &self.buffers[1], &self.buffers[2], &self.buffers[3]];
         if v.shape.tokens > 1 {
             bufs.push(self.buffers.last().expect("the info uniform"));
         }
         let label = format!("{}:{}", self.label, v.key.label());
         let layout = pipeline.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry> = bufs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(&label),
-            layout: &layout,
-            entries: &entries,
-        })
+        let entries: Vec<wgpu::BindGroupEntry> =
+            bufs.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() }).collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&label), layout: &layout, entries: &entries })
     }
 
     /// The variant a step of `n_tok` tokens takes.
     fn pick(&self, n_tok: u32) -> &Variant {
-        self.variants
-            .iter()
-            .find(|v| v.shape.tokens >= n_tok)
-            .unwrap_or(&self.variants[self.variants.len() - 1])
+        self.variants.iter().find(|v| v.shape.tokens >= n_tok).unwrap_or(&self.variants[self.variants.len() - 1])
     }
 
     /// The variant's kernel, built now if this is its first step. A compile error shows as
@@ -593,3 +457,5 @@ impl Matmul {
         pass.dispatch_workgroups(v.groups.0, v.groups.1, n_tok.div_ceil(v.shape.tokens));
     }
 }
+
+
