@@ -138,19 +138,24 @@ struct Level {
 /// stream's own decode tok/s and time to first token.
 /// Every level's repetitions, interleaved (1, 4, 8, 1, 4, 8, ...), so that whatever the
 /// machine does over the run reaches every level alike and the ratios compare like with like.
-fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<Vec<Level>, Failure> {
+/// Also returns the process's peak RSS over the levels, which the per-level restarts would
+/// otherwise hide from the run's overall figure.
+fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<(Vec<Level>, f64), Failure> {
     let prompts = levels
         .iter()
         .map(|&n| (0..n).map(|i| engine.bench_prompt(args.prompt_tokens, i)).collect::<Result<Vec<_>, _>>())
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::usage)?;
     let mut samples = vec![(Vec::new(), Vec::new(), Vec::new(), 0.0); levels.len()];
+    let mut process_peak = peak_rss_mb();
     for rep in 0..args.reps {
         for (p, (agg, per, ttft, rss)) in prompts.iter().zip(samples.iter_mut()) {
             let reset = reset_peak_rss();
             let runs: Vec<StreamRun> = futures::executor::block_on(engine.bench_streams(p, args.gen_tokens)).map_err(Failure::runtime)?;
+            let peak = peak_rss_mb();
+            process_peak = process_peak.max(peak);
             if reset && (rep > 0 || args.reps == 1) {
-                *rss = f64::max(*rss, peak_rss_mb());
+                *rss = f64::max(*rss, peak);
             }
             let start = runs.iter().map(|r| r.first_ms).fold(f64::INFINITY, f64::min);
             let end = runs.iter().map(|r| r.last_ms).fold(0.0, f64::max);
@@ -160,11 +165,12 @@ fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<Vec
             ttft.extend(runs.iter().map(|r| r.first_ms));
         }
     }
-    Ok(levels
+    let levels = levels
         .iter()
         .zip(samples)
         .map(|(&n, (agg, per, ttft, rss))| Level { concurrency: n, aggregate: stats(agg), per_stream: stats(per), ttft: stats(ttft), peak_rss_mb: rss })
-        .collect())
+        .collect();
+    Ok((levels, process_peak))
 }
 
 pub fn bench(args: BenchArgs) -> Result<(), Failure> {
@@ -206,14 +212,15 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         prefill.push(r.prefill_tok_s);
         decode.push(r.decode_tok_s);
     }
-    let concurrency = if args.concurrency.is_empty() {
-        Vec::new()
+    let (concurrency, levels_peak) = if args.concurrency.is_empty() {
+        (Vec::new(), 0.0)
     } else {
         run_levels(&engine, &levels, &args)?
     };
     let copy_gbs = futures::executor::block_on(engine.copy_bandwidth_gbs()).map_err(Failure::runtime)?;
     let profile = if args.profile { Some(profile_steps(&engine, &prompt)?) } else { None };
     let (prefill, decode, ttft) = (stats(prefill), stats(decode), stats(ttft));
+    let peak_rss = peak_rss_mb().max(levels_peak);
     let bytes_per_token = engine.bytes_per_decode_token(args.prompt_tokens + args.gen_tokens / 2) as f64;
     let decode_gbs = bytes_per_token * decode.median / 1e9;
     let pct = if copy_gbs > 0.0 { 100.0 * decode_gbs / copy_gbs } else { 0.0 };
@@ -230,7 +237,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         "prefill_tok_s": stats_json(&prefill),
         "decode_tok_s": stats_json(&decode),
         "ttft_ms": stats_json(&ttft),
-        "peak_rss_mb": round2(peak_rss_mb()),
+        "peak_rss_mb": round2(peak_rss),
         "copy_bandwidth_gbs": round2(copy_gbs),
         "decode_bandwidth_gbs": round2(decode_gbs),
         "decode_bandwidth_pct": round2(pct),
@@ -267,7 +274,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             );
             println!("decode     {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens", decode.median, decode.min, decode.max, args.gen_tokens);
             println!("ttft       {:.1} ms (min {:.1}, max {:.1})", ttft.median, ttft.min, ttft.max);
-            println!("peak rss   {:.0} MB", peak_rss_mb());
+            println!("peak rss   {peak_rss:.0} MB");
             println!("bandwidth  decode {decode_gbs:.2} GB/s = {pct:.1}% of measured copy bandwidth {copy_gbs:.2} GB/s");
             if !concurrency.is_empty() {
                 println!("concurrency  aggregate decode tok/s (min, max) | per stream tok/s | ttft ms | ratio to 1 | peak rss MB");
