@@ -131,6 +131,9 @@ struct Level {
     /// Peak RSS while this level ran (MB): the largest over repetitions after the first (the
     /// first compiles kernels), or the first when there is one; 0 where it cannot be told.
     peak_rss_mb: f64,
+    /// The most Rust heap a run of this level added over what was live when it started (MB),
+    /// over the same repetitions: what that many sequences cost on the host, exactly.
+    heap_growth_mb: f64,
 }
 
 /// `n` streams at once, `reps` times: aggregate decode tok/s (tokens after each stream's
@@ -146,16 +149,21 @@ fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<(Ve
         .map(|&n| (0..n).map(|i| engine.bench_prompt(args.prompt_tokens, i)).collect::<Result<Vec<_>, _>>())
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::usage)?;
-    let mut samples = vec![(Vec::new(), Vec::new(), Vec::new(), 0.0); levels.len()];
+    let mut samples = vec![(Vec::new(), Vec::new(), Vec::new(), 0.0, 0.0); levels.len()];
     let mut process_peak = peak_rss_mb();
     for rep in 0..args.reps {
-        for (p, (agg, per, ttft, rss)) in prompts.iter().zip(samples.iter_mut()) {
+        for (p, (agg, per, ttft, rss, heap)) in prompts.iter().zip(samples.iter_mut()) {
             let reset = reset_peak_rss();
+            let heap_before = crate::heap::live_mb();
+            crate::heap::reset_peak();
             let runs: Vec<StreamRun> = futures::executor::block_on(engine.bench_streams(p, args.gen_tokens)).map_err(Failure::runtime)?;
             let peak = peak_rss_mb();
             process_peak = process_peak.max(peak);
-            if reset && (rep > 0 || args.reps == 1) {
-                *rss = f64::max(*rss, peak);
+            if rep > 0 || args.reps == 1 {
+                if reset {
+                    *rss = f64::max(*rss, peak);
+                }
+                *heap = f64::max(*heap, crate::heap::peak_mb() - heap_before);
             }
             let start = runs.iter().map(|r| r.first_ms).fold(f64::INFINITY, f64::min);
             let end = runs.iter().map(|r| r.last_ms).fold(0.0, f64::max);
@@ -168,7 +176,14 @@ fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<(Ve
     let levels = levels
         .iter()
         .zip(samples)
-        .map(|(&n, (agg, per, ttft, rss))| Level { concurrency: n, aggregate: stats(agg), per_stream: stats(per), ttft: stats(ttft), peak_rss_mb: rss })
+        .map(|(&n, (agg, per, ttft, rss, heap))| Level {
+            concurrency: n,
+            aggregate: stats(agg),
+            per_stream: stats(per),
+            ttft: stats(ttft),
+            peak_rss_mb: rss,
+            heap_growth_mb: heap,
+        })
         .collect();
     Ok((levels, process_peak))
 }
@@ -252,6 +267,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
                 "ttft_ms": stats_json(&l.ttft),
                 "ratio_to_1": round2(ratio(l)),
                 "peak_rss_mb": round2(l.peak_rss_mb),
+                "heap_growth_mb": round2(l.heap_growth_mb),
             }))
             .collect::<Vec<_>>());
     }
@@ -277,10 +293,10 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             println!("peak rss   {peak_rss:.0} MB");
             println!("bandwidth  decode {decode_gbs:.2} GB/s = {pct:.1}% of measured copy bandwidth {copy_gbs:.2} GB/s");
             if !concurrency.is_empty() {
-                println!("concurrency  aggregate decode tok/s (min, max) | per stream tok/s | ttft ms | ratio to 1 | peak rss MB");
+                println!("concurrency  aggregate decode tok/s (min, max) | per stream tok/s | ttft ms | ratio to 1 | peak rss MB | heap growth MB");
                 for l in &concurrency {
                     println!(
-                        "  {:>3}      {:>8.2} ({:.2}, {:.2}) | {:>7.2} ({:.2}, {:.2}) | {:>8.1} ({:.1}, {:.1}) | {:.2}x | {:.0}",
+                        "  {:>3}      {:>8.2} ({:.2}, {:.2}) | {:>7.2} ({:.2}, {:.2}) | {:>8.1} ({:.1}, {:.1}) | {:.2}x | {:.0} | {:.2}",
                         l.concurrency,
                         l.aggregate.median,
                         l.aggregate.min,
@@ -292,7 +308,8 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
                         l.ttft.min,
                         l.ttft.max,
                         ratio(l),
-                        l.peak_rss_mb
+                        l.peak_rss_mb,
+                        l.heap_growth_mb
                     );
                 }
             }

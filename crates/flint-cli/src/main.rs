@@ -3,14 +3,20 @@
 mod bench;
 mod catalog;
 mod chat;
+mod heap;
 mod info;
 mod pull;
 mod run;
+mod serve;
 mod web;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+/// Counts heap use for `flint bench --concurrency`'s per-level figures.
+#[global_allocator]
+static HEAP: heap::Counting = heap::Counting;
 
 /// Exit status for bad flags, bad values and unreadable or malformed models.
 pub const EXIT_USAGE: u8 = 2;
@@ -42,6 +48,8 @@ enum Command {
     List,
     /// Serve the browser chat page and the cached models over HTTP (localhost).
     Web(web::WebArgs),
+    /// An OpenAI-compatible HTTP server: every request in flight shares the forward steps.
+    Serve(serve::ServeArgs),
 }
 
 /// An error with the exit status it should produce.
@@ -82,6 +90,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::bench(args),
         Command::Pull { names } => pull_all(&names),
         Command::Web(args) => web::web(args),
+        Command::Serve(args) => serve::serve(args),
         Command::List => {
             list();
             Ok(())

@@ -97,6 +97,45 @@ pub struct SchedStats {
     pub preemptions: u64,
     pub running: usize,
     pub waiting: usize,
+    /// KV blocks of every group, now.
+    pub kv: BlockCounts,
+    /// Sequences per step, over every step so far.
+    pub batch_seqs: Histogram,
+    /// Tokens per step, over every step so far.
+    pub batch_tokens: Histogram,
+}
+
+/// KV blocks summed over the block groups.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockCounts {
+    pub total: u64,
+    /// Held by live sequences (shared ones once).
+    pub used: u64,
+    /// Held only by the prefix index: what eviction may free.
+    pub cached: u64,
+}
+
+/// Counts of observations by power-of-two bucket: `counts[i]` holds those in
+/// (2^(i-1), 2^i] (the first: ≤ 1; the last: everything larger), with their sum.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Histogram {
+    pub counts: [u64; Histogram::BUCKETS],
+    pub sum: u64,
+}
+
+impl Histogram {
+    pub const BUCKETS: usize = 12;
+
+    pub fn observe(&mut self, v: u64) {
+        let i = (v.max(1).next_power_of_two().trailing_zeros() as usize).min(Self::BUCKETS - 1);
+        self.counts[i] += 1;
+        self.sum += v;
+    }
+
+    /// Upper bound of bucket `i` (None: the last, unbounded).
+    pub fn bound(i: usize) -> Option<u64> {
+        (i + 1 < Self::BUCKETS).then(|| 1u64 << i)
+    }
 }
 
 pub struct Scheduler {
@@ -175,7 +214,7 @@ impl Scheduler {
     }
 
     pub fn stats(&self) -> SchedStats {
-        SchedStats { running: self.running.len(), waiting: self.waiting.len(), ..self.stats }
+        SchedStats { running: self.running.len(), waiting: self.waiting.len(), kv: self.kv.block_counts(), ..self.stats }
     }
 
     /// Plans the next step (empty when nothing can run).
@@ -257,6 +296,8 @@ impl Scheduler {
         }
         if !entries.is_empty() {
             self.stats.steps += 1;
+            self.stats.batch_seqs.observe(entries.iter().map(|e| 1 + e.forked.len() as u64).sum());
+            self.stats.batch_tokens.observe(entries.iter().map(|e| e.len as u64).sum());
         }
         StepPlan { entries, copies: copies.into_iter().map(|(_, c)| c).collect() }
     }
@@ -388,6 +429,20 @@ impl StepPlan {
 mod tests {
     use super::*;
     use crate::kv::{KvGroupSpec, KvLayout, NO_BLOCK};
+
+    #[test]
+    fn histogram_buckets_are_powers_of_two() {
+        let mut h = Histogram::default();
+        for v in [0, 1, 2, 3, 4, 5, 256, 1 << 20] {
+            h.observe(v);
+        }
+        // ≤1: 0 and 1; (1,2]: 2; (2,4]: 3, 4; (4,8]: 5; (128,256]: 256; the last: 2^20.
+        assert_eq!(&h.counts[..4], &[2, 1, 2, 1]);
+        assert_eq!(h.counts[8], 1);
+        assert_eq!(h.counts[Histogram::BUCKETS - 1], 1);
+        assert_eq!(h.sum, 1 + 2 + 3 + 4 + 5 + 256 + (1 << 20));
+        assert_eq!((Histogram::bound(0), Histogram::bound(3), Histogram::bound(Histogram::BUCKETS - 1)), (Some(1), Some(8), None));
+    }
 
     const BS: u32 = 4;
 

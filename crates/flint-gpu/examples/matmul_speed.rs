@@ -1,7 +1,8 @@
 //! Times one quantized matmul on the default adapter (wall clock), for kernel tuning:
 //!   cargo run --release -p flint-gpu --example matmul_speed -- Q5_0 896 4864 128 [reps]
 //! (format, n_in, n_rows, tokens). Prints milliseconds per dispatch and GMAC/s; the first
-//! dispatch (pipeline warm-up) is not timed.
+//! dispatch (pipeline warm-up) is not timed, but printed apart with the pipeline's creation
+//! (with an empty `MESA_SHADER_CACHE_DIR`, that is the kernel's compile time on lavapipe).
 
 use flint_core::quant::QuantType;
 use flint_gpu::buffer::{read_f32, storage_init};
@@ -30,6 +31,7 @@ fn main() {
         let x = storage_init(&ctx, "x", bytemuck::cast_slice(&rng.vec((n_in * n_tok) as usize))).unwrap();
         let y = storage_init(&ctx, "y", &vec![0u8; (n_rows * n_tok * 4) as usize]).unwrap();
         let desc = MatmulDesc { label: "speed", ty, n_in, n_rows, row_offset: 0, y_stride: n_rows, max_tokens: n_tok, accumulate: false };
+        let t_build = std::time::Instant::now();
         let mm = Matmul::new(&ctx, &cache, &batch.info, &desc, &w, &x, &y, None).await.unwrap();
         let run = |n: u32| {
             let mut enc = ctx.device.create_command_encoder(&Default::default());
@@ -41,11 +43,12 @@ fn main() {
         };
         run(1);
         read_f32(&ctx, &y, 0, 1).await.unwrap();
+        let first_s = t_build.elapsed().as_secs_f64();
         let t0 = std::time::Instant::now();
         run(reps);
         read_f32(&ctx, &y, 0, 1).await.unwrap();
         let ms = t0.elapsed().as_secs_f64() * 1e3 / reps as f64;
         let gmac = n_in as f64 * n_rows as f64 * n_tok as f64 / (ms * 1e6);
-        println!("{ty} {n_in}x{n_rows} x {n_tok} tokens ({:?}) on {}: {ms:.2} ms, {gmac:.2} GMAC/s", mm.shape(n_tok), ctx.adapter_name());
+        println!("{ty} {n_in}x{n_rows} x {n_tok} tokens ({:?}) on {}: {ms:.2} ms, {gmac:.2} GMAC/s; pipeline + first dispatch {first_s:.1} s", mm.shape(n_tok), ctx.adapter_name());
     });
 }

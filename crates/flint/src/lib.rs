@@ -27,7 +27,7 @@ pub use flint_core::generate::{Event, FinishReason, GenerateError, GenerateParam
 pub use flint_core::gguf::{GgufError, GgufFile};
 pub use flint_core::kv::KvError;
 pub use flint_core::sampling::{SamplingError, SamplingParams};
-pub use flint_core::sched::{SchedError, SchedStats};
+pub use flint_core::sched::{BlockCounts, Histogram, SchedError, SchedStats};
 pub use flint_core::tokenizer::{Tokenizer, TokenizerError};
 pub use request::{Input, Request, MAX_N};
 pub use runner::{EventResult, OpTimes};

@@ -289,6 +289,18 @@ impl KvCache {
         }
     }
 
+    /// Blocks of every group: all, held by sequences, held only by the prefix index.
+    pub fn block_counts(&self) -> crate::sched::BlockCounts {
+        let mut c = crate::sched::BlockCounts::default();
+        for g in &self.groups {
+            let cached = g.index.evictable(&g.blocks) as u64;
+            c.total += g.blocks.n_blocks() as u64;
+            c.cached += cached;
+            c.used += (g.blocks.n_blocks() - g.blocks.n_free()) as u64 - cached;
+        }
+        c
+    }
+
     pub fn stats(&self) -> Vec<GroupStats> {
         self.groups
             .iter()

@@ -1,0 +1,453 @@
+//! OpenAI's request shapes for `/v1/chat/completions` and `/v1/completions`, read field by
+//! field so that a bad value is answered as vLLM answers it: status 400 and an OpenAI error
+//! body naming the field. The ranges are the engine's (`GenerateParams::validate`) plus the
+//! server's own limits (n ≤ 16, top_logprobs ≤ 20, at most 4 stop strings).
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+
+use flint::{EngineError, GenerateError, GenerateParams, Input, SamplingError, SamplingParams};
+
+/// Most choices per request (vLLM's and OpenAI's `n` limit).
+pub const MAX_N: usize = 16;
+/// Most alternatives per token in log-probabilities.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+/// Most stop strings (OpenAI's limit).
+pub const MAX_STOP: usize = 4;
+/// Most prompts in one completion request (each runs `n` choices).
+pub const MAX_PROMPTS: usize = 16;
+
+/// An error as OpenAI shapes it: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    pub retry_after_s: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after_s: None }
+    }
+
+    /// 400 for a bad value of `param`.
+    pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError { param: Some(param.to_string()), ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message) }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> ApiError {
+        self.code = Some(code);
+        self
+    }
+
+    /// The JSON body (also sent as an SSE event when a stream fails after it started).
+    pub fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+
+    /// A request the engine refused, or a step that failed. `prompt_param` names the field
+    /// the prompt came from (`messages` or `prompt`).
+    pub fn from_engine(e: &EngineError, prompt_param: &str) -> ApiError {
+        match e {
+            EngineError::Generate(g) => from_generate(g, prompt_param),
+            EngineError::Chat(_) | EngineError::NoChatTemplate => ApiError::invalid(prompt_param, e.to_string()),
+            EngineError::Tokenizer(_) => ApiError::invalid(prompt_param, e.to_string()),
+            EngineError::Backend(flint::BackendError::BadToken { .. }) => ApiError::invalid(prompt_param, e.to_string()),
+            EngineError::Closed => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the engine has stopped"),
+            _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()),
+        }
+    }
+}
+
+fn from_generate(g: &GenerateError, prompt_param: &str) -> ApiError {
+    let param = match g {
+        GenerateError::EmptyPrompt => prompt_param,
+        GenerateError::ContextExceeded { .. } => return ApiError::invalid(prompt_param, g.to_string()).with_code("context_length_exceeded"),
+        GenerateError::MaxTokens => "max_tokens",
+        GenerateError::EmptyStop => "stop",
+        GenerateError::BadN { .. } => "n",
+        GenerateError::Sampling(s) => match s {
+            SamplingError::Temperature(_) => "temperature",
+            SamplingError::TopP(_) => "top_p",
+            SamplingError::TopK(_) => "top_k",
+            SamplingError::MinP(_) => "min_p",
+            SamplingError::RepeatPenalty(_) => "repetition_penalty",
+            SamplingError::RepeatLastN(_) => "repeat_last_n",
+            SamplingError::PresencePenalty(_) => "presence_penalty",
+            SamplingError::FrequencyPenalty(_) => "frequency_penalty",
+            SamplingError::NLogprobs(_) => "top_logprobs",
+            SamplingError::LogitBias { .. } | SamplingError::OutOfVocab { .. } | SamplingError::MaskLength { .. } => "logit_bias",
+        },
+        GenerateError::Backend(_) => return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", g.to_string()),
+    };
+    ApiError::invalid(param, g.to_string())
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, Json(self.body())).into_response();
+        if let Some(s) = self.retry_after_s {
+            r.headers_mut().insert("retry-after", HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+/// The server's sampling defaults: `flint run`'s flags where given, else OpenAI's.
+#[derive(Clone, Debug)]
+pub struct Defaults {
+    pub sampling: SamplingParams,
+    pub max_tokens: Option<usize>,
+    pub stop: Vec<String>,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        let sampling = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: None,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
+            n_logprobs: 0,
+        };
+        Defaults { sampling, max_tokens: None, stop: Vec::new() }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+impl Endpoint {
+    /// The field the prompt comes from.
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "messages",
+            Endpoint::Completions => "prompt",
+        }
+    }
+}
+
+/// A parsed request: the engine requests to submit (one per prompt) and how to answer.
+pub struct Parsed {
+    pub endpoint: Endpoint,
+    pub model: Option<String>,
+    pub inputs: Vec<Input>,
+    pub params: GenerateParams,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Alternatives per token to report, when log-probabilities are asked for.
+    pub top_logprobs: Option<usize>,
+    pub echo: bool,
+}
+
+/// Fields OpenAI defines that this server does not implement: a 400 naming them, never a
+/// silent answer without them. (`value` → whether it asks for the feature.)
+fn unsupported(obj: &Map<String, Value>, endpoint: Endpoint) -> Result<(), ApiError> {
+    let asks = |name: &str, v: &Value| -> bool {
+        match name {
+            "response_format" => v.get("type").and_then(Value::as_str).is_some_and(|t| t != "text"),
+            "tools" | "functions" => v.as_array().is_some_and(|a| !a.is_empty()),
+            "tool_choice" | "function_call" => v.as_str() != Some("none"),
+            "modalities" => v.as_array().is_some_and(|a| a.iter().any(|m| m.as_str() != Some("text"))),
+            "best_of" => v.as_u64().is_some_and(|b| b > 1),
+            "suffix" => v.as_str().is_some_and(|s| !s.is_empty()),
+            _ => true,
+        }
+    };
+    let names: &[&str] = match endpoint {
+        Endpoint::Chat => &["response_format", "tools", "tool_choice", "functions", "function_call", "audio", "prediction", "modalities"],
+        Endpoint::Completions => &["suffix", "best_of", "response_format", "prediction"],
+    };
+    for &name in names {
+        if let Some(v) = obj.get(name).filter(|v| !v.is_null()) {
+            if asks(name, v) {
+                return Err(ApiError::invalid(name, format!("`{name}` is not supported by this server yet")));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn number(obj: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_f64()),
+        Some(_) => Err(ApiError::invalid(name, format!("`{name}` must be a number"))),
+    }
+}
+
+fn integer(obj: &Map<String, Value>, name: &str) -> Result<Option<i64>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(i) => Ok(Some(i)),
+            None => Err(ApiError::invalid(name, format!("`{name}` must be an integer"))),
+        },
+        Some(_) => Err(ApiError::invalid(name, format!("`{name}` must be an integer"))),
+    }
+}
+
+fn boolean(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::invalid(name, format!("`{name}` must be true or false"))),
+    }
+}
+
+/// An integer in `lo..=hi`.
+fn ranged(obj: &Map<String, Value>, name: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+    match integer(obj, name)? {
+        Some(v) if v < lo || v > hi => Err(ApiError::invalid(name, format!("`{name}` must be in [{lo}, {hi}], got {v}"))),
+        v => Ok(v),
+    }
+}
+
+fn stops(obj: &Map<String, Value>) -> Result<Option<Vec<String>>, ApiError> {
+    let bad = || ApiError::invalid("stop", format!("`stop` must be a string or an array of at most {MAX_STOP} non-empty strings"));
+    let list = match obj.get("stop") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.len() <= MAX_STOP => a.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(bad)).collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad()),
+    };
+    if list.iter().any(String::is_empty) {
+        return Err(bad());
+    }
+    Ok(Some(list))
+}
+
+fn logit_bias(obj: &Map<String, Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let map = match obj.get("logit_bias") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(ApiError::invalid("logit_bias", "`logit_bias` must map token ids to numbers")),
+    };
+    map.iter()
+        .map(|(k, v)| {
+            let id = k.parse::<u32>().map_err(|_| ApiError::invalid("logit_bias", format!("logit_bias key {k:?} is not a token id")))?;
+            let b = v.as_f64().filter(|b| (-100.0..=100.0).contains(b));
+            let b = b.ok_or_else(|| ApiError::invalid("logit_bias", format!("logit_bias for {k} must be a number in [-100, 100]")))?;
+            Ok((id, b as f32))
+        })
+        .collect()
+}
+
+/// Chat messages as the template takes them: content given as an array of text parts is
+/// joined (as vLLM does); other parts (images, audio) are refused.
+fn messages(obj: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
+    let bad = |m: String| ApiError::invalid("messages", m);
+    let list = match obj.get("messages") {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => return Err(bad("`messages` may not be empty".into())),
+        None | Some(Value::Null) => return Err(bad("`messages` is required".into())),
+        Some(_) => return Err(bad("`messages` must be an array of messages".into())),
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let mut m = m.as_object().cloned().ok_or_else(|| bad(format!("messages[{i}] must be an object")))?;
+            if !m.get("role").is_some_and(Value::is_string) {
+                return Err(bad(format!("messages[{i}] needs a string `role`")));
+            }
+            if let Some(Value::Array(parts)) = m.get("content") {
+                let mut text = String::new();
+                for p in parts {
+                    match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                        (Some("text"), Some(t)) => text.push_str(t),
+                        _ => return Err(bad(format!("messages[{i}]: only text content parts are supported"))),
+                    }
+                }
+                m.insert("content".into(), Value::String(text));
+            }
+            Ok(Value::Object(m))
+        })
+        .collect()
+}
+
+/// `prompt`: a string, an array of strings, an array of token ids, or an array of those.
+fn prompts(obj: &Map<String, Value>) -> Result<Vec<Input>, ApiError> {
+    let bad = || ApiError::invalid("prompt", "`prompt` must be a string, an array of strings, or token ids");
+    let ids = |a: &[Value]| -> Option<Vec<u32>> { a.iter().map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok())).collect() };
+    let inputs = match obj.get("prompt") {
+        None | Some(Value::Null) => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+        Some(Value::String(s)) => vec![Input::Text(s.clone())],
+        Some(Value::Array(a)) if a.is_empty() => return Err(bad()),
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => vec![Input::Tokens(ids(a).ok_or_else(bad)?)],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(Input::Text(s.clone())),
+                Value::Array(t) => Ok(Input::Tokens(ids(t).ok_or_else(bad)?)),
+                _ => Err(bad()),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad()),
+    };
+    if inputs.len() > MAX_PROMPTS {
+        return Err(ApiError::invalid("prompt", format!("at most {MAX_PROMPTS} prompts per request")));
+    }
+    Ok(inputs)
+}
+
+/// Reads a request body of `endpoint`.
+pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &Defaults) -> Result<Parsed, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("malformed JSON: {e}")))?;
+    let Value::Object(obj) = value else {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "the body must be a JSON object"));
+    };
+    unsupported(&obj, endpoint)?;
+    let model = match obj.get("model") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(ApiError::invalid("model", "`model` must be a string")),
+    };
+    let inputs = match endpoint {
+        Endpoint::Chat => vec![Input::Chat(messages(&obj)?)],
+        Endpoint::Completions => prompts(&obj)?,
+    };
+    let max_tokens = match ranged(&obj, "max_completion_tokens", 1, i64::MAX)? {
+        Some(n) => Some(n),
+        None => ranged(&obj, "max_tokens", 1, i64::MAX)?,
+    };
+    let max_tokens = max_tokens.map(|n| n as usize).or(defaults.max_tokens);
+    let n = ranged(&obj, "n", 1, MAX_N as i64)?.unwrap_or(1) as usize;
+    let top_logprobs = match endpoint {
+        Endpoint::Chat => {
+            let top = ranged(&obj, "top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
+            match (boolean(&obj, "logprobs")?, top) {
+                (Some(true), top) => Some(top.unwrap_or(0) as usize),
+                (_, Some(t)) if t > 0 => return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`")),
+                _ => None,
+            }
+        }
+        Endpoint::Completions => ranged(&obj, "logprobs", 0, MAX_TOP_LOGPROBS as i64)?.map(|k| k as usize),
+    };
+    let echo = endpoint == Endpoint::Completions && boolean(&obj, "echo")?.unwrap_or(false);
+    if echo && top_logprobs.is_some() {
+        return Err(ApiError::invalid("echo", "`echo` with `logprobs` (prompt log-probabilities) is not supported yet"));
+    }
+    let stream = boolean(&obj, "stream")?.unwrap_or(false);
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => boolean(o, "include_usage").map_err(|_| ApiError::invalid("stream_options", "`include_usage` must be true or false"))?.unwrap_or(false),
+        Some(_) => return Err(ApiError::invalid("stream_options", "`stream_options` must be an object")),
+    };
+    if obj.get("user").is_some_and(|u| !u.is_string() && !u.is_null()) {
+        return Err(ApiError::invalid("user", "`user` must be a string"));
+    }
+    let d = &defaults.sampling;
+    let f = |name: &str, default: f32| -> Result<f32, ApiError> { Ok(number(&obj, name)?.map_or(default, |v| v as f32)) };
+    let top_k = match integer(&obj, "top_k")? {
+        Some(k) => i32::try_from(k).map_err(|_| ApiError::invalid("top_k", "`top_k` is out of range"))?,
+        None => d.top_k,
+    };
+    let sampling = SamplingParams {
+        temperature: f("temperature", d.temperature)?,
+        top_k,
+        top_p: f("top_p", d.top_p)?,
+        min_p: f("min_p", d.min_p)?,
+        seed: integer(&obj, "seed")?.map(|s| s as u64).or(d.seed),
+        repeat_penalty: f("repetition_penalty", d.repeat_penalty)?,
+        repeat_last_n: d.repeat_last_n,
+        presence_penalty: f("presence_penalty", d.presence_penalty)?,
+        frequency_penalty: f("frequency_penalty", d.frequency_penalty)?,
+        logit_bias: logit_bias(&obj)?,
+        // The engine reports at least one alternative when asked for any.
+        n_logprobs: top_logprobs.map_or(0, |k| k.max(1)),
+    };
+    let params = GenerateParams {
+        max_tokens,
+        sampling,
+        stop: stops(&obj)?.unwrap_or_else(|| defaults.stop.clone()),
+        ignore_eos: boolean(&obj, "ignore_eos")?.unwrap_or(false),
+    };
+    params.validate().map_err(|e| from_generate(&e, endpoint.prompt_param()))?;
+    Ok(Parsed { endpoint, model, inputs, params, n, stream, include_usage, top_logprobs, echo })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: Value) -> Result<Parsed, ApiError> {
+        parse(body.to_string().as_bytes(), Endpoint::Chat, &Defaults::default())
+    }
+
+    fn param_of(r: Result<Parsed, ApiError>) -> (u16, Option<String>) {
+        let e = r.err().expect("an error");
+        (e.status.as_u16(), e.param)
+    }
+
+    #[test]
+    fn openai_defaults_and_fields() {
+        let msgs = json!([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]);
+        let p = chat(json!({"model": "m", "messages": msgs, "max_completion_tokens": 5, "n": 2, "stop": "x", "seed": 3, "logprobs": true, "top_logprobs": 2})).unwrap();
+        assert_eq!((p.params.sampling.temperature, p.params.sampling.top_p, p.params.sampling.top_k), (1.0, 1.0, 0));
+        assert_eq!((p.params.max_tokens, p.n, p.top_logprobs, p.params.sampling.seed), (Some(5), 2, Some(2), Some(3)));
+        assert_eq!(p.params.stop, vec!["x".to_string()]);
+        let Input::Chat(m) = &p.inputs[0] else { panic!("chat input") };
+        assert_eq!(m[0]["content"], "ab");
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let m = json!([{"role": "user", "content": "hi"}]);
+        for (field, v) in [
+            ("temperature", json!(2.5)),
+            ("top_p", json!(0)),
+            ("min_p", json!(1.5)),
+            ("top_k", json!(-2)),
+            ("presence_penalty", json!(3)),
+            ("frequency_penalty", json!(-2.5)),
+            ("repetition_penalty", json!(0)),
+            ("n", json!(17)),
+            ("max_tokens", json!(0)),
+            ("top_logprobs", json!(21)),
+            ("stop", json!(["a", "b", "c", "d", "e"])),
+            ("logit_bias", json!({"x": 1})),
+            ("tools", json!([{"type": "function"}])),
+            ("response_format", json!({"type": "json_object"})),
+            ("temperature", json!("hot")),
+        ] {
+            let mut body = json!({"messages": m});
+            body[field] = v;
+            if field == "top_logprobs" {
+                body["logprobs"] = json!(true);
+            }
+            assert_eq!(param_of(chat(body)), (400, Some(field.to_string())), "{field}");
+        }
+        assert_eq!(param_of(chat(json!({"messages": []}))), (400, Some("messages".into())));
+        let e = parse(b"{not json", Endpoint::Chat, &Defaults::default()).err().unwrap();
+        assert_eq!((e.status.as_u16(), e.param), (400, None));
+        // Unknown fields are ignored, as vLLM does; tools: [] asks for nothing.
+        assert!(chat(json!({"messages": m, "foo": 1, "tools": [], "response_format": {"type": "text"}})).is_ok());
+    }
+
+    #[test]
+    fn completion_prompts() {
+        let p = |v: Value| parse(json!({"prompt": v}).to_string().as_bytes(), Endpoint::Completions, &Defaults::default());
+        assert_eq!(p(json!("a")).unwrap().inputs, vec![Input::Text("a".into())]);
+        assert_eq!(p(json!(["a", "b"])).unwrap().inputs.len(), 2);
+        assert_eq!(p(json!([1, 2, 3])).unwrap().inputs, vec![Input::Tokens(vec![1, 2, 3])]);
+        assert_eq!(p(json!([[1], [2, 3]])).unwrap().inputs.len(), 2);
+        assert_eq!(param_of(p(json!([]))), (400, Some("prompt".into())));
+        assert_eq!(param_of(p(json!([-1]))), (400, Some("prompt".into())));
+        assert_eq!(param_of(p(json!(vec!["a"; MAX_PROMPTS + 1]))), (400, Some("prompt".into())));
+    }
+}

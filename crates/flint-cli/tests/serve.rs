@@ -1,0 +1,371 @@
+//! `flint serve` over real HTTP on a loopback port: the binary started as a user starts it,
+//! spoken to with raw HTTP/1.1 so that the bytes themselves are checked (SSE framing, status
+//! lines, headers). One server (gemma on the GPU, an API key, small limits) serves every check
+//! in order: 503 while loading, keys per route, the golden prompts at once (the f32
+//! reference's greedy text, steps shared), SSE, every error status, /tokenize, a disconnect
+//! that frees its KV blocks, slow headers, a full queue, and graceful shutdown on SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const KEY: &str = "test-key-123";
+
+fn shared() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"))
+}
+
+fn model_path(name: &str) -> String {
+    let dir = std::env::var_os("FLINT_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/flint/models"));
+    let p = dir.join(format!("{name}.gguf"));
+    assert!(p.exists(), "{} is missing: run `flint pull {name}` (scripts/test.sh does)", p.display());
+    p.to_string_lossy().into_owned()
+}
+
+fn json_file(rel: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(shared().join(rel)).unwrap()).unwrap()
+}
+
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flint"))
+            .arg("serve")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start flint serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line.trim().strip_prefix("listening on http://").unwrap_or_else(|| panic!("first line: {line:?}")).to_string();
+        Server { child, addr }
+    }
+
+    fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(&self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+        s
+    }
+
+    /// One request on its own connection; the whole response.
+    fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+        let mut s = self.connect();
+        write_request(&mut s, method, path, headers, body);
+        read_response(&mut s)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Response {
+        self.request("POST", path, &[("authorization", &format!("Bearer {KEY}"))], body.to_string().as_bytes())
+    }
+
+    fn get(&self, path: &str) -> Response {
+        self.request("GET", path, &[("authorization", &format!("Bearer {KEY}"))], b"")
+    }
+
+    /// One sample of `/metrics` (no labels or exactly the given labels).
+    fn metric(&self, name: &str) -> f64 {
+        let text = self.get("/metrics").text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).map(|v| v.parse::<f64>().unwrap()))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn write_request(s: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
+    if !body.is_empty() {
+        head.push_str("content-type: application/json\r\n");
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // A server that refuses the body (413) may close before it is all sent.
+    let _ = s.write_all(body);
+}
+
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    fn text(&self) -> String {
+        String::from_utf8(self.body.clone()).unwrap()
+    }
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {:?}", self.text()))
+    }
+    /// An OpenAI error body's (type, param, code), checking its shape.
+    fn error(&self) -> (String, Value, Value) {
+        let e = &self.json()["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "error without a message: {e}");
+        (e["type"].as_str().unwrap().to_string(), e["param"].clone(), e["code"].clone())
+    }
+}
+
+/// Reads a response to its end (the request asked to close), de-chunking the body.
+fn read_response(s: &mut TcpStream) -> Response {
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let status: u16 = line.split_whitespace().nth(1).unwrap_or_else(|| panic!("status line {line:?}")).parse().unwrap();
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        let (k, v) = l.split_once(':').unwrap();
+        headers.push((k.trim().to_lowercase(), v.trim().to_string()));
+    }
+    let chunked = headers.iter().any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+            let size = usize::from_str_radix(line.trim(), 16).unwrap_or_else(|_| panic!("chunk size {line:?}"));
+            if size == 0 {
+                break;
+            }
+            let mut chunk = vec![0; size + 2];
+            r.read_exact(&mut chunk).unwrap();
+            body.extend_from_slice(&chunk[..size]);
+        }
+    } else {
+        r.read_to_end(&mut body).unwrap();
+    }
+    Response { status, headers, body }
+}
+
+/// The `data:` payloads of an SSE body, checking the framing: every event is one `data: `
+/// line followed by a blank line.
+fn sse_data(body: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for event in body.split_terminator("\n\n") {
+        let data = event.strip_prefix("data: ").unwrap_or_else(|| panic!("an SSE event that is not `data: `: {event:?}"));
+        assert!(!data.contains('\n'), "one line per event: {event:?}");
+        out.push(data.to_string());
+    }
+    assert!(body.ends_with("\n\n"), "the stream ends with a whole event");
+    out
+}
+
+fn golden_prompt(i: usize) -> String {
+    let name = if i == 6 { "p6g.txt".to_string() } else { format!("p{i}.txt") };
+    std::fs::read_to_string(shared().join("golden/prompts").join(name)).unwrap()
+}
+
+#[test]
+fn flint_serve_over_http() {
+    // No adapter: a skip, or a failure under FLINT_REQUIRE_GPU=1.
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let model = model_path("gemma-3-270m");
+    let server = Server::start(&[
+        "-m", &model, "--port", "0", "-c", "256", "--parallel", "8", "--api-key", KEY, "--max-queue", "8", "--header-timeout", "1",
+        "--shutdown-timeout", "1",
+    ]);
+
+    // Bound before the model is loaded: 503 until it is.
+    let first = server.request("GET", "/health", &[], b"");
+    assert_eq!(first.status, 503, "health before the model is loaded: {}", first.text());
+    let early = server.post("/v1/completions", &json!({"prompt": "a", "max_tokens": 1}));
+    assert_eq!(early.status, 503);
+    let t0 = Instant::now();
+    while server.request("GET", "/health", &[], b"").status != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the model never loaded");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(server.request("GET", "/health", &[], b"").json(), json!({"status": "ok"}));
+
+    // Keys per route: health and the model list are open; the rest need the bearer key.
+    let models = server.request("GET", "/v1/models", &[], b"");
+    assert_eq!(models.status, 200);
+    assert_eq!(models.json()["data"][0]["id"], "gemma-3-270m");
+    let body = json!({"prompt": "a", "max_tokens": 1}).to_string();
+    for headers in [vec![], vec![("authorization", "Bearer wrong")], vec![("authorization", KEY)]] {
+        let r = server.request("POST", "/v1/completions", &headers, body.as_bytes());
+        assert_eq!(r.status, 401, "{headers:?}");
+        assert_eq!(r.error().0, "authentication_error");
+    }
+    for path in ["/metrics", "/tokenize"] {
+        let method = if path == "/metrics" { "GET" } else { "POST" };
+        assert_eq!(server.request(method, path, &[], b"{}").status, 401, "{path}");
+    }
+
+    // The golden raw prompts at once: each the f32 reference's greedy text, sharing steps.
+    let steps_before = server.metric("flint_steps_total");
+    let answers: Vec<Response> = std::thread::scope(|s| {
+        let jobs: Vec<_> = (1..=6)
+            .map(|i| {
+                let server = &server;
+                s.spawn(move || server.post("/v1/completions", &json!({"model": "gemma-3-270m", "prompt": golden_prompt(i), "max_tokens": 16, "temperature": 0})))
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    for (i, r) in (1..=6).zip(&answers) {
+        assert_eq!(r.status, 200, "prompt {i}: {}", r.text());
+        let v = r.json();
+        let reference = json_file(&format!("golden/f32/gemma/{i}.json"));
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["choices"][0]["text"], reference["greedy_text_16"], "prompt {i}");
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+        let usage = &v["usage"];
+        assert_eq!(usage["prompt_tokens"].as_u64().unwrap() as usize, reference["prompt_token_ids"].as_array().unwrap().len());
+        assert_eq!(usage["completion_tokens"], 16);
+        assert!(usage["prompt_tokens_details"]["cached_tokens"].is_u64());
+    }
+    let steps = server.metric("flint_steps_total") - steps_before;
+    let single = server.metric("flint_batch_sequences_bucket{le=\"1\"}");
+    let all = server.metric("flint_batch_sequences_count");
+    assert!(all > single, "no step ran more than one sequence ({all} steps, {single} of one)");
+    assert!(steps < 6.0 * 17.0, "{steps} steps for 6 requests of 16 tokens: they did not share steps");
+
+    // SSE as OpenAI sends it: data lines, one id, the finish chunk, usage, [DONE].
+    let r = server.post("/v1/completions", &json!({"prompt": golden_prompt(1), "max_tokens": 4, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}));
+    assert_eq!(r.status, 200);
+    assert!(r.header("content-type").is_some_and(|c| c.starts_with("text/event-stream")));
+    let data = sse_data(&r.text());
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let id = chunks[0]["id"].as_str().unwrap();
+    assert!(chunks.iter().all(|c| c["id"] == id), "one id for every chunk");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 4);
+    let finish: Vec<&Value> = chunks.iter().filter(|c| !c["choices"][0]["finish_reason"].is_null()).collect();
+    assert_eq!(finish.len(), 1);
+    assert_eq!(finish[0]["choices"][0]["finish_reason"], "length");
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    let want16 = json_file("golden/f32/gemma/1.json")["greedy_text_16"].as_str().unwrap().to_string();
+    assert!(want16.starts_with(&text) && !text.is_empty(), "streamed {text:?}, reference {want16:?}");
+
+    // Every error status with OpenAI's body.
+    let bad = |body: &Value| server.post("/v1/completions", body);
+    let r = bad(&json!({"prompt": "a", "temperature": 3}));
+    assert_eq!((r.status, r.error()), (400, ("invalid_request_error".into(), json!("temperature"), Value::Null)));
+    let r = bad(&json!({"prompt": "a", "n": 0}));
+    assert_eq!((r.status, r.error().1), (400, json!("n")));
+    let r = bad(&json!({"prompt": "a", "model": "gpt-4"}));
+    assert_eq!((r.status, r.error().2), (404, json!("model_not_found")));
+    let r = bad(&json!({"prompt": golden_prompt(5).repeat(2)}));
+    assert_eq!((r.status, r.error().2), (400, json!("context_length_exceeded")));
+    let r = bad(&json!({"prompt": "a", "max_tokens": 300}));
+    assert_eq!((r.status, r.error().2), (400, json!("context_length_exceeded")));
+    let r = server.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}));
+    assert_eq!((r.status, r.error().1), (400, json!("tools")));
+    let r = server.request("POST", "/v1/completions", &[("authorization", &format!("Bearer {KEY}"))], b"{\"prompt\": ");
+    assert_eq!((r.status, r.error().0.as_str()), (400, "invalid_request_error"));
+    let big = vec![b' '; 5 << 20];
+    let r = server.request("POST", "/v1/completions", &[("authorization", &format!("Bearer {KEY}"))], &big);
+    assert_eq!(r.status, 413);
+    r.error();
+    assert_eq!(server.get("/v1/completions").status, 405);
+    assert_eq!(server.get("/v1/nothing").status, 404);
+
+    // /tokenize and /detokenize round trip (llama.cpp's shapes).
+    let t = server.post("/tokenize", &json!({"content": "Hello world", "with_pieces": true})).json();
+    let ids: Vec<Value> = t["tokens"].as_array().unwrap().iter().map(|p| p["id"].clone()).collect();
+    let pieces: String = t["tokens"].as_array().unwrap().iter().map(|p| p["piece"].as_str().unwrap()).collect();
+    assert_eq!(pieces, "Hello world");
+    assert_eq!(server.post("/detokenize", &json!({"tokens": ids})).json()["content"], "Hello world");
+    assert_eq!(server.post("/detokenize", &json!({"tokens": [u32::MAX]})).status, 400);
+
+    // A client that goes away mid-stream: its sequence is cancelled and its blocks freed.
+    assert_eq!(server.metric("flint_kv_blocks_used"), 0.0);
+    let aborted_before = server.metric("flint_requests_total{finish_reason=\"abort\"}");
+    let mut s = server.connect();
+    let body = json!({"prompt": golden_prompt(2), "max_tokens": 200, "stream": true}).to_string();
+    write_request(&mut s, "POST", "/v1/completions", &[("authorization", &format!("Bearer {KEY}"))], body.as_bytes());
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+    }
+    assert!(server.metric("flint_kv_blocks_used") > 0.0, "a streaming request holds blocks");
+    drop(r);
+    s.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(s);
+    let t0 = Instant::now();
+    while server.metric("flint_kv_blocks_used") > 0.0 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the disconnected request kept its blocks");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(server.metric("flint_requests_total{finish_reason=\"abort\"}"), aborted_before + 1.0);
+
+    // A client that trickles its headers is cut off after --header-timeout (1 s).
+    let mut slow = server.connect();
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n").unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let t0 = Instant::now();
+    let mut buf = Vec::new();
+    let _ = slow.read_to_end(&mut buf);
+    assert!(t0.elapsed() < Duration::from_secs(15), "a slow client held its connection");
+
+    // A full queue: more requests waiting for a first token than --max-queue get 429.
+    let statuses: Vec<(u16, Option<String>)> = std::thread::scope(|s| {
+        let jobs: Vec<_> = (0..12)
+            .map(|i| {
+                let server = &server;
+                s.spawn(move || {
+                    let r = server.post("/v1/completions", &json!({"prompt": format!("Number {i} is"), "max_tokens": 1}));
+                    (r.status, r.header("retry-after").map(str::to_string))
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    assert!(statuses.iter().any(|(s, ra)| *s == 429 && ra.is_some()), "{statuses:?}");
+    assert!(statuses.iter().all(|(s, _)| *s == 200 || *s == 429), "{statuses:?}");
+    assert!(statuses.iter().filter(|(s, _)| *s == 200).count() >= 8, "{statuses:?}");
+
+    // Graceful shutdown: SIGTERM lets the running stream end (abort after 1 s), exit 0.
+    let mut s = server.connect();
+    let body = json!({"prompt": golden_prompt(3), "max_tokens": 200, "stream": true}).to_string();
+    write_request(&mut s, "POST", "/v1/completions", &[("authorization", &format!("Bearer {KEY}"))], body.as_bytes());
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+    }
+    let mut server = server;
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let mut rest = String::new();
+    r.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("\"finish_reason\":\"abort\""), "the running stream did not end with abort: {rest}");
+    assert!(rest.contains("data: [DONE]"));
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "exit status {status}");
+}
