@@ -1,0 +1,150 @@
+// `flint serve` spoken to by the official OpenAI JavaScript client (npm `openai`), as a user
+// points an existing app at it: qwen on the GPU (lavapipe), on a free loopback port, with an
+// API key. Greedy chat reproduces the f32 reference for qwen's golden chat prompt; streaming
+// with usage, plain completions, the model list, n, seeds, stop strings, logprobs, and the
+// typed errors the client raises for a bad value, an unknown model and a wrong key.
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { homedir } from "node:os";
+import { join } from "node:path";
+import OpenAI from "openai";
+import { FLINT_BIN, REPO, requireFile } from "./lib.mjs";
+
+const SHARED = join(REPO, "../shared");
+const MODEL = "qwen2.5-coder-0.5b";
+const KEY = "sk-flint-test";
+const MODELS = process.env.FLINT_HOME ?? join(homedir(), ".cache/flint/models");
+const golden = (rel) => JSON.parse(readFileSync(join(SHARED, "golden", rel), "utf8"));
+
+let server;
+let client;
+
+async function startServe() {
+  const model = join(MODELS, `${MODEL}.gguf`);
+  requireFile(FLINT_BIN, "build it with `cargo build --release -p flint-cli`");
+  requireFile(model, `run \`flint pull ${MODEL}\``);
+  const child = spawn(FLINT_BIN, ["serve", "-m", model, "--port", "0", "--api-key", KEY, "-c", "512", "--parallel", "4"], {
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  const url = await new Promise((resolve, reject) => {
+    let buf = "";
+    child.stdout.setEncoding("utf8");
+    child.stdout.on("data", (d) => {
+      buf += d;
+      const m = /listening on (http:\/\/\S+)/.exec(buf);
+      if (m) resolve(m[1]);
+    });
+    child.on("exit", (code) => reject(new Error(`flint serve exited with ${code}`)));
+  });
+  for (let t0 = Date.now(); ; ) {
+    const r = await fetch(`${url}/health`);
+    if (r.status === 200) break;
+    assert.equal(r.status, 503, "health answers 503 while loading");
+    if (Date.now() - t0 > 120_000) throw new Error("the model never loaded");
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return { url, child };
+}
+
+before(async () => {
+  server = await startServe();
+  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0, timeout: 300_000 });
+});
+
+after(() => server?.child.kill("SIGTERM"));
+
+test("the model list names the served model", async () => {
+  const list = await client.models.list();
+  assert.deepEqual(list.data.map((m) => m.id), [MODEL]);
+});
+
+test("greedy chat, streamed with usage, reproduces the f32 reference for the golden chat prompt", async () => {
+  const messages = golden("prompts/chat_messages_qwen6.json");
+  const want = golden("f32/qwen/6.json");
+  const stream = await client.chat.completions.create({
+    model: MODEL, messages, max_tokens: 16, temperature: 0, stream: true, stream_options: { include_usage: true },
+  });
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk);
+  assert.equal(chunks[0].choices[0].delta.role, "assistant");
+  assert.equal(new Set(chunks.map((c) => c.id)).size, 1, "one id for every chunk");
+  const text = chunks.map((c) => c.choices[0]?.delta?.content ?? "").join("");
+  assert.equal(text, want.greedy_text_16);
+  assert.equal(chunks.filter((c) => c.choices[0]?.finish_reason).map((c) => c.choices[0].finish_reason).join(), "length");
+  const usage = chunks.at(-1);
+  assert.deepEqual(usage.choices, []);
+  assert.equal(usage.usage.prompt_tokens, want.prompt_token_ids.length);
+  assert.equal(usage.usage.completion_tokens, 16);
+  assert.equal(usage.usage.total_tokens, want.prompt_token_ids.length + 16);
+});
+
+test("a plain completion of a golden raw prompt is the f32 reference's greedy text", async () => {
+  const prompt = readFileSync(join(SHARED, "golden/prompts/p1.txt"), "utf8");
+  const r = await client.completions.create({ model: MODEL, prompt, max_tokens: 16, temperature: 0 });
+  assert.equal(r.object, "text_completion");
+  assert.equal(r.choices[0].text, golden("f32/qwen/1.json").greedy_text_16);
+  assert.equal(r.choices[0].finish_reason, "length");
+  assert.equal(r.usage.completion_tokens, 16);
+  assert.equal(typeof r.usage.prompt_tokens_details.cached_tokens, "number");
+});
+
+test("n: 2 returns two choices; a seed reproduces its request; a stop string ends early", async () => {
+  const messages = [{ role: "user", content: "Name a color." }];
+  const seeded = { model: MODEL, messages, max_tokens: 6, temperature: 1, seed: 1234 };
+  const [a, b, two] = await Promise.all([
+    client.chat.completions.create(seeded),
+    client.chat.completions.create(seeded),
+    client.chat.completions.create({ ...seeded, n: 2 }),
+  ]);
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content, "the same seed, the same text");
+  assert.deepEqual(two.choices.map((c) => c.index), [0, 1]);
+  assert.ok(two.choices.every((c) => c.message.role === "assistant" && typeof c.message.content === "string"));
+  // Both choices' tokens (each at most 6; one may end early on end-of-generation).
+  assert.ok(two.usage.completion_tokens >= 2 && two.usage.completion_tokens <= 12, JSON.stringify(two.usage));
+
+  const stopped = await client.chat.completions.create({
+    model: MODEL, messages: golden("prompts/chat_messages_qwen6.json"), max_tokens: 16, temperature: 0, stop: ["Python"],
+  });
+  assert.equal(stopped.choices[0].message.content, "Here's a ");
+  assert.equal(stopped.choices[0].finish_reason, "stop");
+});
+
+test("logprobs: the chosen token and its alternatives", async () => {
+  const r = await client.chat.completions.create({
+    model: MODEL, messages: golden("prompts/chat_messages_qwen6.json"), max_tokens: 4, temperature: 0, logprobs: true, top_logprobs: 2,
+  });
+  const content = r.choices[0].logprobs.content;
+  assert.equal(content.length, 4);
+  assert.equal(content.map((t) => t.token).join(""), r.choices[0].message.content);
+  for (const t of content) {
+    assert.equal(t.top_logprobs.length, 2);
+    assert.ok(t.logprob <= 0);
+    // Greedy: the chosen token is the most likely one.
+    assert.equal(t.top_logprobs[0].token, t.token);
+    assert.ok(t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob);
+  }
+});
+
+test("the client raises typed errors: a bad value, an unknown model, a wrong key", async () => {
+  const messages = [{ role: "user", content: "hi" }];
+  await assert.rejects(client.chat.completions.create({ model: MODEL, messages, temperature: 5 }), (e) => {
+    assert.ok(e instanceof OpenAI.BadRequestError, String(e));
+    assert.equal(e.status, 400);
+    assert.equal(e.param, "temperature");
+    return true;
+  });
+  await assert.rejects(client.chat.completions.create({ model: "gpt-4o", messages }), (e) => {
+    assert.ok(e instanceof OpenAI.NotFoundError, String(e));
+    assert.equal(e.code, "model_not_found");
+    return true;
+  });
+  const wrong = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "sk-wrong", maxRetries: 0 });
+  await assert.rejects(wrong.chat.completions.create({ model: MODEL, messages }), (e) => {
+    assert.ok(e instanceof OpenAI.AuthenticationError, String(e));
+    assert.equal(e.status, 401);
+    return true;
+  });
+});
