@@ -1,6 +1,7 @@
 //! The `flint` binary: run a model, inspect it, fetch it.
 
 mod bench;
+mod bench_serve;
 mod catalog;
 mod chat;
 mod heap;
@@ -50,6 +51,8 @@ enum Command {
     Web(web::WebArgs),
     /// An OpenAI-compatible HTTP server: every request in flight shares the forward steps.
     Serve(serve::ServeArgs),
+    /// Load-test an OpenAI-compatible server (Flint's or another's): throughput and latency.
+    BenchServe(bench_serve::BenchServeArgs),
 }
 
 /// An error with the exit status it should produce.
@@ -91,6 +94,7 @@ fn main() -> ExitCode {
         Command::Pull { names } => pull_all(&names),
         Command::Web(args) => web::web(args),
         Command::Serve(args) => serve::serve(args),
+        Command::BenchServe(args) => bench_serve::bench_serve(args),
         Command::List => {
             list();
             Ok(())
