@@ -103,17 +103,19 @@ impl Target {
         sender.send_request(req).await.map_err(|e| e.to_string())
     }
 
-    /// Waits while `/health` answers 503 (the server still loads its model, as Flint's and
-    /// llama.cpp's servers say); any other answer goes on.
+    /// Waits while the server does not accept connections yet (it may still be starting) or
+    /// `/health` answers 503 (it still loads its model, as Flint's and llama.cpp's servers
+    /// say); any other answer goes on.
     async fn wait_ready(&self, limit: Duration) -> Result<(), String> {
         let t0 = Instant::now();
         loop {
-            let res = self.send(self.request("GET", "/health", None)?).await?;
-            if res.status() != hyper::StatusCode::SERVICE_UNAVAILABLE {
-                return Ok(());
-            }
+            let last = match self.send(self.request("GET", "/health", None)?).await {
+                Ok(res) if res.status() != hyper::StatusCode::SERVICE_UNAVAILABLE => return Ok(()),
+                Ok(res) => format!("/health answers {}", res.status()),
+                Err(e) => e,
+            };
             if t0.elapsed() > limit {
-                return Err(format!("the server was still loading after {} s", limit.as_secs()));
+                return Err(format!("the server was not ready after {} s: {last}", limit.as_secs()));
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }

@@ -1,7 +1,7 @@
 //! `flint serve` over real HTTP on a loopback port: the binary started as a user starts it,
 //! spoken to with raw HTTP/1.1 so that the bytes themselves are checked (SSE framing, status
 //! lines, headers). One server (gemma on the GPU, an API key, small limits) serves every check
-//! in order: 503 while loading, keys per route, the golden prompts at once (the f32
+//! in order: 503 while loading, keys per route, CORS, the golden prompts at once (the f32
 //! reference's greedy text, steps shared), SSE, every error status, /tokenize, a disconnect
 //! that frees its KV blocks, slow headers, a full queue, and graceful shutdown on SIGTERM.
 
@@ -191,7 +191,10 @@ fn flint_serve_over_http() {
     let model = model_path("gemma-3-270m");
     let server = Server::start(&[
         "-m", &model, "--port", "0", "-c", "256", "--parallel", "8", "--api-key", KEY, "--max-queue", "8", "--header-timeout", "1",
-        "--shutdown-timeout", "1",
+        "--shutdown-timeout", "1", "--cors", "http://app.example",
+        // The warm-up (on by default) runs in tests/web/serve.test.mjs; here it would only
+        // compile the 2-4-token kernels that nothing below uses.
+        "--no-warmup",
     ]);
 
     // Bound before the model is loaded: 503 until it is.
@@ -220,6 +223,19 @@ fn flint_serve_over_http() {
         let method = if path == "/metrics" { "GET" } else { "POST" };
         assert_eq!(server.request(method, path, &[], b"{}").status, 401, "{path}");
     }
+
+    // CORS: a preflight from an allowed origin is answered without the key; others get no grant.
+    let preflight = |origin: &str| {
+        let h = [("origin", origin), ("access-control-request-method", "POST"), ("access-control-request-headers", "authorization,content-type")];
+        server.request("OPTIONS", "/v1/chat/completions", &h, b"")
+    };
+    let ok = preflight("http://app.example");
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.header("access-control-allow-origin"), Some("http://app.example"));
+    assert!(ok.header("access-control-allow-headers").is_some_and(|h| h.contains("authorization")));
+    assert_eq!(preflight("http://evil.example").header("access-control-allow-origin"), None);
+    let r = server.request("GET", "/health", &[("origin", "http://app.example")], b"");
+    assert_eq!(r.header("access-control-allow-origin"), Some("http://app.example"));
 
     // The golden raw prompts at once: each the f32 reference's greedy text, sharing steps.
     let steps_before = server.metric("flint_steps_total");

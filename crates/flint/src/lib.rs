@@ -397,6 +397,15 @@ impl Engine {
         rx.await.map_err(|_| EngineError::Closed)?
     }
 
+    /// Runs, once idle, one step of each kind traffic will (a prompt, decodes of 1 to
+    /// `max_seqs` sequences), so that kernels an adapter compiles at first use (lavapipe and
+    /// browsers do) are compiled before the first request waits on them.
+    pub async fn warm_up(&self) -> Result<(), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.unbounded_send(Command::WarmUp(tx)).map_err(|_| EngineError::Closed)?;
+        rx.await.map_err(|_| EngineError::Closed)?
+    }
+
     /// The device's buffer-copy bandwidth (GB/s, bytes read + written), measured now.
     pub async fn copy_bandwidth_gbs(&self) -> Result<f64, EngineError> {
         match &self.info.gpu {

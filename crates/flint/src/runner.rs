@@ -38,6 +38,9 @@ pub(crate) enum Command {
     /// Once idle: per-op timings of a step of `prompt` (prefill) and of decode steps of each
     /// size in `decode_sizes` (that many sequences after the prompt).
     Profile { prompt: Vec<u32>, decode_sizes: Vec<usize>, reply: oneshot::Sender<Result<(OpTimes, Vec<OpTimes>), EngineError>> },
+    /// Once idle: one step of every kind traffic will run (a prompt, decodes of 1 to
+    /// `max_seqs` sequences), so that kernels compiled at first use are ready.
+    WarmUp(oneshot::Sender<Result<(), EngineError>>),
 }
 
 struct Choice {
@@ -111,7 +114,7 @@ impl Runner {
             Command::Stats(reply) => {
                 let _ = reply.send(self.sched.stats());
             }
-            c @ (Command::Profile { .. } | Command::WhenIdle(_)) => self.profiles.push(c),
+            c @ (Command::Profile { .. } | Command::WhenIdle(_) | Command::WarmUp(_)) => self.profiles.push(c),
         }
     }
 
@@ -219,21 +222,35 @@ impl Runner {
     /// A profile, run while idle on a private sequence; cached prefixes are dropped before and
     /// after, since its blocks overwrite whatever they held.
     async fn profile(&mut self, c: Command) {
-        let (prompt, decode_sizes, reply) = match c {
-            Command::Profile { prompt, decode_sizes, reply } => (prompt, decode_sizes, reply),
+        match c {
+            Command::Profile { prompt, decode_sizes, reply } => {
+                self.sched.clear_cache();
+                let r = self.profile_steps(&prompt, &decode_sizes, true).await;
+                self.sched.clear_cache();
+                let _ = reply.send(r.map_err(|e| EngineError::Step(Arc::new(e))));
+            }
+            Command::WarmUp(reply) => {
+                let limits = self.backend.limits();
+                let n_vocab = self.backend.config().n_vocab as u32;
+                // A prompt past the largest small-step size, of ordinary ids.
+                let prompt: Vec<u32> = (0..32u32.min(limits.max_tokens as u32)).map(|i| (1000 + 7 * i) % n_vocab).collect();
+                let sizes: Vec<usize> = (1..=limits.max_seqs.min(limits.max_outputs)).collect();
+                self.sched.clear_cache();
+                let r = self.profile_steps(&prompt, &sizes, false).await;
+                self.sched.clear_cache();
+                let _ = reply.send(r.map(|_| ()).map_err(|e| EngineError::Step(Arc::new(e))));
+            }
             Command::WhenIdle(reply) => {
                 let _ = reply.send(());
-                return;
             }
-            _ => return,
-        };
-        self.sched.clear_cache();
-        let r = self.profile_steps(&prompt, &decode_sizes).await;
-        self.sched.clear_cache();
-        let _ = reply.send(r.map_err(|e| EngineError::Step(Arc::new(e))));
+            _ => {}
+        }
     }
 
-    async fn profile_steps(&mut self, prompt: &[u32], decode_sizes: &[usize]) -> Result<(OpTimes, Vec<OpTimes>), BackendError> {
+    /// A prefill step of `prompt`, then decode steps of each of `decode_sizes` sequences,
+    /// each step timed per op when `timed` (a decode size runs once untimed first), else just
+    /// run once (a warm-up).
+    async fn profile_steps(&mut self, prompt: &[u32], decode_sizes: &[usize], timed: bool) -> Result<(OpTimes, Vec<OpTimes>), BackendError> {
         use flint_core::backend::{OutputRow, StepBatch, StepEntry};
         use flint_core::kv::KvCache;
         let limits = self.backend.limits();
@@ -246,7 +263,12 @@ impl Runner {
         let prefill = {
             let outputs = vec![OutputRow { index: prompt.len() - 1, sampler: &mut greedy }];
             let batch = StepBatch { entries: vec![StepEntry { tokens: prompt, start: 0, tables: kv.tables(0), outputs }], copies: &copies, logits: false };
-            self.backend.profile(batch).await?
+            if timed {
+                self.backend.profile(batch).await?
+            } else {
+                self.backend.step(batch).await?;
+                OpTimes::new()
+            }
         };
         // The profiled prefill stored the prompt's KV: decode steps of n sequences fork it.
         let mut decodes = Vec::new();
@@ -259,7 +281,8 @@ impl Runner {
             }
             let token = [prompt[0]];
             // Once to build and warm this step size's kernels (untimed), then timed.
-            for warm in [true, false] {
+            let passes: &[bool] = if timed { &[true, false] } else { &[true] };
+            for &warm in passes {
                 let mut samplers: Vec<Sampler> = (0..n).map(|_| Sampler::new(SamplingParams::greedy())).collect::<Result<_, _>>()?;
                 let entries = samplers
                     .iter_mut()
@@ -272,9 +295,13 @@ impl Runner {
                     })
                     .collect();
                 let copies = if warm { &copies[..] } else { &[][..] };
-                let times = self.backend.profile(StepBatch { entries, copies, logits: false }).await?;
-                if !warm {
-                    decodes.push(times);
+                let batch = StepBatch { entries, copies, logits: false };
+                if !timed {
+                    self.backend.step(batch).await?;
+                } else if warm {
+                    self.backend.profile(batch).await?;
+                } else {
+                    decodes.push(self.backend.profile(batch).await?);
                 }
             }
             for s in 1..=n as u64 {

@@ -90,6 +90,11 @@ pub struct ServeArgs {
     header_timeout: u64,
     #[arg(long, value_enum, default_value_t = BackendArg::Gpu)]
     backend: BackendArg,
+    /// Skip the warm-up: one step of each kind (a prompt, decodes of 1 to --parallel
+    /// sequences) run before /health says ok, so that kernels the adapter compiles at first use
+    /// (lavapipe, browsers) do not stall the first requests.
+    #[arg(long = "no-warmup")]
+    no_warmup: bool,
     #[command(flatten)]
     sampling: SamplingDefaults,
 }
@@ -118,8 +123,7 @@ struct SamplingDefaults {
     presence_penalty: Option<f32>,
     #[arg(long = "frequency-penalty", allow_negative_numbers = true)]
     frequency_penalty: Option<f32>,
-    /// Default seed (requests without one draw from it in turn... as llama.cpp: each request
-    /// that gives none uses this one).
+    /// Default seed for requests that give none (without it, each draws a fresh one).
     #[arg(long = "seed")]
     seed: Option<u64>,
     /// Default stop string (repeatable).
@@ -232,9 +236,20 @@ async fn run(args: ServeArgs, path: PathBuf, opts: LoadOptions, app: Shared) -> 
     let (failed_tx, mut failed_rx) = tokio::sync::mpsc::channel::<String>(1);
     {
         let app = app.clone();
+        let warmup = !args.no_warmup;
         tokio::task::spawn_blocking(move || match Engine::load_path(&path, &opts) {
             Ok(engine) => {
                 eprintln!("loaded {} on {} ({})", app.model_id, engine.backend_name(), engine.adapter_name());
+                if warmup {
+                    let t0 = Instant::now();
+                    match futures::executor::block_on(engine.warm_up()) {
+                        Ok(()) => eprintln!("warmed up in {:.1} s", t0.elapsed().as_secs_f64()),
+                        Err(e) => {
+                            let _ = failed_tx.blocking_send(format!("warm-up: {e}"));
+                            return;
+                        }
+                    }
+                }
                 let _ = app.engine.set(Arc::new(engine));
             }
             Err(e) => {
@@ -386,11 +401,7 @@ async fn models(State(app): State<Shared>) -> Response {
 
 /// The body as bytes; a body over the limit is 413.
 fn body_bytes(body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|e| {
-        let status = e.status();
-        let kind = if status == StatusCode::PAYLOAD_TOO_LARGE { "invalid_request_error" } else { "invalid_request_error" };
-        ApiError::new(status, kind, e.body_text())
-    })
+    body.map_err(|e| ApiError::new(e.status(), "invalid_request_error", e.body_text()))
 }
 
 async fn chat_completions(State(app): State<Shared>, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Response {
