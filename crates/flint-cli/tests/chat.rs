@@ -2,22 +2,16 @@
 //! `/stats`), Ctrl-C under a pseudo-terminal (tmux) ending a reply but not the program, and
 //! the refusal of a model without a chat template. CPU backend, greedy, short replies.
 
+mod common;
+
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::model_path;
+
 fn flint_bin() -> &'static str {
     env!("CARGO_BIN_EXE_flint")
-}
-
-fn model_path(name: &str) -> String {
-    let dir = std::env::var_os("FLINT_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/flint/models"));
-    let p = dir.join(format!("{name}.gguf"));
-    assert!(p.exists(), "{} is missing: run `flint pull {name}` (scripts/test.sh does)", p.display());
-    p.to_string_lossy().into_owned()
 }
 
 /// The `cached prompt tokens: N` figures `/stats` printed, in order.

@@ -1,26 +1,16 @@
 //! End-to-end tests of the `flint` binary: golden greedy runs, stop strings and
 //! log-probabilities through `flint run`, and the exit-2-with-one-line contract for bad input.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::{Command, Output};
+
+use common::{model_path, shared};
 
 use serde_json::Value;
 
-fn shared() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"))
-}
-
 fn flint(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flint")).args(args).output().expect("run flint")
-}
-
-fn model_path(name: &str) -> String {
-    let dir = std::env::var_os("FLINT_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/flint/models"));
-    let p = dir.join(format!("{name}.gguf"));
-    assert!(p.exists(), "{} is missing: run `flint pull {name}` (scripts/test.sh does)", p.display());
-    p.to_string_lossy().into_owned()
 }
 
 fn json_file(rel: &str) -> Value {

@@ -5,28 +5,18 @@
 //! reference's greedy text, steps shared), SSE, every error status, /tokenize, a disconnect
 //! that frees its KV blocks, slow headers, a full queue, and graceful shutdown on SIGTERM.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::{model_path, shared};
 
 use serde_json::{json, Value};
 
 const KEY: &str = "test-key-123";
-
-fn shared() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"))
-}
-
-fn model_path(name: &str) -> String {
-    let dir = std::env::var_os("FLINT_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/flint/models"));
-    let p = dir.join(format!("{name}.gguf"));
-    assert!(p.exists(), "{} is missing: run `flint pull {name}` (scripts/test.sh does)", p.display());
-    p.to_string_lossy().into_owned()
-}
 
 fn json_file(rel: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(shared().join(rel)).unwrap()).unwrap()

@@ -107,14 +107,8 @@ fn steps_histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
     let mut cum = 0;
     for (i, c) in h.counts.iter().enumerate() {
         cum += c;
-        match Histogram::bound(i) {
-            Some(b) => {
-                let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
-            }
-            None => {
-                let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
-            }
-        }
+        let le = Histogram::bound(i).map_or_else(|| "+Inf".to_string(), |b| b.to_string());
+        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cum}");
     }
     let _ = write!(out, "{name}_sum {}\n{name}_count {cum}\n", h.sum);
 }

@@ -108,19 +108,8 @@ pub struct Defaults {
 
 impl Default for Defaults {
     fn default() -> Self {
-        let sampling = SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed: None,
-            repeat_penalty: 1.0,
-            repeat_last_n: 64,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            logit_bias: Vec::new(),
-            n_logprobs: 0,
-        };
+        // OpenAI's defaults where they differ from llama.cpp's (no top-k, top-p or min-p).
+        let sampling = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..SamplingParams::default() };
         Defaults { sampling, max_tokens: None, stop: Vec::new() }
     }
 }
