@@ -39,7 +39,8 @@ export async function startServer({ root = SITE } = {}) {
   const requests = [];
   const stderrTail = [];
   lines(child.stderr, (line) => {
-    const m = /^(\S+) (\S+) (\d{3}) (\d+)(?: [Rr]ange:? (.*))?$/.exec(line);
+    // `flint web --log`: METHOD PATH STATUS BYTES [range R] MSms, once the response has ended.
+    const m = /^(\S+) (\S+) (\d{3}) (\d+)(?: range (\S+))?(?: \d+ms)?$/.exec(line);
     if (m) requests.push({ method: m[1], path: m[2], status: +m[3], bytes: +m[4], range: m[5] ?? null });
     else stderrTail.push(line);
   });

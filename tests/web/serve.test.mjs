@@ -2,7 +2,9 @@
 // points an existing app at it: qwen on the GPU (lavapipe), on a free loopback port, with an
 // API key. Greedy chat reproduces the f32 reference for qwen's golden chat prompt; streaming
 // with usage, plain completions, the model list, n, seeds, stop strings, logprobs, and the
-// typed errors the client raises for a bad value, an unknown model and a wrong key.
+// typed errors the client raises for a bad value, an unknown model and a wrong key. And the
+// chat page served by the same server, in a Chromium without WebGPU, chatting with the
+// server's model.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -11,7 +13,7 @@ import { readFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
-import { FLINT_BIN, REPO, requireFile } from "./lib.mjs";
+import { FLINT_BIN, REPO, SITE, launchBrowser, openPage, requireFile } from "./lib.mjs";
 
 const SHARED = join(REPO, "../shared");
 const MODEL = "qwen2.5-coder-0.5b";
@@ -26,7 +28,9 @@ async function startServe() {
   const model = join(MODELS, `${MODEL}.gguf`);
   requireFile(FLINT_BIN, "build it with `cargo build --release -p flint-cli`");
   requireFile(model, `run \`flint pull ${MODEL}\``);
-  const child = spawn(FLINT_BIN, ["serve", "-m", model, "--port", "0", "--api-key", KEY, "-c", "512", "--parallel", "4"], {
+  requireFile(join(SITE, "index.html"));
+  const args = ["serve", "-m", model, "--port", "0", "--api-key", KEY, "-c", "512", "--parallel", "4", "--static", SITE];
+  const child = spawn(FLINT_BIN, args, {
     stdio: ["ignore", "pipe", "inherit"],
   });
   const url = await new Promise((resolve, reject) => {
@@ -147,4 +151,38 @@ test("the client raises typed errors: a bad value, an unknown model, a wrong key
     assert.equal(e.status, 401);
     return true;
   });
+});
+
+test("the chat page served by flint serve chats with the server's model, without WebGPU", { timeout: 5 * 60_000 }, async (t) => {
+  const browser = await launchBrowser({ webgpu: false });
+  t.after(() => browser.close());
+  const page = await openPage(browser, "server-chat");
+  await page.goto(`${server.url}/`);
+  await page.locator("#webgpu-status").getByText("You can still chat with this server's model").waitFor({ timeout: 30_000 });
+  assert.equal(await page.inputValue("#model-select"), `server:${MODEL}`, "the server's model is chosen");
+  assert.equal(await page.isEnabled("#load"), true, "Load works without WebGPU for the server's model");
+
+  // The golden chat prompt, greedy, as a user types it: the f32 reference's text.
+  const [system, user] = golden("prompts/chat_messages_qwen6.json");
+  await page.fill("#api-key", KEY);
+  await page.click("#load");
+  await page.locator("#mode-note").getByText("chat mode").waitFor({ timeout: 30_000 });
+  await page.fill("#system", system.content);
+  await page.fill("#temperature", "0");
+  await page.fill("#max-tokens", "16");
+  await page.fill("#input", user.content);
+  await page.click("#send");
+  await page.waitForFunction(() => !document.getElementById("send").disabled, null, { timeout: 4 * 60_000, polling: 100 });
+  assert.equal(await page.isHidden("#error"), true, await page.textContent("#error"));
+  const reply = await page.locator("#messages .assistant").last().textContent();
+  assert.equal(reply, golden("f32/qwen/6.json").greedy_text_16);
+  assert.match(await page.textContent("#stats"), /TTFT \d+ ms · .* 16 generated tokens.*finish: length/);
+
+  // A wrong key is shown as the server's error, not a silent empty reply.
+  await page.fill("#api-key", "sk-wrong");
+  await page.click("#load");
+  await page.locator("#mode-note").getByText("chat mode").waitFor({ timeout: 30_000 });
+  await page.fill("#input", "hi");
+  await page.click("#send");
+  await page.locator("#error").getByText("invalid or missing API key").waitFor({ timeout: 30_000 });
 });

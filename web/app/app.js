@@ -1,4 +1,7 @@
-// The chat page: WebGPU capability check, model picker, worker engine, streamed replies.
+// The chat page: WebGPU capability check, model picker, worker engine (or the model of the
+// `flint serve` that serves the page), streamed replies.
+
+import { createServerEngine, serverModels } from "./server.js";
 
 const MB = 1024 * 1024;
 const SOFTWARE_ADAPTER = /swiftshader|llvmpipe|lavapipe|softpipe|warp|basic render/i;
@@ -13,7 +16,7 @@ const SHOWN_LIMITS = [
 const $ = (id) => document.getElementById(id);
 const el = {
   status: $("webgpu-status"), gpuInfo: $("gpu-info"),
-  select: $("model-select"), url: $("model-url"), file: $("model-file"), drop: $("drop-zone"),
+  select: $("model-select"), apiKey: $("api-key"), url: $("model-url"), file: $("model-file"), drop: $("drop-zone"),
   load: $("load"), progress: $("progress"), progressText: $("progress-text"),
   system: $("system"), temperature: $("temperature"), topP: $("top-p"), topK: $("top-k"),
   maxTokens: $("max-tokens"), seed: $("seed"),
@@ -21,7 +24,10 @@ const el = {
   input: $("input"), send: $("send"), stop: $("stop"), newChat: $("new-chat"), stats: $("stats"),
 };
 
-const state = { gpuOk: false, engine: null, worker: null, chatMode: true, history: [], localFile: null, busy: false };
+const SERVER = "server:";
+const state = {
+  gpuOk: false, engine: null, worker: null, chatMode: true, history: [], localFile: null, busy: false, serverModels: [],
+};
 
 function showError(err) {
   el.error.hidden = !err;
@@ -65,12 +71,29 @@ async function loadCatalog() {
   } catch { /* no catalog */ }
 }
 
+// The server's own model, when the page is served by `flint serve`: it needs no WebGPU.
+async function loadServerModels() {
+  state.serverModels = await serverModels();
+  if (!state.serverModels.length) return;
+  const group = Object.assign(document.createElement("optgroup"), { label: "On this server" });
+  for (const m of state.serverModels) group.append(new Option(`${m.id} (server)`, SERVER + m.id));
+  el.select.append(group);
+  el.apiKey.closest("label").hidden = false;
+  if (!state.gpuOk) {
+    el.status.textContent += " You can still chat with this server's model.";
+    el.select.value = SERVER + state.serverModels[0].id;
+  }
+}
+
 function chosenModel() {
   return state.localFile ?? (el.url.value.trim() || el.select.value || null);
 }
 
+const isServerModel = (model) => typeof model === "string" && model.startsWith(SERVER);
+
 function refreshLoadButton() {
-  el.load.disabled = !state.gpuOk || state.busy || !chosenModel();
+  const model = chosenModel();
+  el.load.disabled = state.busy || !model || (!state.gpuOk && !isServerModel(model));
 }
 
 function onProgress(p) {
@@ -85,13 +108,20 @@ async function loadModel() {
   setBusy(true);
   try {
     await unloadModel();
-    const { createWebWorkerEngine } = await import("./pkg/index.js");
-    state.worker = new Worker(new URL("./pkg/worker.js", import.meta.url), { type: "module" });
-    state.engine = await createWebWorkerEngine(state.worker, { model, initProgressCallback: onProgress });
+    if (isServerModel(model)) {
+      const served = state.serverModels.find((m) => SERVER + m.id === model);
+      state.engine = createServerEngine(served, { apiKey: el.apiKey.value.trim() });
+      onProgress({ stage: "ready", progress: 1, text: "on the server" });
+    } else {
+      const { createWebWorkerEngine } = await import("./pkg/index.js");
+      state.worker = new Worker(new URL("./pkg/worker.js", import.meta.url), { type: "module" });
+      state.engine = await createWebWorkerEngine(state.worker, { model, initProgressCallback: onProgress });
+    }
     const info = state.engine.info;
     state.chatMode = info.has_chat_template;
+    const where = isServerModel(model) ? " On the server." : "";
     el.modeNote.textContent = state.chatMode
-      ? `${info.name}: chat mode (the model's chat template), context ${info.n_ctx} tokens.`
+      ? `${info.name}: chat mode (the model's chat template), context ${info.n_ctx} tokens.${where}`
       : `${info.name}: this model has no chat template: plain text completion. Your message is continued as text.`;
     el.system.disabled = !state.chatMode;
     clearChat();
@@ -221,4 +251,5 @@ el.newChat.addEventListener("click", async () => {
 
 state.gpuOk = await checkWebGPU();
 await loadCatalog();
+await loadServerModels();
 refreshLoadButton();

@@ -1,20 +1,37 @@
-//! `flint web`: a small static HTTP server for the chat page (the site `scripts/build-web.sh`
-//! builds) and the cached catalog models, with the Range support the browser engine uses.
+//! The site routes `flint serve` and `flint web` share: the chat page (the site
+//! `scripts/build-web.sh` builds) as static files, and the cached catalog models under
+//! `/models/`, both with the Range support the browser engine reads models by.
+//!
+//! `flint web` is the static-only mode: the same axum routes and connection loop as
+//! `flint serve`, with no model loaded.
 //!
 //! Routes: `/models/index.json` lists the cached catalog models; `/models/<name>.gguf` serves
-//! one; everything else is a file under `--root`. GET and HEAD only; one thread per
-//! connection; each response closes its connection.
+//! one; everything else is a file under the site root (tower-http's `ServeDir`: GET and HEAD,
+//! Range, no path that climbs out of the root).
 
-use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
 use clap::Args;
+use http_body::{Frame, SizeHint};
 use serde_json::json;
+use tower::ServiceExt;
+use tower_http::services::{ServeDir, ServeFile};
 
 use crate::catalog;
 use crate::Failure;
+
+/// The site `scripts/build-web.sh` builds, relative to the working directory.
+pub const DEFAULT_SITE: &str = "target/web/site";
 
 #[derive(Args)]
 pub struct WebArgs {
@@ -25,9 +42,9 @@ pub struct WebArgs {
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// The site to serve (built by `bash scripts/build-web.sh`).
-    #[arg(long, default_value = "target/web/site")]
+    #[arg(long, default_value = DEFAULT_SITE)]
     root: PathBuf,
-    /// Print one line per request on stderr: METHOD PATH STATUS BYTES [range].
+    /// Print one line per request on stderr: METHOD PATH STATUS BYTES [range R] MSms.
     #[arg(long)]
     log: bool,
 }
@@ -39,246 +56,116 @@ pub fn web(args: WebArgs) -> Result<(), Failure> {
             args.root.display()
         )));
     }
-    let listener = TcpListener::bind((args.host.as_str(), args.port))
-        .map_err(|e| Failure::usage(format!("cannot listen on {}:{}: {e}", args.host, args.port)))?;
-    let addr = listener.local_addr().map_err(Failure::runtime)?;
-    println!("listening on http://{addr}");
-    let _ = std::io::stdout().flush();
-    let root = std::sync::Arc::new(args.root);
-    for stream in listener.incoming() {
-        let Ok(stream) = stream else { continue };
-        let root = root.clone();
-        let log = args.log;
-        std::thread::spawn(move || {
-            if let Err(e) = serve(stream, &root, log) {
-                if log {
-                    eprintln!("connection error: {e}");
-                }
-            }
-        });
+    let mut router: Router = site(Some(args.root));
+    if args.log {
+        router = router.layer(middleware::from_fn(log_requests));
     }
-    Ok(())
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(Failure::runtime)?;
+    runtime.block_on(async {
+        let listener = crate::serve::bind(&args.host, args.port).await?;
+        // Static files need no drain: a signal ends the server at once, as before.
+        crate::serve::accept_until_signal(listener, router, Duration::from_secs(10), std::future::pending()).await.map(drop)
+    })
 }
 
-struct Request {
-    method: String,
-    path: String,
-    range: Option<String>,
+/// The site when one is built where `flint serve` looks by default: `target/web/site` under the
+/// working directory, else `web/site` beside the binary's directory (`target/release/flint` →
+/// `target/web/site`).
+pub fn default_site() -> Option<PathBuf> {
+    let beside_binary = std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.parent()?.join("web/site")));
+    [Some(PathBuf::from(DEFAULT_SITE)), beside_binary].into_iter().flatten().find(|d| d.join("index.html").is_file())
 }
 
-/// Request line and the one header we use; at most 64 header lines of at most 8 KiB.
-fn read_request(stream: &TcpStream) -> std::io::Result<Option<Request>> {
-    let mut reader = BufReader::new(stream.take(64 * 1024));
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Ok(None);
-    }
-    let mut parts = line.split_whitespace();
-    let (Some(method), Some(target)) = (parts.next(), parts.next()) else { return Ok(None) };
-    let (method, path) = (method.to_string(), target.split(['?', '#']).next().unwrap_or("/").to_string());
-    let mut range = None;
-    for _ in 0..64 {
-        let mut h = String::new();
-        if reader.read_line(&mut h)? == 0 || h.trim().is_empty() {
-            break;
-        }
-        if let Some((name, value)) = h.split_once(':') {
-            if name.trim().eq_ignore_ascii_case("range") {
-                range = Some(value.trim().to_string());
-            }
-        }
-    }
-    Ok(Some(Request { method, path, range }))
-}
-
-/// `%XX` decoding; `None` for malformed escapes or non-UTF-8 results.
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// The file under `root` that `path` names, refusing anything that climbs out of it.
-fn site_file(root: &Path, path: &str) -> Option<PathBuf> {
-    let decoded = percent_decode(path)?;
-    let rel = Path::new(decoded.trim_start_matches('/'));
-    if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
-        return None;
-    }
-    let full = root.join(rel);
-    let full = if full.is_dir() { full.join("index.html") } else { full };
-    full.is_file().then_some(full)
-}
-
-fn content_type(path: &Path) -> &'static str {
-    match path.extension().and_then(|e| e.to_str()).unwrap_or("") {
-        "html" => "text/html; charset=utf-8",
-        "js" | "mjs" => "text/javascript; charset=utf-8",
-        "css" => "text/css; charset=utf-8",
-        "json" => "application/json",
-        "wasm" => "application/wasm",
-        "png" => "image/png",
-        "svg" => "image/svg+xml",
-        "ts" => "text/plain; charset=utf-8",
-        _ => "application/octet-stream",
-    }
-}
-
-/// `bytes=a-b`, `bytes=a-` or `bytes=-n` against a file of `len` bytes: the inclusive range,
-/// `Err(())` when it cannot be satisfied. Multi-range requests are served whole (`Ok(None)`).
-fn parse_range(spec: &str, len: u64) -> Result<Option<(u64, u64)>, ()> {
-    let Some(r) = spec.strip_prefix("bytes=") else { return Ok(None) };
-    if r.contains(',') {
-        return Ok(None);
-    }
-    let (a, b) = r.split_once('-').ok_or(())?;
-    let (start, end) = match (a.trim(), b.trim()) {
-        ("", n) => {
-            let n: u64 = n.parse().map_err(|_| ())?;
-            if n == 0 {
-                return Err(());
-            }
-            (len.saturating_sub(n), len.checked_sub(1).ok_or(())?)
-        }
-        (a, "") => (a.parse().map_err(|_| ())?, len.checked_sub(1).ok_or(())?),
-        (a, b) => (a.parse().map_err(|_| ())?, b.parse::<u64>().map_err(|_| ())?.min(len.saturating_sub(1))),
+/// The model routes and, when there is a site, its files at every path no other route takes;
+/// to merge into a router. Every response says `Cache-Control: no-cache`, so a browser checks
+/// again after the site is rebuilt (npm pack dates the package's files to 1985, which would
+/// make any heuristic freshness last for years).
+pub fn site<S: Clone + Send + Sync + 'static>(root: Option<PathBuf>) -> Router<S> {
+    let r = Router::new().route("/models/index.json", get(models_index)).route("/models/{file}", get(model_file));
+    let r = match root {
+        Some(dir) => r.fallback_service(ServeDir::new(dir)),
+        None => r,
     };
-    if start > end || start >= len {
-        return Err(());
-    }
-    Ok(Some((start, end)))
+    r.layer(middleware::map_response(no_cache))
 }
 
-fn models_index() -> serde_json::Value {
+async fn no_cache(mut res: Response) -> Response {
+    res.headers_mut().entry(header::CACHE_CONTROL).or_insert(HeaderValue::from_static("no-cache"));
+    res
+}
+
+async fn models_index() -> Response {
     let dir = catalog::models_dir();
     let models: Vec<_> = catalog::catalog()
         .iter()
         .filter(|e| e.cached_in(&dir).is_some())
         .map(|e| json!({"name": e.name, "url": format!("/models/{}.gguf", e.name), "size": e.size}))
         .collect();
-    json!(models)
+    Json(json!(models)).into_response()
 }
 
-fn serve(mut stream: TcpStream, root: &Path, log: bool) -> std::io::Result<()> {
-    let Some(req) = read_request(&stream)? else { return Ok(()) };
-    let head_only = req.method == "HEAD";
-    let (status, bytes) = if req.method != "GET" && !head_only {
-        respond_text(&mut stream, 405, "method not allowed\n")?
-    } else if req.path == "/models/index.json" {
-        let body = models_index().to_string();
-        let hdr = header(200, "application/json", body.len() as u64, None);
-        stream.write_all(hdr.as_bytes())?;
-        if !head_only {
-            stream.write_all(body.as_bytes())?;
+/// `/models/<name>.gguf`: a cached catalog model, with Range.
+async fn model_file(req: Request) -> Response {
+    let path = req.uri().path().strip_prefix("/models/").and_then(|f| f.strip_suffix(".gguf"));
+    let file = path.and_then(catalog::find).and_then(|e| e.cached_in(&catalog::models_dir()));
+    match file {
+        Some(file) => match ServeFile::new(file).oneshot(req).await {
+            // The package keeps models in its own cache; the browser's HTTP cache holding
+            // hundreds of MB of ranges (and revalidating them) would only cost.
+            Ok(mut res) => {
+                res.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                res.map(Body::new)
+            }
+            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+        },
+        None => (StatusCode::NOT_FOUND, "not found\n").into_response(),
+    }
+}
+
+/// One line per request on stderr, `METHOD PATH STATUS BYTES [range R] MSms`, written when the
+/// response body ends or is dropped (a disconnect), so BYTES is what was sent and MS the whole
+/// response, streams included.
+pub async fn log_requests(req: Request, next: Next) -> Response {
+    let range = req.headers().get(header::RANGE).and_then(|v| v.to_str().ok()).map(|r| format!(" range {r}")).unwrap_or_default();
+    let head = format!("{} {}", req.method(), req.uri().path());
+    let t0 = Instant::now();
+    let res = next.run(req).await;
+    let status = res.status().as_u16();
+    res.map(|inner| Body::new(Logged { inner, bytes: 0, line: Some((head, status, range, t0)) }))
+}
+
+/// A response body that counts the bytes it yields and logs its request line when dropped.
+struct Logged {
+    inner: Body,
+    bytes: u64,
+    line: Option<(String, u16, String, Instant)>,
+}
+
+impl http_body::Body for Logged {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            self.bytes += frame.data_ref().map_or(0, |d| d.len() as u64);
         }
-        (200, body.len() as u64)
-    } else {
-        let file = match req.path.strip_prefix("/models/").and_then(|f| f.strip_suffix(".gguf")) {
-            Some(name) => catalog::find(name).and_then(|e| e.cached_in(&catalog::models_dir())),
-            None => site_file(root, &req.path),
-        };
-        match file {
-            Some(path) => send_file(&mut stream, &path, req.range.as_deref(), head_only)?,
-            None => respond_text(&mut stream, 404, "not found\n")?,
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        if let Some((head, status, range, t0)) = self.line.take() {
+            eprintln!("{head} {status} {}{range} {:.0}ms", self.bytes, t0.elapsed().as_secs_f64() * 1e3);
         }
-    };
-    if log {
-        let range = req.range.map(|r| format!(" range {r}")).unwrap_or_default();
-        eprintln!("{} {} {status} {bytes}{range}", req.method, req.path);
-    }
-    Ok(())
-}
-
-fn header(status: u16, ctype: &str, len: u64, range: Option<(u64, u64, u64)>) -> String {
-    let reason = match status {
-        200 => "OK",
-        206 => "Partial Content",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        416 => "Range Not Satisfiable",
-        _ => "Error",
-    };
-    let mut h = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len}\r\nAccept-Ranges: bytes\r\n\
-         Cache-Control: no-cache\r\nConnection: close\r\n"
-    );
-    if let Some((a, b, total)) = range {
-        h += &format!("Content-Range: bytes {a}-{b}/{total}\r\n");
-    }
-    h + "\r\n"
-}
-
-fn respond_text(stream: &mut TcpStream, status: u16, body: &str) -> std::io::Result<(u16, u64)> {
-    stream.write_all(header(status, "text/plain; charset=utf-8", body.len() as u64, None).as_bytes())?;
-    stream.write_all(body.as_bytes())?;
-    Ok((status, body.len() as u64))
-}
-
-fn send_file(stream: &mut TcpStream, path: &Path, range: Option<&str>, head_only: bool) -> std::io::Result<(u16, u64)> {
-    let mut file = File::open(path)?;
-    let len = file.metadata()?.len();
-    let ctype = content_type(path);
-    let (status, start, n, content_range) = match range.map(|r| parse_range(r, len)) {
-        None | Some(Ok(None)) => (200, 0, len, None),
-        Some(Ok(Some((a, b)))) => (206, a, b - a + 1, Some((a, b, len))),
-        Some(Err(())) => {
-            let hdr = format!(
-                "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */{len}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-            );
-            stream.write_all(hdr.as_bytes())?;
-            return Ok((416, 0));
-        }
-    };
-    stream.write_all(header(status, ctype, n, content_range).as_bytes())?;
-    if head_only {
-        return Ok((status, 0));
-    }
-    file.seek(SeekFrom::Start(start))?;
-    let sent = std::io::copy(&mut file.take(n), stream)?;
-    Ok((status, sent))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranges() {
-        assert_eq!(parse_range("bytes=0-9", 100), Ok(Some((0, 9))));
-        assert_eq!(parse_range("bytes=90-", 100), Ok(Some((90, 99))));
-        assert_eq!(parse_range("bytes=-10", 100), Ok(Some((90, 99))));
-        assert_eq!(parse_range("bytes=50-500", 100), Ok(Some((50, 99))));
-        assert_eq!(parse_range("bytes=100-", 100), Err(()));
-        assert_eq!(parse_range("bytes=9-3", 100), Err(()));
-        assert_eq!(parse_range("bytes=x-3", 100), Err(()));
-        assert_eq!(parse_range("bytes=0-1,5-6", 100), Ok(None));
-        assert_eq!(parse_range("items=0-1", 100), Ok(None));
-        assert_eq!(parse_range("bytes=0-0", 0), Err(()));
-    }
-
-    #[test]
-    fn paths_stay_inside_the_root() {
-        let dir = std::env::temp_dir().join(format!("flint-web-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("pkg")).unwrap();
-        std::fs::write(dir.join("index.html"), "x").unwrap();
-        std::fs::write(dir.join("pkg/a b.js"), "x").unwrap();
-        assert_eq!(site_file(&dir, "/"), Some(dir.join("index.html")));
-        assert_eq!(site_file(&dir, "/pkg/a%20b.js"), Some(dir.join("pkg/a b.js")));
-        assert_eq!(site_file(&dir, "/../etc/passwd"), None);
-        assert_eq!(site_file(&dir, "/pkg/%2e%2e/%2e%2e/etc/passwd"), None);
-        assert_eq!(site_file(&dir, "/%zz"), None);
-        assert_eq!(site_file(&dir, "/missing.js"), None);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -2,7 +2,8 @@
 //! spoken to with raw HTTP/1.1 so that the bytes themselves are checked (SSE framing, status
 //! lines, headers). One server (gemma on the GPU, an API key, small limits) serves every check
 //! in order: 503 while loading, keys per route, CORS, the golden prompts at once (the f32
-//! reference's greedy text, steps shared), SSE, every error status, /tokenize, a disconnect
+//! reference's greedy text, steps shared), the site and the cached models (Range), SSE, every
+//! error status, /tokenize, a disconnect
 //! that frees its KV blocks, slow headers, a full queue, and graceful shutdown on SIGTERM.
 
 mod common;
@@ -179,9 +180,14 @@ fn flint_serve_over_http() {
         return;
     }
     let model = model_path("gemma-3-270m");
+    let site = std::env::temp_dir().join(format!("flint-serve-site-{}", std::process::id()));
+    std::fs::create_dir_all(site.join("pkg")).unwrap();
+    std::fs::write(site.join("index.html"), "<!doctype html>page").unwrap();
+    let data: Vec<u8> = (0..=255u8).collect();
+    std::fs::write(site.join("pkg/a b.bin"), &data).unwrap();
     let server = Server::start(&[
         "-m", &model, "--port", "0", "-c", "256", "--parallel", "8", "--api-key", KEY, "--max-queue", "8", "--header-timeout", "1",
-        "--shutdown-timeout", "1", "--cors", "http://app.example",
+        "--shutdown-timeout", "1", "--cors", "http://app.example", "--static", site.to_str().unwrap(),
         // The warm-up (on by default) runs in tests/web/serve.test.mjs; here it would only
         // compile the 2-4-token kernels that nothing below uses.
         "--no-warmup",
@@ -213,6 +219,26 @@ fn flint_serve_over_http() {
         let method = if path == "/metrics" { "GET" } else { "POST" };
         assert_eq!(server.request(method, path, &[], b"{}").status, 401, "{path}");
     }
+
+    // The site: open without the key, with Range, nothing outside its root. The cached models
+    // need the key.
+    let page = server.request("GET", "/", &[], b"");
+    assert_eq!((page.status, page.text().as_str()), (200, "<!doctype html>page"));
+    assert_eq!(page.header("cache-control"), Some("no-cache"));
+    let part = server.request("GET", "/pkg/a%20b.bin", &[("range", "bytes=16-31")], b"");
+    assert_eq!((part.status, part.body.as_slice()), (206, &data[16..32]));
+    assert_eq!(part.header("content-range"), Some("bytes 16-31/256"));
+    assert_eq!(server.request("GET", "/pkg/a%20b.bin", &[("range", "bytes=300-")], b"").status, 416);
+    for path in ["/../index.html", "/pkg/%2e%2e/%2e%2e/etc/passwd", "/missing.js"] {
+        assert_eq!(server.request("GET", path, &[], b"").status, 404, "{path}");
+    }
+    assert_eq!(server.request("GET", "/models/index.json", &[], b"").status, 401);
+    let index = server.get("/models/index.json").json();
+    assert!(index.as_array().unwrap().iter().any(|m| m["url"] == "/models/gemma-3-270m.gguf"), "{index}");
+    let magic = server.request("GET", "/models/gemma-3-270m.gguf", &[("authorization", &format!("Bearer {KEY}")), ("range", "bytes=0-3")], b"");
+    assert_eq!((magic.status, magic.body.as_slice()), (206, b"GGUF".as_slice()));
+    assert_eq!(server.request("GET", "/models/gemma-3-270m.gguf", &[("range", "bytes=0-3")], b"").status, 401);
+    std::fs::remove_dir_all(&site).unwrap();
 
     // CORS: a preflight from an allowed origin is answered without the key; others get no grant.
     let preflight = |origin: &str| {

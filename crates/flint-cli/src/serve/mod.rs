@@ -21,14 +21,13 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use clap::Args;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{json, Value};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::limit::RequestBodyLimitLayer;
-use tower_http::services::ServeDir;
 
 use flint::{Engine, LoadOptions, SamplingParams};
 
@@ -79,7 +78,8 @@ pub struct ServeArgs {
     /// Allow browser requests from ORIGIN (repeatable; `*` for any).
     #[arg(long = "cors", value_name = "ORIGIN")]
     cors: Vec<String>,
-    /// Serve the files under DIR (with Range) at every path the API does not use.
+    /// Serve the files under DIR (with Range) at every path the API does not use; default: the
+    /// chat page's site when it is built (target/web/site).
     #[arg(long = "static", value_name = "DIR")]
     static_dir: Option<PathBuf>,
     /// On SIGINT/SIGTERM, let running requests finish for this long, then end them (abort).
@@ -222,16 +222,50 @@ pub fn serve(args: ServeArgs) -> Result<(), Failure> {
     runtime.block_on(run(args, path, opts, app))
 }
 
-async fn run(args: ServeArgs, path: PathBuf, opts: LoadOptions, app: Shared) -> Result<(), Failure> {
-    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
-        .await
-        .map_err(|e| Failure::usage(format!("cannot listen on {}:{}: {e}", args.host, args.port)))?;
+/// Binds and prints `listening on http://ADDR:PORT` on stdout, before anything slow.
+pub(crate) async fn bind(host: &str, port: u16) -> Result<tokio::net::TcpListener, Failure> {
+    let listener = tokio::net::TcpListener::bind((host, port)).await.map_err(|e| Failure::usage(format!("cannot listen on {host}:{port}: {e}")))?;
     let addr: SocketAddr = listener.local_addr().map_err(Failure::runtime)?;
     println!("listening on http://{addr}");
-    {
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    Ok(listener)
+}
+
+/// Serves `router` on `listener` until SIGINT/SIGTERM (then it returns the connections still
+/// open, to drain) or until `failed` resolves (then its error). Each connection is hyper's own
+/// with a timer, so its header read timeout holds a client that trickles bytes to a deadline.
+pub(crate) async fn accept_until_signal(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    header_timeout: Duration,
+    failed: impl std::future::Future<Output = Failure>,
+) -> Result<hyper_util::server::graceful::GracefulShutdown, Failure> {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown_signal());
+    let mut failed = std::pin::pin!(failed);
+    loop {
+        tokio::select! {
+            conn = listener.accept() => {
+                let Ok((stream, _)) = conn else { continue };
+                let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(header_timeout)
+                    .serve_connection(TokioIo::new(stream), svc);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            failure = &mut failed => return Err(failure),
+            _ = &mut shutdown => return Ok(graceful),
+        }
     }
+}
+
+async fn run(args: ServeArgs, path: PathBuf, opts: LoadOptions, app: Shared) -> Result<(), Failure> {
+    let listener = bind(&args.host, args.port).await?;
     // Load on a blocking thread; the server answers (503) meanwhile.
     let (failed_tx, mut failed_rx) = tokio::sync::mpsc::channel::<String>(1);
     {
@@ -258,28 +292,13 @@ async fn run(args: ServeArgs, path: PathBuf, opts: LoadOptions, app: Shared) -> 
         });
     }
     let router = router(&args, app.clone());
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut shutdown = std::pin::pin!(shutdown_signal());
-    let header_timeout = Duration::from_secs(args.header_timeout.max(1));
-    loop {
-        tokio::select! {
-            conn = listener.accept() => {
-                let Ok((stream, _)) = conn else { continue };
-                let svc = hyper_util::service::TowerToHyperService::new(router.clone());
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(header_timeout)
-                    .serve_connection(TokioIo::new(stream), svc);
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
-            }
-            Some(message) = failed_rx.recv() => return Err(Failure::usage(message)),
-            _ = &mut shutdown => break,
+    let failed = async move {
+        match failed_rx.recv().await {
+            Some(message) => Failure::usage(message),
+            None => std::future::pending().await,
         }
-    }
-    drop(listener);
+    };
+    let graceful = accept_until_signal(listener, router, Duration::from_secs(args.header_timeout.max(1)), failed).await?;
     eprintln!("shutting down: waiting up to {} s for running requests", args.shutdown_timeout);
     let drained = graceful.shutdown();
     let mut drained = std::pin::pin!(drained);
@@ -327,15 +346,20 @@ fn router(args: &ServeArgs, app: Shared) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .method_not_allowed_fallback(|| async { ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method not allowed") });
-    r = match &args.static_dir {
-        Some(dir) => r.fallback_service(ServeDir::new(dir)),
-        None => r.fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "no such route") }),
-    };
+    // Unknown API paths get OpenAI's error shape, with or without a site.
+    let no_route = || async { ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "no such route") };
+    r = r.route("/v1/{*rest}", any(no_route));
+    let site = args.static_dir.clone().or_else(crate::web::default_site);
+    if site.is_none() {
+        r = r.fallback(no_route);
+    }
+    r = r.merge(crate::web::site(site));
     let mut r = r
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(RequestBodyLimitLayer::new(BODY_LIMIT))
         .layer(middleware::from_fn_with_state(app.clone(), auth))
-        .layer(middleware::from_fn(log_and_shape))
+        .layer(middleware::from_fn(shape_413))
+        .layer(middleware::from_fn(crate::web::log_requests))
         .with_state(app);
     if !args.cors.is_empty() {
         let origin = if args.cors.iter().any(|o| o == "*") {
@@ -371,16 +395,13 @@ async fn auth(State(app): State<Shared>, req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-/// One log line per request (stderr), and a 413 from the body limit shaped as OpenAI's error.
-async fn log_and_shape(req: Request, next: Next) -> Response {
-    let (method, path) = (req.method().clone(), req.uri().path().to_string());
-    let t0 = Instant::now();
+/// A 413 from the body limit shaped as OpenAI's error.
+async fn shape_413(req: Request, next: Next) -> Response {
     let mut res = next.run(req).await;
     let json = res.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if res.status() == StatusCode::PAYLOAD_TOO_LARGE && !json {
         res = ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("the body is over {BODY_LIMIT} bytes")).into_response();
     }
-    eprintln!("{method} {path} {} {:.0}ms", res.status().as_u16(), t0.elapsed().as_secs_f64() * 1e3);
     res
 }
 
@@ -394,7 +415,7 @@ async fn health(State(app): State<Shared>) -> Response {
 async fn models(State(app): State<Shared>) -> Response {
     let mut m = json!({"id": app.model_id, "object": "model", "created": 0, "owned_by": "flint"});
     if let Some(e) = app.engine.get() {
-        m["meta"] = json!({"n_ctx": e.n_ctx(), "n_vocab": e.config().n_vocab, "parallel": e.info().max_seqs});
+        m["meta"] = json!({"n_ctx": e.n_ctx(), "n_vocab": e.config().n_vocab, "parallel": e.info().max_seqs, "has_chat_template": e.has_chat_template()});
     }
     Json(json!({"object": "list", "data": [m]})).into_response()
 }
