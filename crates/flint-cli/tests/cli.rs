@@ -147,6 +147,28 @@ fn new_sampling_values_are_checked_before_the_model_loads() {
     assert_usage_error(&["chat", "-m", &m, "--temp", "3"], "--temp");
 }
 
+/// A hostile chat template stops with one clear line and exit 2, quickly (the budgets of
+/// `flint_core::chat`), instead of running for minutes or allocating until killed.
+#[test]
+fn hostile_chat_templates_exit_2() {
+    let m = model_path("gemma-3-270m");
+    let dir = std::env::temp_dir().join(format!("flint-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let doubling = "{% set a = 'x' %}".to_string() + &"{% set a = a ~ a %}".repeat(40) + "{{ a }}";
+    for (name, source) in [
+        ("loops", "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}".to_string()),
+        ("doubling", doubling),
+        ("recursion", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}".to_string()),
+    ] {
+        let file = dir.join(format!("{name}.jinja"));
+        std::fs::write(&file, source).unwrap();
+        let t0 = std::time::Instant::now();
+        assert_usage_error(&["run", "-m", &m, "--backend", "cpu", "--chat-template-file", file.to_str().unwrap(), "hi"], "chat template stopped");
+        eprintln!("{name}: exit 2 after {:.2} s, the model load included", t0.elapsed().as_secs_f64());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn system_needs_a_chat_template() {
     let m = model_path("gemma-3-270m");

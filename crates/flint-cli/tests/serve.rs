@@ -401,3 +401,26 @@ fn flint_serve_over_http() {
     let status = server.child.wait().unwrap();
     assert!(status.success(), "exit status {status}");
 }
+
+/// A hostile chat template (`--chat-template-file`) answers 400 naming the budget it passed,
+/// and the server keeps serving.
+#[test]
+fn hostile_chat_template_is_a_400() {
+    let file = std::env::temp_dir().join(format!("flint-serve-hostile-{}.jinja", std::process::id()));
+    std::fs::write(&file, "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}").unwrap();
+    let model = model_path("gemma-3-270m");
+    let server = Server::start(&["-m", &model, "--port", "0", "--backend", "cpu", "--no-warmup", "--api-key", KEY, "--chat-template-file", file.to_str().unwrap()]);
+    let t0 = Instant::now();
+    while server.request("GET", "/health", &[], b"").status != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the model never loaded");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    for _ in 0..2 {
+        let r = server.post("/v1/chat/completions", &chat);
+        assert_eq!((r.status, r.error().1), (400, json!("messages")), "{}", r.text());
+        assert!(r.json()["error"]["message"].as_str().unwrap().contains("chat template stopped"), "{}", r.text());
+    }
+    assert_eq!(server.post("/v1/completions", &json!({"prompt": "a", "max_tokens": 1})).status, 200);
+    std::fs::remove_file(&file).unwrap();
+}

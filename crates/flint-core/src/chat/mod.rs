@@ -44,6 +44,58 @@ pub enum ChatError {
     Raised(String),
     #[error("the model has no chat template ({KEY_CHAT_TEMPLATE})")]
     NoTemplate,
+    /// The render passed one of its bounds (work, output size, recursion): a hostile or
+    /// broken template, stopped before the work or the allocation happened.
+    #[error("chat template stopped: {0}")]
+    Budget(String),
+}
+
+/// Fuel (minijinja's one budget for all the work of a render) that every render gets. Each
+/// instruction costs one fuel, and every 64 bytes of strings and lists built by operators,
+/// literals and filters another (checked before the allocation is made), so this also bounds
+/// the strings built: at most 16 MiB, whatever the loop or the chain of `~`/`+`. The real
+/// templates (../shared/golden/chat-templates) render their conversations with a tenth of it
+/// (tests/template_budget.rs).
+pub const FUEL_BASE: u64 = 250_000;
+/// More fuel per byte of messages and tools, so a long conversation is never refused: real
+/// templates touch each input byte a few times.
+const FUEL_PER_INPUT_BYTE: u64 = 2;
+/// Nested macro calls and includes; minijinja's own cap is 500, deeper than a wasm stack.
+const RECURSION_LIMIT: usize = 64;
+/// The output may reach this, or 16× the input, whichever is larger.
+const OUTPUT_MIN: usize = 1 << 20;
+const OUTPUT_PER_INPUT_BYTE: usize = 16;
+
+/// The bytes of text in a JSON value (string and key lengths; other leaves count a few).
+fn json_text_len(v: &serde_json::Value) -> usize {
+    match v {
+        serde_json::Value::String(s) => s.len(),
+        serde_json::Value::Array(a) => a.iter().map(json_text_len).sum(),
+        serde_json::Value::Object(o) => o.iter().map(|(k, v)| k.len() + json_text_len(v)).sum(),
+        _ => 8,
+    }
+}
+
+/// A writer that refuses to grow past `limit` bytes, before it copies anything.
+struct BoundedOutput {
+    buf: Vec<u8>,
+    limit: usize,
+    over: bool,
+}
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + data.len() > self.limit {
+            self.over = true;
+            return Err(std::io::Error::other("output limit"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Unix time in seconds, or `None` where the target has no clock.
@@ -70,6 +122,7 @@ pub struct ChatTemplate {
     bos_token: String,
     eos_token: String,
     now: Clock,
+    fuel_base: u64,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -188,11 +241,14 @@ impl ChatTemplate {
             .map_err(|e| ChatError::Syntax(e.to_string()))?;
         env.set_syntax(syntax);
         env.set_undefined_behavior(UndefinedBehavior::Lenient);
+        env.set_recursion_limit(RECURSION_LIMIT);
+        // No loader: `include`, `import` and `extends` find nothing, so a template reads no
+        // file; minijinja has no access to the environment or the network.
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson_filter);
         env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source).into_owned()).map_err(chat_error)?;
-        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string(), now: system_clock })
+        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string(), now: system_clock, fuel_base: FUEL_BASE })
     }
 
     /// The model's default template, rendered with its BOS/EOS token texts; `None` when the
@@ -213,6 +269,13 @@ impl ChatTemplate {
         self
     }
 
+    /// Replaces [`FUEL_BASE`] (tests measure the margin real templates leave with it).
+    #[doc(hidden)]
+    pub fn with_fuel_base(mut self, fuel: u64) -> ChatTemplate {
+        self.fuel_base = fuel;
+        self
+    }
+
     pub fn bos_token(&self) -> &str {
         &self.bos_token
     }
@@ -224,7 +287,8 @@ impl ChatTemplate {
     /// Renders `messages`; `tools` and `documents` are none, as transformers passes them
     /// when the caller gives none.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ChatError> {
-        self.render_value(Value::from(Serde(messages)), Value::from(()), add_generation_prompt)
+        let input_len = messages.iter().map(|m| m.role.len() + m.content.len()).sum();
+        self.render_value(Value::from(Serde(messages)), Value::from(()), add_generation_prompt, input_len)
     }
 
     /// Renders messages given as JSON objects (extra fields such as `tool_calls`, `name` or
@@ -235,11 +299,13 @@ impl ChatTemplate {
         tools: Option<&[serde_json::Value]>,
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        let input_len = messages.iter().chain(tools.into_iter().flatten()).map(json_text_len).sum();
         let tools = tools.map_or(Value::from(()), |t| Value::from(Serde(t)));
-        self.render_value(Value::from(Serde(messages)), tools, add_generation_prompt)
+        self.render_value(Value::from(Serde(messages)), tools, add_generation_prompt, input_len)
     }
 
-    fn render_value(&self, messages: Value, tools: Value, add_generation_prompt: bool) -> Result<String, ChatError> {
+    /// Renders under the budgets: fuel, recursion, output size (see the constants above).
+    fn render_value(&self, messages: Value, tools: Value, add_generation_prompt: bool, input_len: usize) -> Result<String, ChatError> {
         // One reading of the clock per render, so every call in the template agrees.
         let strftime_now = match (self.now)() {
             Some(secs) => Value::from_function(move |fmt: &str| strftime::format(fmt, secs)),
@@ -254,8 +320,24 @@ impl ChatTemplate {
             eos_token => self.eos_token.as_str(),
             strftime_now => strftime_now,
         };
-        let template = self.env.get_template(TEMPLATE_NAME).map_err(chat_error)?;
-        template.render(ctx).map_err(chat_error)
+        let fuel = self.fuel_base.saturating_add(FUEL_PER_INPUT_BYTE.saturating_mul(input_len as u64));
+        let mut env = self.env.clone();
+        env.set_fuel(Some(fuel));
+        let template = env.get_template(TEMPLATE_NAME).map_err(chat_error)?;
+        let limit = OUTPUT_MIN.max(input_len.saturating_mul(OUTPUT_PER_INPUT_BYTE));
+        let mut out = BoundedOutput { buf: Vec::new(), limit, over: false };
+        let rendered = template.render_captured_to(ctx, &mut out).map(drop);
+        match rendered {
+            Ok(()) => String::from_utf8(out.buf).map_err(|e| ChatError::Render(e.to_string())),
+            Err(_) if out.over => Err(ChatError::Budget(format!("its output passed {limit} bytes"))),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(ChatError::Budget(format!(
+                "it ran out of fuel ({fuel}: one per instruction and per 64 bytes built): a loop too long or strings too large"
+            ))),
+            Err(e) if e.kind() == ErrorKind::InvalidOperation && e.to_string().contains("recursion limit") => {
+                Err(ChatError::Budget(format!("it recursed deeper than {RECURSION_LIMIT} calls")))
+            }
+            Err(e) => Err(chat_error(e)),
+        }
     }
 }
 
