@@ -70,7 +70,34 @@ impl Failure {
     }
 }
 
+/// Gives this process (only) a private runtime directory when `XDG_RUNTIME_DIR` is unset or
+/// not a directory, before any GPU instance exists. Mesa's implicit Vulkan layer
+/// `VK_LAYER_MESA_device_select` links libwayland-client, which prints `error:
+/// XDG_RUNTIME_DIR is invalid or not set in the environment.` twice on every headless run; a
+/// newcomer reads that as a failure. With a valid, empty directory it finds no Wayland socket
+/// and says nothing. The user's other programs keep their environment.
+#[cfg(unix)]
+fn private_runtime_dir() {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    if std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_dir()) {
+        return;
+    }
+    let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else { return };
+    let dir = std::env::temp_dir().join(format!("flint-runtime-{uid}"));
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    // Only a directory of ours that no one else can write (another user may have made it).
+    let ours = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o077 == 0);
+    if ours {
+        std::env::set_var("XDG_RUNTIME_DIR", &dir);
+    }
+}
+
+#[cfg(not(unix))]
+fn private_runtime_dir() {}
+
 fn main() -> ExitCode {
+    // First, while the process has one thread.
+    private_runtime_dir();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -229,3 +229,20 @@ fn logprobs_in_jsonl() {
         assert_eq!(lps[0], logprob, "{line}");
     }
 }
+
+/// A headless GPU run without XDG_RUNTIME_DIR prints nothing about it (Mesa's device-select
+/// layer, through libwayland, would say `error: XDG_RUNTIME_DIR is invalid...` twice).
+#[test]
+fn no_runtime_dir_noise_on_a_headless_gpu_run() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["run", "-m", &model_path("gemma-3-270m"), "--raw", "--temp", "0", "-n", "1", "hi"])
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("XDG_RUNTIME_DIR"), "{stderr}");
+}
