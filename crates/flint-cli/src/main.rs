@@ -9,6 +9,7 @@ mod info;
 mod pull;
 mod run;
 mod serve;
+mod tokenize;
 mod web;
 
 use std::process::ExitCode;
@@ -47,6 +48,8 @@ enum Command {
     },
     /// List catalog models and what is cached locally.
     List,
+    /// A model's token ids for a text, as llama.cpp's llama-tokenize (vocabulary-only files too).
+    Tokenize(tokenize::TokenizeArgs),
     /// Serve the browser chat page and the cached models over HTTP (localhost).
     Web(web::WebArgs),
     /// An OpenAI-compatible HTTP server: every request in flight shares the forward steps.
@@ -119,6 +122,7 @@ fn main() -> ExitCode {
         Command::Info(args) => info::info(args),
         Command::Bench(args) => bench::bench(args),
         Command::Pull { names } => pull_all(&names),
+        Command::Tokenize(args) => tokenize::tokenize(args),
         Command::Web(args) => web::web(args),
         Command::Serve(args) => serve::serve(args),
         Command::BenchServe(args) => bench_serve::bench_serve(args),

@@ -246,3 +246,35 @@ fn no_runtime_dir_noise_on_a_headless_gpu_run() {
     assert!(out.status.success(), "{stderr}");
     assert!(!stderr.contains("XDG_RUNTIME_DIR"), "{stderr}");
 }
+
+/// `flint tokenize` on llama.cpp's vocabulary-only files: its suite's ids (no BOS, specials as
+/// text), the default `id -> 'piece'` lines, BOS by the vocabulary's default, specials parsed.
+#[test]
+fn tokenize_vocabulary_only_files() {
+    let vocab = |name: &str| shared().join(format!("golden/llama-cpp-vocab/ggml-vocab-{name}.gguf")).to_str().unwrap().to_string();
+    let run = |args: &[&str]| {
+        let out = flint(args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for name in ["qwen2", "llama-spm", "deepseek-llm"] {
+        let inp = std::fs::read_to_string(format!("{}.inp", vocab(name))).unwrap();
+        let out = std::fs::read_to_string(format!("{}.out", vocab(name))).unwrap();
+        // The suite's string "Hello world" and its ids.
+        let index = inp.split("\n__ggml_vocab_test__\n").position(|s| s == "Hello world").unwrap();
+        let want: Vec<u64> = out.lines().nth(index).unwrap().split_whitespace().map(|t| t.parse().unwrap()).collect();
+        let got: Vec<u64> = serde_json::from_str(&run(&["tokenize", "-m", &vocab(name), "--ids", "--no-bos", "--no-parse-special", "Hello world"])).unwrap();
+        assert_eq!(got, want, "{name}");
+    }
+    // llama-spm adds BOS (id 1) by default; lines are `id -> 'piece'` as llama-tokenize prints.
+    let lines = run(&["tokenize", "-m", &vocab("llama-spm"), "Hello world"]);
+    let first: Vec<&str> = lines.lines().collect();
+    assert_eq!(first[0].trim_start(), "1 -> '<s>'", "{lines}");
+    assert_eq!(first[1].trim_start(), "15043 -> ' Hello'", "{lines}");
+    // Special-token text: one token when parsed, plain text with --no-parse-special.
+    let parsed: Vec<u64> = serde_json::from_str(&run(&["tokenize", "-m", &vocab("qwen2"), "--ids", "<|im_start|>"])).unwrap();
+    let plain: Vec<u64> = serde_json::from_str(&run(&["tokenize", "-m", &vocab("qwen2"), "--ids", "--no-parse-special", "<|im_start|>"])).unwrap();
+    assert_eq!(parsed.len(), 1);
+    assert!(plain.len() > 1, "{plain:?}");
+    assert_usage_error(&["tokenize", "-m", &vocab("qwen2")], "PROMPT");
+}

@@ -148,17 +148,32 @@ impl Tokenizer {
     /// The text of `ids`: the concatenated [`token_bytes`](Self::token_bytes), decoded as UTF-8
     /// with invalid sequences replaced. `skip_special` leaves out control and unknown tokens.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
+        self.decode_bytes(ids, skip_special, false)
+    }
+
+    /// `decode`, optionally without one leading space of the first token's piece.
+    fn decode_bytes(&self, ids: &[u32], skip_special: bool, lstrip_first: bool) -> Result<String, TokenizerError> {
         let mut bytes = Vec::with_capacity(ids.len() * 4);
-        for &id in ids {
+        for (i, &id) in ids.iter().enumerate() {
             if id as usize >= self.tokens.len() {
                 return Err(TokenizerError::IdOutOfRange { id, vocab: self.tokens.len() });
             }
             if skip_special && self.is_hidden_when_skipping(id) {
                 continue;
             }
-            bytes.extend_from_slice(self.piece(id));
+            let piece = self.piece(id);
+            bytes.extend_from_slice(if i == 0 && lstrip_first { piece.strip_prefix(b" ").unwrap_or(piece) } else { piece });
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// The text of a whole token sequence as llama.cpp's `llama_detokenize` gives it: with
+    /// `unparse_special` false control tokens render as nothing, and an SPM vocabulary that
+    /// prefixes a space when encoding (`add_space_prefix`) drops one leading space of the first
+    /// token, so `detokenize(encode(text))` is `text`. Streams use [`decode`](Self::decode),
+    /// which keeps every byte.
+    pub fn detokenize(&self, ids: &[u32], unparse_special: bool) -> Result<String, TokenizerError> {
+        self.decode_bytes(ids, !unparse_special, self.add_space_prefix)
     }
 
     /// Raw bytes this token contributes to output: `<0xNN>` → that byte, '▁' → ' ' (SPM),
