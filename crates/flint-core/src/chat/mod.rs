@@ -247,6 +247,10 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson_filter);
+        // Python's: None is not iterable (minijinja iterates it as empty, and says it is), so
+        // `tools is iterable and tools | length > 0` short-circuits on `tools=None` as in
+        // transformers instead of failing on `none | length`.
+        env.add_test("iterable", |v: &Value| !v.is_none() && v.try_iter().is_ok());
         env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source).into_owned()).map_err(chat_error)?;
         Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string(), now: system_clock, fuel_base: FUEL_BASE })
     }
