@@ -9,6 +9,7 @@ mod info;
 mod pull;
 mod run;
 mod serve;
+mod template;
 mod tokenize;
 mod web;
 
@@ -48,6 +49,8 @@ enum Command {
     },
     /// List catalog models and what is cached locally.
     List,
+    /// Render a chat template on messages from a file, printing exactly what the model is fed.
+    Template(template::TemplateArgs),
     /// A model's token ids for a text, as llama.cpp's llama-tokenize (vocabulary-only files too).
     Tokenize(tokenize::TokenizeArgs),
     /// Serve the browser chat page and the cached models over HTTP (localhost).
@@ -123,6 +126,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::bench(args),
         Command::Pull { names } => pull_all(&names),
         Command::Tokenize(args) => tokenize::tokenize(args),
+        Command::Template(args) => template::template(args),
         Command::Web(args) => web::web(args),
         Command::Serve(args) => serve::serve(args),
         Command::BenchServe(args) => bench_serve::bench_serve(args),

@@ -278,3 +278,39 @@ fn tokenize_vocabulary_only_files() {
     assert!(plain.len() > 1, "{plain:?}");
     assert_usage_error(&["tokenize", "-m", &vocab("qwen2")], "PROMPT");
 }
+
+/// `flint template` prints exactly transformers' rendering (a real template from
+/// ../shared/golden/chat-templates), exactly the golden qwen prompt with `-m`, and exits 2
+/// with the template's own message where it refuses.
+#[test]
+fn template_prints_the_rendered_prompt() {
+    let dir = shared().join("golden/chat-templates");
+    let cases = json_file("golden/chat-templates/cases.json");
+    let case = |t: &str, c: &str| cases["cases"].as_array().unwrap().iter().find(|x| x["template"] == t && x["case"] == c).unwrap().clone();
+    let tmp = std::env::temp_dir().join(format!("flint-template-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let write = |name: &str, v: &Value| {
+        let p = tmp.join(name);
+        std::fs::write(&p, v.to_string()).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let gemma2 = dir.join("google-gemma-2-2b-it.jinja").to_str().unwrap().to_string();
+
+    let multi = case("mistralai-Mistral-Nemo-Instruct-2407.jinja", "multi_turn");
+    let messages = write("multi.json", &multi["messages"]);
+    let template = dir.join("mistralai-Mistral-Nemo-Instruct-2407.jinja").to_str().unwrap().to_string();
+    let out = flint(&["template", "-f", &template, "--messages", &messages, "--bos-token", "<s>", "--eos-token", "</s>"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), multi["expected"].as_str().unwrap());
+
+    let qwen6 = shared().join("golden/prompts/chat_messages_qwen6.json");
+    let out = flint(&["template", "-m", &model_path("qwen2.5-coder-0.5b"), "--messages", qwen6.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), std::fs::read_to_string(shared().join("golden/prompts/p6q.txt")).unwrap());
+
+    let refused = case("google-gemma-2-2b-it.jinja", "system_user");
+    let messages = write("system.json", &refused["messages"]);
+    assert_usage_error(&["template", "-f", &gemma2, "--messages", &messages], "System role not supported");
+    assert_usage_error(&["template", "-m", &model_path("gemma-3-270m"), "--messages", &messages], "no chat template");
+    std::fs::remove_dir_all(&tmp).unwrap();
+}

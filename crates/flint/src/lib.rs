@@ -22,7 +22,7 @@ pub use bench::{BenchRun, StreamRun};
 pub use flint_core::arch::{ArchError, ModelConfig};
 pub use flint_gpu::GpuError;
 pub use flint_core::backend::BackendError;
-pub use flint_core::chat::{ChatError, KEY_CHAT_TEMPLATE};
+pub use flint_core::chat::{ChatError, ChatTemplate, KEY_CHAT_TEMPLATE};
 pub use flint_core::generate::{Event, FinishReason, GenerateError, GenerateParams, Summary, TokenLogprobs};
 pub use flint_core::gguf::{GgufError, GgufFile};
 pub use flint_core::kv::KvError;
@@ -33,7 +33,6 @@ pub use request::{Input, Request, MAX_N};
 pub use runner::{EventResult, OpTimes};
 
 use flint_core::backend::{Backend, BackendOptions};
-use flint_core::chat::ChatTemplate;
 use flint_core::generate::{default_clock, Clock};
 use flint_core::kv::KvCache;
 use flint_core::reference::CpuBackend;
