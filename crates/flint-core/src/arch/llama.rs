@@ -1,4 +1,5 @@
-//! The llama family: llama, mistral and qwen2 (Q/K/V biases, NeoX RoPE).
+//! The llama family: llama, mistral, qwen2 (Q/K/V biases, NeoX RoPE) and qwen3 (no biases,
+//! per-head QK-norm before NeoX RoPE).
 
 use super::{count, opt_count, positive_f32, rope_freq_scale, shape, Activation, ArchError, LayerConfig, ModelConfig, RopeStyle, Shape};
 use super::{MAX_CTX, MAX_EMBD, MAX_FF};
@@ -20,6 +21,7 @@ pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: boo
     let rope_base = positive_f32(md, arch, "rope.freq_base", Some(DEFAULT_ROPE_BASE))?;
     let rope_freq_scale = rope_freq_scale(md, arch)?;
     let is_qwen2 = arch == "qwen2";
+    let is_qwen3 = arch == "qwen3";
     Ok(ModelConfig {
         arch: arch.to_string(),
         n_vocab,
@@ -33,11 +35,11 @@ pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: boo
         n_ctx_train: count(md, arch, "context_length", MAX_CTX)?,
         rms_eps: positive_f32(md, arch, "attention.layer_norm_rms_epsilon", Some(DEFAULT_RMS_EPS))?,
         // llama's GGUF conversion permutes Q/K so adjacent pairs rotate; qwen2 keeps HF's halves.
-        rope_style: if is_qwen2 { RopeStyle::Neox } else { RopeStyle::Normal },
+        rope_style: if is_qwen2 || is_qwen3 { RopeStyle::Neox } else { RopeStyle::Normal },
         rope_dim,
         layers: vec![LayerConfig { sliding_window: None, rope_base, rope_freq_scale }; n_layer],
         qkv_bias: is_qwen2,
-        qk_norm: false,
+        qk_norm: is_qwen3,
         post_norms: false,
         embed_scale: None,
         activation: Activation::Silu,

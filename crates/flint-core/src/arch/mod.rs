@@ -12,7 +12,7 @@ use crate::gguf::{GgufError, GgufFile, Metadata};
 pub enum ArchError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, gemma3)")]
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, gemma3)")]
     Unsupported(String),
     #[error("tensor {0:?} is missing")]
     MissingTensor(String),
@@ -88,7 +88,7 @@ impl ModelConfig {
         let n_vocab = vocab_size(file)?;
         let tied_output = file.tensor("output.weight").is_none();
         let config = match arch.as_str() {
-            "llama" | "mistral" | "qwen2" => llama::config(md, &arch, n_vocab, tied_output)?,
+            "llama" | "mistral" | "qwen2" | "qwen3" => llama::config(md, &arch, n_vocab, tied_output)?,
             "gemma3" => gemma3::config(md, n_vocab, tied_output)?,
             other => return Err(ArchError::Unsupported(other.to_string())),
         };

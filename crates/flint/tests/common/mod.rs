@@ -56,7 +56,7 @@ pub fn golden_prompt(engine: &Engine, golden: &str, index: usize) -> Vec<u32> {
     prompt
 }
 
-fn nmse(got: &[f32], want: &[f32]) -> f64 {
+pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len());
     let mean = want.iter().map(|&v| v as f64).sum::<f64>() / want.len() as f64;
     let num: f64 = got.iter().zip(want).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();

@@ -1,0 +1,70 @@
+//! The model families of ../shared/golden/families (tiny random-weight models, F16 GGUF, with
+//! Hugging Face transformers' f32 reference): prompt ids equal to the oracle's, last-position
+//! logits within NMSE 1e-5, and all 32 greedy ids under the near-tie rule, on the CPU
+//! reference and on the GPU, each prompt alone and the four together (batched: prompt chunks
+//! and decodes share steps; every request's logits must equal its solo run's bit for bit).
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{assert_same, check_greedy, ids, json, nmse, shared, solo, together, Job, Output, MAX_NMSE};
+use flint::{BackendKind, Engine, LoadOptions};
+
+const PROMPTS: usize = 4;
+const GREEDY: usize = 32;
+
+fn dir(family: &str) -> PathBuf {
+    shared().join("golden/families").join(family)
+}
+
+fn load(family: &str, backend: BackendKind) -> Engine {
+    let opts = LoadOptions { backend, n_ctx: 512, ..LoadOptions::default() };
+    Engine::load_path(&dir(family).join("model.gguf"), &opts).unwrap_or_else(|e| panic!("{family}: {e}"))
+}
+
+/// The oracle's prompts, tokenized by the engine and checked against the oracle's ids.
+fn jobs(engine: &Engine, family: &str) -> Vec<Job> {
+    (1..=PROMPTS)
+        .map(|i| {
+            let reference = json(dir(family).join(format!("{i}.json")));
+            let text = std::fs::read_to_string(shared().join("golden/prompts").join(reference["prompt_file"].as_str().unwrap())).unwrap();
+            let prompt = engine.tokenize_raw(&text).unwrap();
+            assert_eq!(prompt, ids(&reference["prompt_token_ids"]), "{family} prompt {i}: prompt ids differ from the oracle's");
+            Job::greedy(prompt, GREEDY)
+        })
+        .collect()
+}
+
+fn check(label: &str, family: &str, outs: &[Output]) {
+    for (i, out) in outs.iter().enumerate() {
+        let reference = json(dir(family).join(format!("{}.json", i + 1)));
+        let bytes = std::fs::read(dir(family).join(format!("{}.last_logits.f32", i + 1))).unwrap();
+        let want: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let e = nmse(&out.logits[0], &want);
+        assert!(e <= MAX_NMSE, "{label} {family} prompt {}: last-position logits NMSE {e:e} > {MAX_NMSE:e}", i + 1);
+        check_greedy(&format!("{label} {family} prompt {}", i + 1), &out.ids, &reference);
+        eprintln!("{label} {family} prompt {}: NMSE {e:.2e}, {} greedy ids", i + 1, out.ids.len());
+    }
+}
+
+fn family(name: &str) {
+    let cpu = load(name, BackendKind::Cpu);
+    let cpu_jobs = jobs(&cpu, name);
+    check("cpu", name, &solo(&cpu, &cpu_jobs));
+    drop(cpu);
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let gpu = load(name, BackendKind::Gpu);
+    let jobs = jobs(&gpu, name);
+    let alone = solo(&gpu, &jobs);
+    check("gpu", name, &alone);
+    let batched = together(&gpu, &jobs);
+    assert_same(&format!("gpu {name} batched"), &alone, &batched);
+}
+
+#[test]
+fn qwen3() {
+    family("qwen3");
+}
