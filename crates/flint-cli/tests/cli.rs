@@ -314,3 +314,50 @@ fn template_prints_the_rendered_prompt() {
     assert_usage_error(&["template", "-m", &model_path("gemma-3-270m"), "--messages", &messages], "no chat template");
     std::fs::remove_dir_all(&tmp).unwrap();
 }
+
+/// `bytes` with the first GGUF string `name` (u64 length + bytes) found; the offset just past it.
+fn after_gguf_string(bytes: &[u8], name: &str) -> usize {
+    let mut needle = (name.len() as u64).to_le_bytes().to_vec();
+    needle.extend_from_slice(name.as_bytes());
+    let at = bytes.windows(needle.len()).position(|w| w == needle).unwrap_or_else(|| panic!("{name} not in the file"));
+    at + needle.len()
+}
+
+/// Malformed files of the new families, made from the oracle's own: a tensor renamed (so one is
+/// missing and another unused), a tensor of the wrong shape, a head count that does not divide
+/// into the KV heads. Each is refused before any work with one line and exit 2.
+#[test]
+fn malformed_family_files_exit_2() {
+    let dir = std::env::temp_dir().join(format!("flint-families-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // qwen3 then lacks a tensor it needs; llama3 lacks its (optional) factors and holds a tensor
+    // nothing reads, which is refused too.
+    let renamed_error = [("qwen3", "\"blk.0.attn_q_norm.weight\" is missing"), ("llama3", "\"rope_freqs.wEight\" is not used")];
+    for (family, norm, first_dim) in [("qwen3", "blk.0.attn_q_norm.weight", 32u64), ("llama3", "rope_freqs.weight", 16)] {
+        let good = std::fs::read(shared().join(format!("golden/families/{family}/model.gguf"))).unwrap();
+        let write = |tag: &str, bytes: &[u8]| {
+            let p = dir.join(format!("{family}-{tag}.gguf"));
+            std::fs::write(&p, bytes).unwrap();
+            p.to_str().unwrap().to_string()
+        };
+        // Renamed: same length, so every offset stays valid.
+        let mut renamed = good.clone();
+        let at = after_gguf_string(&renamed, norm) - ".weight".len();
+        renamed[at..at + 7].copy_from_slice(b".wEight");
+        let expected = renamed_error.iter().find(|(f, _)| *f == family).unwrap().1;
+        assert_usage_error(&["run", "-m", &write("renamed", &renamed), "--backend", "cpu", "hi"], expected);
+        // The tensor's first dimension halved: n_dims (u32), then dims (u64 each).
+        let mut shape = good.clone();
+        let at = after_gguf_string(&shape, norm) + 4;
+        assert_eq!(u64::from_le_bytes(shape[at..at + 8].try_into().unwrap()), first_dim);
+        shape[at..at + 8].copy_from_slice(&(first_dim / 2).to_le_bytes());
+        assert_usage_error(&["run", "-m", &write("shape", &shape), "--backend", "cpu", "hi"], "has shape");
+        // 3 query heads over 2 KV heads: the value after the key and its type (u32).
+        let arch = if family == "llama3" { "llama" } else { family };
+        let mut heads = good.clone();
+        let at = after_gguf_string(&heads, &format!("{arch}.attention.head_count")) + 4;
+        heads[at..at + 4].copy_from_slice(&3u32.to_le_bytes());
+        assert_usage_error(&["run", "-m", &write("heads", &heads), "--backend", "cpu", "hi"], "not a multiple");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -143,7 +143,7 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
     if let Some(r) = &d.rope {
         let rot = |row: &mut [f32], hd: usize, p: usize| {
             for head in row.chunks_mut(hd) {
-                rope(head, p, r.rope_dim as usize, r.base, r.freq_scale, r.style);
+                rope(head, p, &flint_core::arch::rope_inv_freq(r.rope_dim as usize, r.base, r.freq_factors.as_deref()), r.freq_scale, r.style);
             }
         };
         for (t, &(s, p)) in toks.iter().enumerate() {
@@ -290,10 +290,10 @@ fn fused_rope_both_styles_partial_rotation() {
     // q and this step's K rows rotated by attention and kv_write, against the CPU reference.
     let cases: [(RopeStyle, u32, &'static [(u32, u32)]); 2] = [(RopeStyle::Neox, 64, &[(0, 9), (30, 1)]), (RopeStyle::Normal, 32, &[(70, 2)])];
     for (style, rope_dim, seqs) in cases {
-        let rope = Some(RopeSpec { rope_dim, style, base: 10000.0, freq_scale: 0.5 });
+        let rope = Some(RopeSpec { rope_dim, style, base: 10000.0, freq_scale: 0.5, freq_factors: None });
         check(Case { desc: AttentionDesc { rope, ..desc(14, 2, 64, None) }, block_size: 16, seqs, split: Split::Auto, shuffle_tokens: true, seed: 11 });
     }
-    let rope = Some(RopeSpec { rope_dim: 256, style: RopeStyle::Neox, base: 1e6, freq_scale: 1.0 });
+    let rope = Some(RopeSpec { rope_dim: 256, style: RopeStyle::Neox, base: 1e6, freq_scale: 1.0, freq_factors: None });
     check(Case { desc: AttentionDesc { rope, ..desc(4, 1, 256, Some(50)) }, block_size: 16, seqs: &[(100, 3)], split: Split::Kv, shuffle_tokens: false, seed: 12 });
 }
 

@@ -8,6 +8,7 @@ use flint_core::reference::ops::rope;
 use flint_gpu::buffer::{read_f32, storage, storage_init};
 use flint_gpu::ops::attention::AttentionDesc;
 use flint_gpu::ops::kv_write::{encode_block_copy, KvWrite};
+use flint_core::arch::rope_inv_freq;
 use flint_gpu::ops::rope::RopeSpec;
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
@@ -24,11 +25,19 @@ fn rows_land_in_their_slots() {
     flint_gpu::gpu_test!(ctx => {
         let ropes = [
             None,
-            Some(RopeSpec { rope_dim: 64, style: RopeStyle::Neox, base: 10000.0, freq_scale: 1.0 }),
-            Some(RopeSpec { rope_dim: 32, style: RopeStyle::Normal, base: 1e6, freq_scale: 0.25 }),
+            Some(RopeSpec { rope_dim: 64, style: RopeStyle::Neox, base: 10000.0, freq_scale: 1.0, freq_factors: None }),
+            Some(RopeSpec { rope_dim: 32, style: RopeStyle::Normal, base: 1e6, freq_scale: 0.25, freq_factors: None }),
+            // Llama 3 scaling: per-pair divisors (rope_freqs.weight), seeded.
+            Some(RopeSpec {
+                rope_dim: 64,
+                style: RopeStyle::Normal,
+                base: 5e5,
+                freq_scale: 1.0,
+                freq_factors: Some(TestRng::new(9).vec(32).iter().map(|x| 1.0 + 16.0 * x.abs()).collect()),
+            }),
         ];
         for (case, rope_spec) in ropes.into_iter().enumerate() {
-            let d = desc(rope_spec);
+            let d = desc(rope_spec.clone());
             let (kv_dim, v_dim, hd) = (d.kv_dim() as usize, d.v_dim() as usize, d.head_dim as usize);
             let (bs, n_blocks) = (8usize, 12usize);
             let mut rng = TestRng::new(50 + case as u64);
@@ -67,7 +76,7 @@ fn rows_land_in_their_slots() {
                 let mut row = k[t * kv_dim..][..kv_dim].to_vec();
                 if let Some(r) = &rope_spec {
                     for head in row.chunks_mut(hd) {
-                        rope(head, p, r.rope_dim as usize, r.base, r.freq_scale, r.style);
+                        rope(head, p, &rope_inv_freq(r.rope_dim as usize, r.base, r.freq_factors.as_deref()), r.freq_scale, r.style);
                     }
                 }
                 want_k[slot * kv_dim..][..kv_dim].copy_from_slice(&row);

@@ -38,7 +38,7 @@ async fn case(ctx: &GpuContext, cache: &PipelineCache, desc: RopeDesc, pos: &[u3
 
     for (t, &p) in pos.iter().enumerate() {
         for head in x[t * nh * hd..(t + 1) * nh * hd].chunks_mut(hd) {
-            ops::rope(head, p as usize, desc.rope_dim as usize, desc.base, desc.freq_scale, desc.style);
+            ops::rope(head, p as usize, &flint_core::arch::rope_inv_freq(desc.rope_dim as usize, desc.base, None), desc.freq_scale, desc.style);
         }
     }
     let got = read_f32(ctx, &xb, 0, buf.len()).await.unwrap();

@@ -68,3 +68,9 @@ fn family(name: &str) {
 fn qwen3() {
     family("qwen3");
 }
+
+/// Llama 3.2-style RoPE scaling, carried only as `rope_freqs.weight`.
+#[test]
+fn llama3() {
+    family("llama3");
+}

@@ -58,5 +58,6 @@ pub(super) fn config(md: &Metadata, n_vocab: usize, tied_output: bool) -> Result
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         // GGUF gemma3 files usually carry no output.weight: the embedding is the output projection.
         tied_output,
+        rope_freqs: false,
     })
 }

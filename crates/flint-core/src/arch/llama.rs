@@ -45,5 +45,6 @@ pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: boo
         activation: Activation::Silu,
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         tied_output,
+        rope_freqs: false,
     })
 }

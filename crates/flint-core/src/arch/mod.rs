@@ -16,6 +16,8 @@ pub enum ArchError {
     Unsupported(String),
     #[error("tensor {0:?} is missing")]
     MissingTensor(String),
+    #[error("tensor {0:?} is not used by this architecture (a file of another variant?): refusing rather than ignoring it")]
+    UnusedTensor(String),
     #[error("tensor {tensor:?} has shape {got:?}, the architecture expects {expected:?}")]
     ShapeMismatch { tensor: String, expected: Vec<u64>, got: Vec<u64> },
     #[error("{key}: {reason}")]
@@ -78,6 +80,8 @@ pub struct ModelConfig {
     pub attn_scale: f32,
     /// The output projection is the token embedding matrix.
     pub tied_output: bool,
+    /// `rope_freqs.weight` holds per-pair divisors of the RoPE frequencies (Llama 3 scaling).
+    pub rope_freqs: bool,
 }
 
 impl ModelConfig {
@@ -87,11 +91,13 @@ impl ModelConfig {
         let arch = md.str("general.architecture")?.to_string();
         let n_vocab = vocab_size(file)?;
         let tied_output = file.tensor("output.weight").is_none();
-        let config = match arch.as_str() {
+        let mut config = match arch.as_str() {
             "llama" | "mistral" | "qwen2" | "qwen3" => llama::config(md, &arch, n_vocab, tied_output)?,
             "gemma3" => gemma3::config(md, n_vocab, tied_output)?,
             other => return Err(ArchError::Unsupported(other.to_string())),
         };
+        // Every family applies the factors in RoPE when the file has them.
+        config.rope_freqs = file.tensor(ROPE_FREQS).is_some();
         config.check_tensors(file)?;
         Ok(config)
     }
@@ -114,6 +120,9 @@ impl ModelConfig {
         let mut t = vec![("token_embd.weight".to_string(), vec![e, v]), ("output_norm.weight".to_string(), vec![e])];
         if !self.tied_output {
             t.push(("output.weight".to_string(), vec![e, v]));
+        }
+        if self.rope_freqs {
+            t.push((ROPE_FREQS.to_string(), vec![(self.rope_dim / 2) as u64]));
         }
         for i in 0..self.n_layer {
             let mut add = |name: &str, shape: Vec<u64>| t.push((format!("blk.{i}.{name}"), shape));
@@ -143,12 +152,19 @@ impl ModelConfig {
         t
     }
 
+    /// Every expected tensor with its shape, and no other: a tensor the forward pass would
+    /// skip (Llama 3's `rope_freqs.weight` once was) means the file is not what we compute.
     fn check_tensors(&self, file: &GgufFile) -> Result<(), ArchError> {
-        for (name, shape) in self.expected_tensors() {
-            let t = file.tensor(&name).ok_or_else(|| ArchError::MissingTensor(name.clone()))?;
-            if t.dims != shape {
-                return Err(ArchError::ShapeMismatch { tensor: name, expected: shape, got: t.dims.clone() });
+        let expected = self.expected_tensors();
+        for (name, shape) in &expected {
+            let t = file.tensor(name).ok_or_else(|| ArchError::MissingTensor(name.clone()))?;
+            if t.dims != *shape {
+                return Err(ArchError::ShapeMismatch { tensor: name.clone(), expected: shape.clone(), got: t.dims.clone() });
             }
+        }
+        let known: std::collections::HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+        if let Some(t) = file.tensors.iter().find(|t| !known.contains(t.name.as_str())) {
+            return Err(ArchError::UnusedTensor(t.name.clone()));
         }
         Ok(())
     }
@@ -242,6 +258,21 @@ pub(crate) fn positive_f32(md: &Metadata, arch: &str, name: &str, default: Optio
         return Err(ArchError::Invalid { key, reason: format!("{v} must be finite and positive") });
     }
     Ok(v)
+}
+
+/// The tensor of per-pair RoPE frequency divisors (Llama 3 scaling).
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// RoPE's per-pair inverse frequencies, 1 / base^(2i / rope_dim), each divided by its factor
+/// when the model has `rope_freqs.weight` (Llama 3 scaling); both backends rotate with this
+/// table.
+pub fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>) -> Vec<f32> {
+    (0..rope_dim / 2)
+        .map(|i| {
+            let f = 1.0 / base.powf((2 * i) as f32 / rope_dim as f32);
+            factors.map_or(f, |ff| f / ff[i])
+        })
+        .collect()
 }
 
 /// Linear RoPE scaling (`rope.scaling.type = linear`, `rope.scaling.factor`) as a position multiplier.

@@ -60,6 +60,8 @@ pub enum GgufError {
     HeaderTooLarge { limit: u64 },
     #[error("tensor {0:?} not found")]
     MissingTensor(String),
+    #[error("tensor {tensor:?}: {reason}")]
+    BadTensorData { tensor: String, reason: String },
 }
 
 pub type Result<T, E = GgufError> = std::result::Result<T, E>;

@@ -265,6 +265,16 @@ impl GgufFile {
     }
 
     /// Reads a range of one tensor's bytes (relative to the tensor's start) into `buf`.
+    /// A small tensor's values as f32, whatever its type (norm vectors, RoPE factors).
+    pub async fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
+        let t = self.require_tensor(name)?;
+        let mut buf = vec![0u8; t.n_bytes as usize];
+        self.read_tensor_range(t, 0, &mut buf).await?;
+        let mut v = vec![0f32; t.n_elems as usize];
+        crate::quant::dequantize(t.ty, &buf, &mut v).map_err(|e| GgufError::BadTensorData { tensor: name.to_string(), reason: e.to_string() })?;
+        Ok(v)
+    }
+
     pub async fn read_tensor_range(&self, t: &TensorInfo, start: u64, buf: &mut [u8]) -> Result<()> {
         let end = start.saturating_add(buf.len() as u64);
         if end > t.n_bytes {

@@ -164,6 +164,7 @@ mod tests {
             activation: Activation::Silu,
             attn_scale: 1.0,
             tied_output: true,
+            rope_freqs: false,
         }
     }
 

@@ -42,6 +42,8 @@ struct Layer {
     up: Matrix,
     down: Matrix,
     post_ffn_norm: Option<Vec<f32>>,
+    /// RoPE's inverse frequencies at this layer's base (with `rope_freqs.weight` applied).
+    rope_inv_freq: Vec<f32>,
 }
 
 /// One layer's K or V blocks, `block_size × row` floats each, allocated on first write.
@@ -162,7 +164,9 @@ impl CpuBackend {
         let c = &self.cfg;
         let n = |s: &str| format!("blk.{i}.{s}");
         let m = |s: &str| matrix(&self.file, &n(s));
+        let factors = self.opt_vector(crate::arch::ROPE_FREQS, c.rope_freqs)?;
         Ok(Layer {
+            rope_inv_freq: crate::arch::rope_inv_freq(c.rope_dim, c.layers[i].rope_base, factors.as_deref()),
             attn_norm: self.vector(&n("attn_norm.weight"))?,
             q: m("attn_q.weight")?,
             k: m("attn_k.weight")?,
@@ -276,10 +280,10 @@ impl CpuBackend {
         let lc = &c.layers[il];
         for (t, place) in places.iter().enumerate() {
             for head in q[t * c.q_dim()..(t + 1) * c.q_dim()].chunks_mut(hd) {
-                ops::rope(head, place.pos, c.rope_dim, lc.rope_base, lc.rope_freq_scale, c.rope_style);
+                ops::rope(head, place.pos, &l.rope_inv_freq, lc.rope_freq_scale, c.rope_style);
             }
             for head in k[t * kv_dim..(t + 1) * kv_dim].chunks_mut(hd) {
-                ops::rope(head, place.pos, c.rope_dim, lc.rope_base, lc.rope_freq_scale, c.rope_style);
+                ops::rope(head, place.pos, &l.rope_inv_freq, lc.rope_freq_scale, c.rope_style);
             }
         }
         // Every K and V row is stored before any query reads (a step's tokens see each other).

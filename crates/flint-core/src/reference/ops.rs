@@ -80,11 +80,11 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// Rotates the first `rope_dim` values of one head at position `pos`.
-pub fn rope(head: &mut [f32], pos: usize, rope_dim: usize, base: f32, freq_scale: f32, style: RopeStyle) {
-    let half = rope_dim / 2;
-    for i in 0..half {
-        let inv_freq = 1.0 / base.powf((2 * i) as f32 / rope_dim as f32);
+/// Rotates the first `2 * inv_freq.len()` values of one head at position `pos`, pair i at
+/// angle pos · freq_scale · inv_freq[i] (`arch::rope_inv_freq`).
+pub fn rope(head: &mut [f32], pos: usize, inv_freq: &[f32], freq_scale: f32, style: RopeStyle) {
+    let half = inv_freq.len();
+    for (i, &inv_freq) in inv_freq.iter().enumerate() {
         let theta = pos as f32 * freq_scale * inv_freq;
         let (sin, cos) = theta.sin_cos();
         let (a, b) = match style {
@@ -128,9 +128,9 @@ mod tests {
     fn rope_neox_at_zero_is_identity_and_preserves_norm() {
         let mut h: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
         let orig = h.clone();
-        rope(&mut h, 0, 8, 10000.0, 1.0, RopeStyle::Neox);
+        rope(&mut h, 0, &crate::arch::rope_inv_freq(8, 10000.0, None), 1.0, RopeStyle::Neox);
         assert_eq!(h, orig);
-        rope(&mut h, 17, 8, 10000.0, 1.0, RopeStyle::Neox);
+        rope(&mut h, 17, &crate::arch::rope_inv_freq(8, 10000.0, None), 1.0, RopeStyle::Neox);
         let n0: f32 = orig.iter().map(|v| v * v).sum();
         let n1: f32 = h.iter().map(|v| v * v).sum();
         assert!((n0 - n1).abs() < 1e-4);

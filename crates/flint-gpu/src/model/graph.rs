@@ -2,6 +2,8 @@
 //! one [`Layer`] per transformer block, and the [`Head`] (output rows' norm and logits).
 //! Each op records dispatches for a step; its label names it in profiles.
 
+use std::sync::Arc;
+
 use flint_core::arch::ModelConfig;
 use flint_core::quant::QuantType;
 
@@ -200,6 +202,8 @@ pub struct GraphInputs<'a> {
     pub acts: &'a Activations,
     /// Per layer K and V caches.
     pub kv: &'a [(wgpu::Buffer, wgpu::Buffer)],
+    /// `rope_freqs.weight`, when the model has it.
+    pub rope_factors: Option<Arc<[f32]>>,
 }
 
 /// Every part's matmul of `m`: x → y (+ bias) (+ y with `accumulate`), `info` counting tokens.
@@ -239,8 +243,8 @@ async fn norm(g: &GraphInputs<'_>, batch: &Batch, x: &wgpu::Buffer, w: &wgpu::Bu
     ops::rms_norm::RmsNorm::new(g.ctx, g.cache, batch, desc, w, x, out).await
 }
 
-/// Layer `il`'s attention shape.
-pub fn attention_desc(c: &ModelConfig, il: usize) -> ops::attention::AttentionDesc {
+/// Layer `il`'s attention shape; `rope_factors` are the model's `rope_freqs.weight`.
+pub fn attention_desc(c: &ModelConfig, il: usize, rope_factors: Option<&Arc<[f32]>>) -> ops::attention::AttentionDesc {
     let lc = &c.layers[il];
     ops::attention::AttentionDesc {
         n_head: c.n_head as u32,
@@ -250,7 +254,13 @@ pub fn attention_desc(c: &ModelConfig, il: usize) -> ops::attention::AttentionDe
         scale: c.attn_scale,
         window: lc.sliding_window,
         // RoPE is fused: kv_write rotates K, attention rotates q as it loads it.
-        rope: Some(ops::rope::RopeSpec { rope_dim: c.rope_dim as u32, style: c.rope_style, base: lc.rope_base, freq_scale: lc.rope_freq_scale }),
+        rope: Some(ops::rope::RopeSpec {
+            rope_dim: c.rope_dim as u32,
+            style: c.rope_style,
+            base: lc.rope_base,
+            freq_scale: lc.rope_freq_scale,
+            freq_factors: rope_factors.cloned(),
+        }),
     }
 }
 
@@ -276,7 +286,7 @@ async fn layer(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<
     } else {
         None
     };
-    let desc = attention_desc(c, il);
+    let desc = attention_desc(c, il, g.rope_factors.as_ref());
     let (kc, vc) = &g.kv[il];
     let kv_batch = &g.batches[g.layer_group[il]];
     let kv_write = ops::kv_write::KvWrite::new(g.ctx, g.cache, kv_batch, &desc, &a.k, &a.v, kc, vc).await?;

@@ -75,7 +75,7 @@ impl GpuModel {
             .collect::<Result<Vec<_>>>()?;
         let head = Batch::new(&ctx, max_outputs, 1, 1, layout.block_size)?;
         // Every layer has the same head counts and sizes: one shared split scratch.
-        let scratch = ops::attention::Attention::scratch_bytes(&graph::attention_desc(c, 0), max_tokens);
+        let scratch = ops::attention::Attention::scratch_bytes(&graph::attention_desc(c, 0, None), max_tokens);
         let acts = Activations::new(&ctx, c, max_tokens, max_outputs, scratch)?;
         let kv = KvStore::new(&ctx, c, &layout)?;
         let max_binding = match max_binding_mb {
@@ -83,6 +83,12 @@ impl GpuModel {
             None => ctx.max_binding(),
         };
         let cache = ctx.pipelines.clone();
+        let rope_factors = match c.rope_freqs {
+            true => Some(Arc::from(
+                file.read_f32(flint_core::arch::ROPE_FREQS).await.map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?,
+            )),
+            false => None,
+        };
         let mut up = Uploader::new(&ctx, file, max_binding);
         let inputs = GraphInputs {
             ctx: &ctx,
@@ -93,6 +99,7 @@ impl GpuModel {
             head: &head,
             acts: &acts,
             kv: &kv.layers,
+            rope_factors,
         };
         let graph = graph::build(&inputs, &mut up).await?;
         let n_vocab = c.n_vocab as u32;

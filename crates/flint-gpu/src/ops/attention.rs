@@ -42,7 +42,7 @@ pub(crate) const MAX_GRID_DIM: u32 = 65535;
 
 /// One layer's attention shape. `scale` multiplies q·k (usually 1/√head_dim); `window`
 /// limits token p to positions j with p − j < window.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct AttentionDesc {
     pub n_head: u32,
     pub n_head_kv: u32,
@@ -135,7 +135,7 @@ fn rows_key(head_dim: u32, rope: Option<&RopeSpec>) -> PipelineKey {
 
 /// The RoPE settings the variant lists cover (one of each style; the tables are bindings).
 pub(crate) fn rope_variants() -> [Option<RopeSpec>; 3] {
-    let spec = |style| RopeSpec { rope_dim: 64, style, base: 10000.0, freq_scale: 1.0 };
+    let spec = |style| RopeSpec { rope_dim: 64, style, base: 10000.0, freq_scale: 1.0, freq_factors: None };
     [None, Some(spec(flint_core::arch::RopeStyle::Normal)), Some(spec(flint_core::arch::RopeStyle::Neox))]
 }
 

@@ -29,7 +29,7 @@ pub struct RopeDesc {
 }
 
 /// The rotation a fused kernel applies to each head of the rows it copies.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RopeSpec {
     /// Rotated dimensions of each head (the first `rope_dim`); even, ≤ head_dim.
     pub rope_dim: u32,
@@ -37,6 +37,8 @@ pub struct RopeSpec {
     pub base: f32,
     /// Multiplies positions (1 / linear scaling factor).
     pub freq_scale: f32,
+    /// Per-pair divisors of the frequencies (`rope_freqs.weight`, Llama 3 scaling), rope_dim / 2.
+    pub freq_factors: Option<Arc<[f32]>>,
 }
 
 impl RopeSpec {
@@ -46,6 +48,9 @@ impl RopeSpec {
                 op: "rope",
                 message: format!("rope_dim {} must be even, nonzero and ≤ head_dim {head_dim}", self.rope_dim),
             });
+        }
+        if self.freq_factors.as_ref().is_some_and(|f| f.len() != self.rope_dim as usize / 2) {
+            return Err(GpuError::Unsupported { op: "rope", message: format!("freq_factors must hold rope_dim / 2 = {} values", self.rope_dim / 2) });
         }
         Ok(())
     }
@@ -75,7 +80,7 @@ impl RopeTables {
         spec.validate(head_dim)?;
         let p = FusedParams { n_pairs: spec.rope_dim / 2, freq_scale: spec.freq_scale, _pad: [0; 2] };
         let params = params(ctx, &format!("{label}.rope"), &p);
-        let freqs = inv_freq(spec.rope_dim, spec.base);
+        let freqs = flint_core::arch::rope_inv_freq(spec.rope_dim as usize, spec.base, spec.freq_factors.as_deref());
         let inv_freq = crate::buffer::storage_init(ctx, &format!("{label}.inv_freq"), bytemuck::cast_slice(&freqs))?;
         Ok(RopeTables { params, inv_freq })
     }
@@ -106,16 +111,11 @@ pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
     vec![key(RopeStyle::Normal), key(RopeStyle::Neox)]
 }
 
-/// inv_freq[i] = 1 / base^(2i / rope_dim), computed exactly as the CPU reference does.
-pub fn inv_freq(rope_dim: u32, base: f32) -> Vec<f32> {
-    (0..rope_dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / rope_dim as f32)).collect()
-}
-
 impl Rope {
     /// `x`: [max_tokens, n_heads, head_dim] f32, rotated in place at `batch.pos`.
     pub async fn new(ctx: &GpuContext, cache: &PipelineCache, batch: &Batch, desc: RopeDesc, x: &wgpu::Buffer) -> Result<Rope> {
         let bad = |message: String| Err(GpuError::Unsupported { op: "rope", message });
-        RopeSpec { rope_dim: desc.rope_dim, style: desc.style, base: desc.base, freq_scale: desc.freq_scale }.validate(desc.head_dim)?;
+        RopeSpec { rope_dim: desc.rope_dim, style: desc.style, base: desc.base, freq_scale: desc.freq_scale, freq_factors: None }.validate(desc.head_dim)?;
         let need = batch.max_tokens as u64 * desc.n_heads as u64 * desc.head_dim as u64 * 4;
         if x.size() < need {
             return bad(format!("x holds {} bytes, needs {need} for [{}, {}, {}] f32", x.size(), batch.max_tokens, desc.n_heads, desc.head_dim));
@@ -126,7 +126,7 @@ impl Rope {
         let n_pairs = desc.rope_dim / 2;
         let p = Params { n_heads: desc.n_heads, head_dim: desc.head_dim, n_pairs, freq_scale: desc.freq_scale };
         let params = params(ctx, &label, &p);
-        let freqs = crate::buffer::storage_init(ctx, &format!("{label}.inv_freq"), bytemuck::cast_slice(&inv_freq(desc.rope_dim, desc.base)))?;
+        let freqs = crate::buffer::storage_init(ctx, &format!("{label}.inv_freq"), bytemuck::cast_slice(&flint_core::arch::rope_inv_freq(desc.rope_dim as usize, desc.base, None)))?;
         let bind = bind(ctx, &label, &pipeline, &[&batch.info, &params, &batch.pos, &freqs, x]);
         Ok(Rope { pipeline, bind, pairs_per_token: desc.n_heads * n_pairs, _params: params, _inv_freq: freqs })
     }
