@@ -332,8 +332,14 @@ fn malformed_family_files_exit_2() {
     std::fs::create_dir_all(&dir).unwrap();
     // qwen3 then lacks a tensor it needs; llama3 lacks its (optional) factors and holds a tensor
     // nothing reads, which is refused too.
-    let renamed_error = [("qwen3", "\"blk.0.attn_q_norm.weight\" is missing"), ("llama3", "\"rope_freqs.wEight\" is not used")];
-    for (family, norm, first_dim) in [("qwen3", "blk.0.attn_q_norm.weight", 32u64), ("llama3", "rope_freqs.weight", 16)] {
+    let renamed_error = [
+        ("qwen3", "\"blk.0.attn_q_norm.weight\" is missing"),
+        ("llama3", "\"rope_freqs.wEight\" is not used"),
+        ("phi3", "\"blk.0.attn_qkv.weight\" is missing"),
+    ];
+    for (family, norm, first_dim) in
+        [("qwen3", "blk.0.attn_q_norm.weight", 32u64), ("llama3", "rope_freqs.weight", 16), ("phi3", "blk.0.attn_qkv.weight", 128)]
+    {
         let good = std::fs::read(shared().join(format!("golden/families/{family}/model.gguf"))).unwrap();
         let write = |tag: &str, bytes: &[u8]| {
             let p = dir.join(format!("{family}-{tag}.gguf"));

@@ -231,8 +231,8 @@ impl Engine {
         Self::build(file, opts).await
     }
 
-    async fn build(file: GgufFile, opts: &LoadOptions) -> Result<(Engine, RunLoop), EngineError> {
-        let config = ModelConfig::from_gguf(&file)?;
+    async fn build(mut file: GgufFile, opts: &LoadOptions) -> Result<(Engine, RunLoop), EngineError> {
+        let config = ModelConfig::from_gguf(&file)?.unfuse(&mut file)?;
         let tokenizer = Arc::new(Tokenizer::from_metadata(&file.metadata)?);
         let bos = tokenizer.bos_id().and_then(|id| tokenizer.token_text(id)).unwrap_or("").to_string();
         let eos = tokenizer.eos_id().and_then(|id| tokenizer.token_text(id)).unwrap_or("").to_string();

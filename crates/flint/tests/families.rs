@@ -74,3 +74,9 @@ fn qwen3() {
 fn llama3() {
     family("llama3");
 }
+
+/// Fused [q; k; v] and [gate; up] projections, NeoX RoPE over the whole head.
+#[test]
+fn phi3() {
+    family("phi3");
+}

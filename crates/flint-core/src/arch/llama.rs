@@ -1,5 +1,5 @@
-//! The llama family: llama, mistral, qwen2 (Q/K/V biases, NeoX RoPE) and qwen3 (no biases,
-//! per-head QK-norm before NeoX RoPE).
+//! The llama family: llama, mistral, qwen2 (Q/K/V biases, NeoX RoPE), qwen3 (no biases,
+//! per-head QK-norm before NeoX RoPE) and phi3 (fused QKV and gate/up projections, NeoX RoPE).
 
 use super::{count, opt_count, positive_f32, rope_freq_scale, shape, Activation, ArchError, LayerConfig, ModelConfig, RopeStyle, Shape};
 use super::{MAX_CTX, MAX_EMBD, MAX_FF};
@@ -22,6 +22,7 @@ pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: boo
     let rope_freq_scale = rope_freq_scale(md, arch)?;
     let is_qwen2 = arch == "qwen2";
     let is_qwen3 = arch == "qwen3";
+    let is_phi3 = arch == "phi3";
     Ok(ModelConfig {
         arch: arch.to_string(),
         n_vocab,
@@ -35,7 +36,7 @@ pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: boo
         n_ctx_train: count(md, arch, "context_length", MAX_CTX)?,
         rms_eps: positive_f32(md, arch, "attention.layer_norm_rms_epsilon", Some(DEFAULT_RMS_EPS))?,
         // llama's GGUF conversion permutes Q/K so adjacent pairs rotate; qwen2 keeps HF's halves.
-        rope_style: if is_qwen2 || is_qwen3 { RopeStyle::Neox } else { RopeStyle::Normal },
+        rope_style: if is_qwen2 || is_qwen3 || is_phi3 { RopeStyle::Neox } else { RopeStyle::Normal },
         rope_dim,
         layers: vec![LayerConfig { sliding_window: None, rope_base, rope_freq_scale }; n_layer],
         qkv_bias: is_qwen2,
@@ -46,5 +47,7 @@ pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: boo
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         tied_output,
         rope_freqs: false,
+        fused_qkv: is_phi3,
+        fused_gate_up: is_phi3,
     })
 }

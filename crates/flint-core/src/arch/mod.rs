@@ -12,7 +12,7 @@ use crate::gguf::{GgufError, GgufFile, Metadata};
 pub enum ArchError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, gemma3)")]
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, phi3, gemma3)")]
     Unsupported(String),
     #[error("tensor {0:?} is missing")]
     MissingTensor(String),
@@ -82,6 +82,10 @@ pub struct ModelConfig {
     pub tied_output: bool,
     /// `rope_freqs.weight` holds per-pair divisors of the RoPE frequencies (Llama 3 scaling).
     pub rope_freqs: bool,
+    /// The file stores Q, K and V as one `attn_qkv` ([q; k; v] rows, phi3).
+    pub fused_qkv: bool,
+    /// The file stores the gate and up projections as one `ffn_up` ([gate; up] rows, phi3).
+    pub fused_gate_up: bool,
 }
 
 impl ModelConfig {
@@ -92,7 +96,7 @@ impl ModelConfig {
         let n_vocab = vocab_size(file)?;
         let tied_output = file.tensor("output.weight").is_none();
         let mut config = match arch.as_str() {
-            "llama" | "mistral" | "qwen2" | "qwen3" => llama::config(md, &arch, n_vocab, tied_output)?,
+            "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" => llama::config(md, &arch, n_vocab, tied_output)?,
             "gemma3" => gemma3::config(md, n_vocab, tied_output)?,
             other => return Err(ArchError::Unsupported(other.to_string())),
         };
@@ -127,13 +131,21 @@ impl ModelConfig {
         for i in 0..self.n_layer {
             let mut add = |name: &str, shape: Vec<u64>| t.push((format!("blk.{i}.{name}"), shape));
             add("attn_norm.weight", vec![e]);
-            add("attn_q.weight", vec![e, q]);
-            add("attn_k.weight", vec![e, kv]);
-            add("attn_v.weight", vec![e, vd]);
+            if self.fused_qkv {
+                add("attn_qkv.weight", vec![e, q + kv + vd]);
+            } else {
+                add("attn_q.weight", vec![e, q]);
+                add("attn_k.weight", vec![e, kv]);
+                add("attn_v.weight", vec![e, vd]);
+            }
             add("attn_output.weight", vec![o_in, e]);
             add("ffn_norm.weight", vec![e]);
-            add("ffn_gate.weight", vec![e, ff]);
-            add("ffn_up.weight", vec![e, ff]);
+            if self.fused_gate_up {
+                add("ffn_up.weight", vec![e, 2 * ff]);
+            } else {
+                add("ffn_gate.weight", vec![e, ff]);
+                add("ffn_up.weight", vec![e, ff]);
+            }
             add("ffn_down.weight", vec![ff, e]);
             if self.qkv_bias {
                 add("attn_q.bias", vec![q]);
@@ -150,6 +162,22 @@ impl ModelConfig {
             }
         }
         t
+    }
+
+    /// The config the backends see, with `file`'s fused projections split into the separate
+    /// tensors they read (row ranges of the fused ones, nothing copied).
+    pub fn unfuse(&self, file: &mut GgufFile) -> Result<ModelConfig, ArchError> {
+        let (q, kv, vd, ff) = (self.q_dim() as u64, self.kv_dim() as u64, self.v_dim() as u64, self.n_ff as u64);
+        for i in 0..self.n_layer {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            if self.fused_qkv {
+                file.split_rows(&n("attn_qkv.weight"), &[(n("attn_q.weight"), q), (n("attn_k.weight"), kv), (n("attn_v.weight"), vd)])?;
+            }
+            if self.fused_gate_up {
+                file.split_rows(&n("ffn_up.weight"), &[(n("ffn_gate.weight"), ff), (n("ffn_up.weight"), ff)])?;
+            }
+        }
+        Ok(ModelConfig { fused_qkv: false, fused_gate_up: false, ..self.clone() })
     }
 
     /// Every expected tensor with its shape, and no other: a tensor the forward pass would

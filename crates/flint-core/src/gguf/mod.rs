@@ -249,6 +249,39 @@ impl GgufFile {
         self.index.get(name).map(|&i| &self.tensors[i])
     }
 
+    /// Replaces tensor `name` by consecutive row ranges of it, each a tensor of its own
+    /// (`parts`: new name and row count, in order, covering every row): fused projections
+    /// (phi3's `attn_qkv`) become the separate ones the forward pass reads, without a copy.
+    pub fn split_rows(&mut self, name: &str, parts: &[(String, u64)]) -> Result<()> {
+        let i = *self.index.get(name).ok_or_else(|| GgufError::MissingTensor(name.to_string()))?;
+        let t = self.tensors[i].clone();
+        let rows = t.n_rows();
+        if t.dims.len() != 2 || parts.iter().map(|p| p.1).sum::<u64>() != rows || t.n_bytes % rows != 0 {
+            return Err(GgufError::BadTensorData { tensor: name.to_string(), reason: format!("cannot split {rows} rows into {parts:?}") });
+        }
+        let row_bytes = t.n_bytes / rows;
+        self.index.remove(name);
+        let mut offset = t.offset;
+        let mut views = Vec::with_capacity(parts.len());
+        for (part, n) in parts {
+            if self.index.contains_key(part.as_str()) {
+                return Err(GgufError::DuplicateTensor(part.clone()));
+            }
+            views.push(TensorInfo { name: part.clone(), dims: vec![t.dims[0], *n], ty: t.ty, offset, n_elems: t.dims[0] * n, n_bytes: row_bytes * n });
+            offset += row_bytes * n;
+        }
+        // The first view takes the fused tensor's slot; the rest go at the end.
+        let mut views = views.into_iter();
+        let first = views.next().expect("parts cover every row");
+        self.index.insert(first.name.clone(), i);
+        self.tensors[i] = first;
+        for v in views {
+            self.index.insert(v.name.clone(), self.tensors.len());
+            self.tensors.push(v);
+        }
+        Ok(())
+    }
+
     pub fn require_tensor(&self, name: &str) -> Result<&TensorInfo> {
         self.tensor(name).ok_or_else(|| GgufError::MissingTensor(name.to_string()))
     }

@@ -165,6 +165,8 @@ mod tests {
             attn_scale: 1.0,
             tied_output: true,
             rope_freqs: false,
+            fused_qkv: false,
+            fused_gate_up: false,
         }
     }
 
