@@ -29,7 +29,7 @@ struct Params {
     fixed_split: u32,   // 0: the policy; else every token's split count (tests)
     split_stride: u32,  // split records per (token, head)
     part_cap: u32,      // partial records the scratch holds
-    _pad0: u32,
+    softcap: f32,       // > 0: scores become softcap * tanh(score / softcap) (gemma2)
     _pad1: u32,
 }
 
@@ -75,6 +75,20 @@ var<workgroup> p_sh: array<f32, WG>;
 var<workgroup> slot_sh: array<u32, WG>;
 
 // The first position a token at position p sees.
+// tanh(x), from one exp of a non-positive argument (no overflow, odd by construction).
+fn tanh_f32(x: f32) -> f32 {
+    let e = exp(-2.0 * abs(x));
+    return sign(x) * (1.0 - e) / (1.0 + e);
+}
+
+// A score after the optional soft cap (a uniform branch).
+fn cap_score(sc: f32) -> f32 {
+    if (params.softcap > 0.0) {
+        return params.softcap * tanh_f32(sc / params.softcap);
+    }
+    return sc;
+}
+
 fn first_visible(p: u32) -> u32 {
     if (params.window > 0u && p + 1u > params.window) {
         return p + 1u - params.window;
@@ -184,7 +198,7 @@ fn split(
             for (var i = 0u; i < hd4; i++) {
                 dot4 = fma(q_sh[i], k_cache[row + i], dot4);
             }
-            sc = dot4.x + dot4.y + dot4.z + dot4.w;
+            sc = cap_score(dot4.x + dot4.y + dot4.z + dot4.w);
         }
         slot_sh[tid] = slot;
         let m_new = max(m, reduce_max(tid, sc));
@@ -321,7 +335,7 @@ fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         var d4 = vec4<f32>(0.0);
         // d4 = fma(qv[k], k_cache[krow + k], d4) for each k < HD4.
         ROWS_DOT
-        let sc = d4.x + d4.y + d4.z + d4.w;
+        let sc = cap_score(d4.x + d4.y + d4.z + d4.w);
         let m_new = max(m, sc);
         let alpha = exp(m - m_new);
         let pj = exp(sc - m_new);

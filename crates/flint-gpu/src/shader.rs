@@ -29,6 +29,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("sample_common.wgsl", include_str!("../../../shaders/sample_common.wgsl")),
     ("sample_logprobs.wgsl", include_str!("../../../shaders/sample_logprobs.wgsl")),
     ("sample_threshold.wgsl", include_str!("../../../shaders/sample_threshold.wgsl")),
+    ("softcap.wgsl", include_str!("../../../shaders/softcap.wgsl")),
 ];
 
 const MAX_INCLUDE_DEPTH: usize = 8;

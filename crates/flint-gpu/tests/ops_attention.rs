@@ -45,7 +45,7 @@ struct Case {
 }
 
 fn desc(n_head: u32, n_head_kv: u32, hd: u32, window: Option<u32>) -> AttentionDesc {
-    AttentionDesc { n_head, n_head_kv, head_dim: hd, head_dim_v: hd, scale: 1.0 / (hd as f32).sqrt(), window, rope: None }
+    AttentionDesc { n_head, n_head_kv, head_dim: hd, head_dim_v: hd, scale: 1.0 / (hd as f32).sqrt(), window, rope: None, softcap: None }
 }
 
 fn shuffle<T>(v: &mut [T], rng: &mut TestRng) {
@@ -65,6 +65,7 @@ fn reference(d: &AttentionDesc, q: &[f32], k: &Rows, v: &Rows, pos: usize) -> Ve
         let qh = &q[h * hd..][..hd];
         let scores: Vec<f64> = (first..=pos)
             .map(|j| qh.iter().zip(&k[j][kvh * hd..][..hd]).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * d.scale as f64)
+            .map(|s| d.softcap.map_or(s, |c| c as f64 * (s / c as f64).tanh()))
             .collect();
         let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
@@ -283,6 +284,15 @@ fn gqa_4_1_hd256_sliding_window() {
         shuffle_tokens: true,
         seed: 5,
     });
+}
+
+#[test]
+fn soft_capped_scores() {
+    // gemma2's cap, small enough to bite on these scores (scale 1: scores of several units);
+    // both kernels (rows and split) and a window.
+    let capped = |d: AttentionDesc| AttentionDesc { softcap: Some(2.0), scale: 1.0, ..d };
+    check(Case { desc: capped(desc(4, 2, 32, None)), block_size: 16, seqs: &[(40, 3), (0, 7)], split: Split::Auto, shuffle_tokens: true, seed: 21 });
+    check(Case { desc: capped(desc(4, 2, 32, Some(16))), block_size: 16, seqs: &[(300, 2)], split: Split::Kv, shuffle_tokens: false, seed: 22 });
 }
 
 #[test]

@@ -17,7 +17,7 @@ use flint_gpu::testing::{nmse, TestRng, NMSE_F32};
 const SENTINEL: f32 = -777.25;
 
 fn desc(rope: Option<RopeSpec>) -> AttentionDesc {
-    AttentionDesc { n_head: 4, n_head_kv: 2, head_dim: 64, head_dim_v: 32, scale: 0.125, window: None, rope }
+    AttentionDesc { n_head: 4, n_head_kv: 2, head_dim: 64, head_dim_v: 32, scale: 0.125, window: None, rope, softcap: None }
 }
 
 #[test]

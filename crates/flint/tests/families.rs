@@ -80,3 +80,9 @@ fn llama3() {
 fn phi3() {
     family("phi3");
 }
+
+/// Soft-capped attention and logits, sliding window on even layers, the 46-layer query scale.
+#[test]
+fn gemma2() {
+    family("gemma2");
+}

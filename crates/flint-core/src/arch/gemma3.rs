@@ -61,5 +61,7 @@ pub(super) fn config(md: &Metadata, n_vocab: usize, tied_output: bool) -> Result
         rope_freqs: false,
         fused_qkv: false,
         fused_gate_up: false,
+        attn_softcap: None,
+        final_softcap: None,
     })
 }

@@ -49,5 +49,7 @@ pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: boo
         rope_freqs: false,
         fused_qkv: is_phi3,
         fused_gate_up: is_phi3,
+        attn_softcap: None,
+        final_softcap: None,
     })
 }

@@ -1,6 +1,7 @@
 //! Model architectures: a config per family derived from GGUF metadata, and the tensor
 //! shapes it implies, checked against the file before any weight is touched.
 
+mod gemma2;
 mod gemma3;
 mod llama;
 
@@ -12,7 +13,7 @@ use crate::gguf::{GgufError, GgufFile, Metadata};
 pub enum ArchError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, phi3, gemma3)")]
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3)")]
     Unsupported(String),
     #[error("tensor {0:?} is missing")]
     MissingTensor(String),
@@ -86,6 +87,10 @@ pub struct ModelConfig {
     pub fused_qkv: bool,
     /// The file stores the gate and up projections as one `ffn_up` ([gate; up] rows, phi3).
     pub fused_gate_up: bool,
+    /// Attention scores (after `attn_scale`) become cap · tanh(score / cap) (gemma2).
+    pub attn_softcap: Option<f32>,
+    /// The final logits become cap · tanh(logit / cap) (gemma2).
+    pub final_softcap: Option<f32>,
 }
 
 impl ModelConfig {
@@ -97,6 +102,7 @@ impl ModelConfig {
         let tied_output = file.tensor("output.weight").is_none();
         let mut config = match arch.as_str() {
             "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" => llama::config(md, &arch, n_vocab, tied_output)?,
+            "gemma2" => gemma2::config(md, n_vocab, tied_output)?,
             "gemma3" => gemma3::config(md, n_vocab, tied_output)?,
             other => return Err(ArchError::Unsupported(other.to_string())),
         };

@@ -167,6 +167,8 @@ mod tests {
             rope_freqs: false,
             fused_qkv: false,
             fused_gate_up: false,
+            attn_softcap: None,
+            final_softcap: None,
         }
     }
 

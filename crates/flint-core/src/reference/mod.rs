@@ -242,7 +242,10 @@ impl CpuBackend {
         }
         let mut last: Vec<f32> = rows.iter().flat_map(|&r| x[r * e..(r + 1) * e].iter().copied()).collect();
         ops::rms_norm(&mut last, &self.output_norm, self.cfg.rms_eps);
-        let logits = self.matmul(&self.output, &last, rows.len());
+        let mut logits = self.matmul(&self.output, &last, rows.len());
+        if let Some(cap) = self.cfg.final_softcap {
+            logits.iter_mut().for_each(|l| *l = ops::softcap(*l, cap));
+        }
         let n_vocab = self.cfg.n_vocab;
         let want_logits = batch.logits;
         let mut result = StepResult::default();
@@ -356,7 +359,11 @@ fn attention(c: &ModelConfig, il: usize, q: &[f32], places: &[TokenPlace], group
             let (b, off) = slot(j);
             vc.row(b, off).unwrap_or(&zeros[..vc.row])
         };
-        let mut scores: Vec<f32> = (first..=pos).map(|j| ops::dot(qh, &k_row(j)[kvh * hd..][..hd]) * c.attn_scale).collect();
+        let score = |j: usize| ops::dot(qh, &k_row(j)[kvh * hd..][..hd]) * c.attn_scale;
+        let mut scores: Vec<f32> = match c.attn_softcap {
+            Some(cap) => (first..=pos).map(|j| ops::softcap(score(j), cap)).collect(),
+            None => (first..=pos).map(score).collect(),
+        };
         ops::softmax(&mut scores);
         for (j, p) in (first..=pos).zip(&scores) {
             let vj = &v_row(j)[kvh * hdv..][..hdv];

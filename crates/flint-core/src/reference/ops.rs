@@ -97,6 +97,11 @@ pub fn rope(head: &mut [f32], pos: usize, inv_freq: &[f32], freq_scale: f32, sty
     }
 }
 
+/// cap · tanh(x / cap): gemma2's soft cap of attention scores and final logits.
+pub fn softcap(x: f32, cap: f32) -> f32 {
+    cap * (x / cap).tanh()
+}
+
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }

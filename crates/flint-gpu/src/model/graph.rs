@@ -46,7 +46,8 @@ encode_with_n_tok!(
     ops::kv_write::KvWrite => "kv_write",
     ops::rms_norm::RmsNorm => "rms_norm",
     ops::glu::Glu => "glu",
-    ops::add::Add => "add"
+    ops::add::Add => "add",
+    ops::softcap::SoftCap => "softcap"
 );
 
 impl Encode for ops::attention::Attention {
@@ -160,12 +161,15 @@ impl Layer {
 pub struct Head {
     norm: ops::rms_norm::RmsNorm,
     output: Vec<TypedMatmul>,
+    /// The final logits' soft cap (gemma2).
+    softcap: Option<ops::softcap::SoftCap>,
 }
 
 impl Head {
     pub fn ops(&self) -> Vec<&dyn Encode> {
         let mut v: Vec<&dyn Encode> = vec![&self.norm];
         v.extend(self.output.iter().map(|m| m as &dyn Encode));
+        v.extend(self.softcap.iter().map(|s| s as &dyn Encode));
         v
     }
 }
@@ -261,6 +265,7 @@ pub fn attention_desc(c: &ModelConfig, il: usize, rope_factors: Option<&Arc<[f32
             freq_scale: lc.rope_freq_scale,
             freq_factors: rope_factors.cloned(),
         }),
+        softcap: c.attn_softcap,
     }
 }
 
@@ -339,5 +344,9 @@ pub async fn build(g: &GraphInputs<'_>, up: &mut Uploader<'_>) -> Result<Graph> 
     let norm = norm(g, g.head, &a.x, &out_norm, &a.last, c.n_embd, ops::rms_norm::Rows::Gather { src_rows: max_tokens }).await?;
     let output = if c.tied_output { embd } else { up.matrix("output.weight").await? };
     let output = matmuls(g, g.head, &output, &a.last, &a.logits, None, false).await?;
-    Ok(Graph { embed, layers, head: Head { norm, output } })
+    let softcap = match c.final_softcap {
+        Some(cap) => Some(ops::softcap::SoftCap::new(g.ctx, g.cache, g.head, c.n_vocab as u32, cap, &a.logits).await?),
+        None => None,
+    };
+    Ok(Graph { embed, layers, head: Head { norm, output, softcap } })
 }

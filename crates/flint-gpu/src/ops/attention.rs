@@ -52,6 +52,8 @@ pub struct AttentionDesc {
     pub window: Option<u32>,
     /// RoPE fused into the step: kv_write rotates K rows, attention rotates q as it loads it.
     pub rope: Option<RopeSpec>,
+    /// Scores (after `scale`) become softcap · tanh(score / softcap) before the softmax (gemma2).
+    pub softcap: Option<f32>,
 }
 
 impl AttentionDesc {
@@ -202,7 +204,9 @@ struct AttnParams {
     split_stride: u32,
     /// Split records the scratch holds.
     part_cap: u32,
-    _pad: [u32; 2],
+    /// > 0: the soft cap of the scores.
+    softcap: f32,
+    _pad: u32,
 }
 
 /// How a token's visible positions are split: `ceil(len / split_len)` splits, at most
@@ -294,7 +298,8 @@ impl Attention {
             fixed_split: 0,
             split_stride: MAX_SPLITS,
             part_cap: (mt * desc.n_head as u64 * MAX_SPLITS as u64) as u32,
-            _pad: [0; 2],
+            softcap: desc.softcap.unwrap_or(0.0),
+            _pad: 0,
         };
         let p = params(ctx, "attention_params", &base);
         let (split_key, combine_key) = (split_key(desc.rope.as_ref()), combine_key());

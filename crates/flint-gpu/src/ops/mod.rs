@@ -12,6 +12,7 @@ pub mod penalize;
 pub mod rms_norm;
 pub mod rope;
 pub mod sample;
+pub mod softcap;
 
 use crate::context::GpuContext;
 use crate::error::Result;
@@ -30,6 +31,7 @@ pub fn all_variants(caps: &crate::Caps) -> Vec<PipelineKey> {
     v.extend(penalize::variants(caps));
     v.extend(rms_norm::variants(caps));
     v.extend(rope::variants(caps));
+    v.extend(softcap::variants(caps));
     v.extend(sample::variants(caps));
     v
 }
