@@ -337,12 +337,14 @@ fn malformed_family_files_exit_2() {
         ("llama3", "\"rope_freqs.wEight\" is not used"),
         ("phi3", "\"blk.0.attn_qkv.weight\" is missing"),
         ("gemma2", "\"blk.0.post_attention_norm.weight\" is missing"),
+        ("qwen3moe", "\"blk.0.ffn_gate_inp.weight\" is missing"),
     ];
     for (family, norm, first_dim) in [
         ("qwen3", "blk.0.attn_q_norm.weight", 32u64),
         ("llama3", "rope_freqs.weight", 16),
         ("phi3", "blk.0.attn_qkv.weight", 128),
         ("gemma2", "blk.0.post_attention_norm.weight", 64),
+        ("qwen3moe", "blk.0.ffn_gate_inp.weight", 64),
     ] {
         let good = std::fs::read(shared().join(format!("golden/families/{family}/model.gguf"))).unwrap();
         let write = |tag: &str, bytes: &[u8]| {

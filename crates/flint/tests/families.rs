@@ -52,6 +52,7 @@ fn family(name: &str) {
     let cpu = load(name, BackendKind::Cpu);
     let cpu_jobs = jobs(&cpu, name);
     check("cpu", name, &solo(&cpu, &cpu_jobs));
+    check("cpu batched", name, &together(&cpu, &cpu_jobs));
     drop(cpu);
     if flint_gpu::testing::context().is_none() {
         return;
@@ -85,4 +86,19 @@ fn phi3() {
 #[test]
 fn gemma2() {
     family("gemma2");
+}
+
+/// Mixture of experts: 4 experts, top 2 renormalized; on the CPU reference only so far, and
+/// the GPU backend says so.
+#[test]
+fn qwen3moe_cpu() {
+    let cpu = load("qwen3moe", BackendKind::Cpu);
+    let jobs = jobs(&cpu, "qwen3moe");
+    check("cpu", "qwen3moe", &solo(&cpu, &jobs));
+    check("cpu batched", "qwen3moe", &together(&cpu, &jobs));
+    if flint_gpu::testing::context().is_some() {
+        let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx: 512, ..LoadOptions::default() };
+        let e = Engine::load_path(&dir("qwen3moe").join("model.gguf"), &opts).err().expect("the GPU backend refuses MoE");
+        assert!(e.to_string().contains("--backend cpu"), "{e}");
+    }
 }

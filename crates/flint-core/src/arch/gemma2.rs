@@ -68,5 +68,6 @@ pub(super) fn config(md: &Metadata, n_vocab: usize, tied_output: bool) -> Result
         fused_gate_up: false,
         attn_softcap: softcap(md, "attn_logit_softcapping")?,
         final_softcap: softcap(md, "final_logit_softcapping")?,
+        moe: None,
     })
 }

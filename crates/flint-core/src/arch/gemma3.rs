@@ -63,5 +63,6 @@ pub(super) fn config(md: &Metadata, n_vocab: usize, tied_output: bool) -> Result
         fused_gate_up: false,
         attn_softcap: None,
         final_softcap: None,
+        moe: None,
     })
 }

@@ -2,7 +2,7 @@
 //! per-head QK-norm before NeoX RoPE) and phi3 (fused QKV and gate/up projections, NeoX RoPE).
 
 use super::{count, opt_count, positive_f32, rope_freq_scale, shape, Activation, ArchError, LayerConfig, ModelConfig, RopeStyle, Shape};
-use super::{MAX_CTX, MAX_EMBD, MAX_FF};
+use super::{MoeConfig, MAX_CTX, MAX_EMBD, MAX_EXPERTS, MAX_FF};
 use crate::gguf::Metadata;
 
 /// llama.cpp's default RoPE base when the file has none.
@@ -21,7 +21,21 @@ pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: boo
     let rope_base = positive_f32(md, arch, "rope.freq_base", Some(DEFAULT_ROPE_BASE))?;
     let rope_freq_scale = rope_freq_scale(md, arch)?;
     let is_qwen2 = arch == "qwen2";
-    let is_qwen3 = arch == "qwen3";
+    let is_qwen3 = arch == "qwen3" || arch == "qwen3moe";
+    let moe = match arch {
+        "qwen3moe" => {
+            let n_expert = count(md, arch, "expert_count", MAX_EXPERTS)?;
+            let n_used = count(md, arch, "expert_used_count", MAX_EXPERTS)?;
+            if n_used > n_expert {
+                return Err(ArchError::Invalid {
+                    key: format!("{arch}.expert_used_count"),
+                    reason: format!("{n_used} experts used of {n_expert}"),
+                });
+            }
+            Some(MoeConfig { n_expert, n_used, n_ff: count(md, arch, "expert_feed_forward_length", MAX_FF)? })
+        }
+        _ => None,
+    };
     let is_phi3 = arch == "phi3";
     Ok(ModelConfig {
         arch: arch.to_string(),
@@ -51,5 +65,6 @@ pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: boo
         fused_gate_up: is_phi3,
         attn_softcap: None,
         final_softcap: None,
+        moe,
     })
 }

@@ -13,7 +13,7 @@ use crate::gguf::{GgufError, GgufFile, Metadata};
 pub enum ArchError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3)")]
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, qwen3moe (CPU only), phi3, gemma2, gemma3)")]
     Unsupported(String),
     #[error("tensor {0:?} is missing")]
     MissingTensor(String),
@@ -37,6 +37,16 @@ pub enum RopeStyle {
 pub enum Activation {
     Silu,
     GeluTanh,
+}
+
+/// A mixture-of-experts feed-forward block (qwen3moe): a router over `n_expert` experts,
+/// the `n_used` best of a softmax of its logits, their weights renormalized to sum to 1.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// Each expert's feed-forward width.
+    pub n_ff: usize,
 }
 
 /// What differs between the layers of one model.
@@ -91,6 +101,8 @@ pub struct ModelConfig {
     pub attn_softcap: Option<f32>,
     /// The final logits become cap · tanh(logit / cap) (gemma2).
     pub final_softcap: Option<f32>,
+    /// Every layer's feed-forward block is a mixture of experts (qwen3moe).
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -101,7 +113,7 @@ impl ModelConfig {
         let n_vocab = vocab_size(file)?;
         let tied_output = file.tensor("output.weight").is_none();
         let mut config = match arch.as_str() {
-            "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" => llama::config(md, &arch, n_vocab, tied_output)?,
+            "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3moe" | "phi3" => llama::config(md, &arch, n_vocab, tied_output)?,
             "gemma2" => gemma2::config(md, n_vocab, tied_output)?,
             "gemma3" => gemma3::config(md, n_vocab, tied_output)?,
             other => return Err(ArchError::Unsupported(other.to_string())),
@@ -146,13 +158,20 @@ impl ModelConfig {
             }
             add("attn_output.weight", vec![o_in, e]);
             add("ffn_norm.weight", vec![e]);
-            if self.fused_gate_up {
+            if let Some(m) = &self.moe {
+                let (n, fe) = (m.n_expert as u64, m.n_ff as u64);
+                add("ffn_gate_inp.weight", vec![e, n]);
+                add("ffn_gate_exps.weight", vec![e, fe, n]);
+                add("ffn_up_exps.weight", vec![e, fe, n]);
+                add("ffn_down_exps.weight", vec![fe, e, n]);
+            } else if self.fused_gate_up {
                 add("ffn_up.weight", vec![e, 2 * ff]);
+                add("ffn_down.weight", vec![ff, e]);
             } else {
                 add("ffn_gate.weight", vec![e, ff]);
                 add("ffn_up.weight", vec![e, ff]);
+                add("ffn_down.weight", vec![ff, e]);
             }
-            add("ffn_down.weight", vec![ff, e]);
             if self.qkv_bias {
                 add("attn_q.bias", vec![q]);
                 add("attn_k.bias", vec![kv]);
@@ -328,5 +347,6 @@ pub(crate) const MAX_EMBD: u32 = 1 << 16;
 pub(crate) const MAX_LAYERS: u32 = 1024;
 pub(crate) const MAX_HEADS: u32 = 1024;
 pub(crate) const MAX_FF: u32 = 1 << 20;
+pub(crate) const MAX_EXPERTS: u32 = 1024;
 pub(crate) const MAX_CTX: u32 = 1 << 24;
 pub(crate) const MAX_VOCAB: u64 = 1 << 24;

@@ -169,6 +169,7 @@ mod tests {
             fused_gate_up: false,
             attn_softcap: None,
             final_softcap: None,
+            moe: None,
         }
     }
 

@@ -25,6 +25,13 @@ struct Matrix {
     n_out: usize,
 }
 
+/// A layer's feed-forward weights: one gated block, or a router over experts whose gated
+/// blocks are stacked in 3-D tensors ([n_in, n_out, n_expert]: expert e's rows are contiguous).
+enum Ffn {
+    Dense { gate: Matrix, up: Matrix, down: Matrix },
+    Moe { router: Matrix, gate: Matrix, up: Matrix, down: Matrix, n_used: usize },
+}
+
 struct Layer {
     attn_norm: Vec<f32>,
     q: Matrix,
@@ -38,9 +45,7 @@ struct Layer {
     k_norm: Option<Vec<f32>>,
     post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
-    gate: Matrix,
-    up: Matrix,
-    down: Matrix,
+    ffn: Ffn,
     post_ffn_norm: Option<Vec<f32>>,
     /// RoPE's inverse frequencies at this layer's base (with `rope_freqs.weight` applied).
     rope_inv_freq: Vec<f32>,
@@ -179,15 +184,38 @@ impl CpuBackend {
             k_norm: self.opt_vector(&n("attn_k_norm.weight"), c.qk_norm)?,
             post_attn_norm: self.opt_vector(&n("post_attention_norm.weight"), c.post_norms)?,
             ffn_norm: self.vector(&n("ffn_norm.weight"))?,
-            gate: m("ffn_gate.weight")?,
-            up: m("ffn_up.weight")?,
-            down: m("ffn_down.weight")?,
+            ffn: match c.moe {
+                None => Ffn::Dense { gate: m("ffn_gate.weight")?, up: m("ffn_up.weight")?, down: m("ffn_down.weight")? },
+                Some(moe) => Ffn::Moe {
+                    router: m("ffn_gate_inp.weight")?,
+                    gate: experts(&self.file, &n("ffn_gate_exps.weight"))?,
+                    up: experts(&self.file, &n("ffn_up_exps.weight"))?,
+                    down: experts(&self.file, &n("ffn_down_exps.weight"))?,
+                    n_used: moe.n_used,
+                },
+            },
             post_ffn_norm: self.opt_vector(&n("post_ffw_norm.weight"), c.post_norms)?,
         })
     }
 
     fn matmul(&self, w: &Matrix, x: &[f32], n_tok: usize) -> Vec<f32> {
         ops::matmul(w.info.ty, self.bytes(&w.info), w.n_in, w.n_out, x, n_tok)
+    }
+
+    /// Matrix `e` of a stack (`w.n_out` rows each; a plain matrix is stack of one, e = 0).
+    fn expert_matmul(&self, w: &Matrix, e: usize, x: &[f32], n_tok: usize) -> Vec<f32> {
+        let bytes = self.bytes(&w.info);
+        let stride = bytes.len() / (w.info.n_elems as usize / (w.n_in * w.n_out));
+        ops::matmul(w.info.ty, &bytes[e * stride..(e + 1) * stride], w.n_in, w.n_out, x, n_tok)
+    }
+
+    /// down(act(gate · x) ⊙ (up · x)) with matrices `e` of the stacks.
+    #[allow(clippy::too_many_arguments)]
+    fn gated(&self, gate: &Matrix, up: &Matrix, down: &Matrix, e: usize, act: fn(f32) -> f32, x: &[f32], n_tok: usize) -> Vec<f32> {
+        let mut g = self.expert_matmul(gate, e, x, n_tok);
+        let u = self.expert_matmul(up, e, x, n_tok);
+        g.iter_mut().zip(&u).for_each(|(a, b)| *a = act(*a) * b);
+        self.expert_matmul(down, e, &g, n_tok)
     }
 
     fn embed(&self, tokens: &[u32]) -> Vec<f32> {
@@ -307,14 +335,39 @@ impl CpuBackend {
 
         let mut h = x.clone();
         ops::rms_norm(&mut h, &l.ffn_norm, c.rms_eps);
-        let mut g = self.matmul(&l.gate, &h, n_tok);
-        let u = self.matmul(&l.up, &h, n_tok);
         let act = match c.activation {
             Activation::Silu => ops::silu,
             Activation::GeluTanh => ops::gelu_tanh,
         };
-        g.iter_mut().zip(&u).for_each(|(a, b)| *a = act(*a) * b);
-        let mut d = self.matmul(&l.down, &g, n_tok);
+        let mut d = match &l.ffn {
+            Ffn::Dense { gate, up, down } => self.gated(gate, up, down, 0, act, &h, n_tok),
+            Ffn::Moe { router, gate, up, down, n_used } => {
+                // Each token's experts and weights: the n_used best of a softmax of the router
+                // logits, renormalized to sum to 1.
+                let logits = self.matmul(router, &h, n_tok);
+                let mut d = vec![0f32; n_tok * c.n_embd];
+                let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); router.n_out];
+                for (t, row) in logits.chunks(router.n_out).enumerate() {
+                    let mut p = row.to_vec();
+                    ops::softmax(&mut p);
+                    let mut order: Vec<usize> = (0..p.len()).collect();
+                    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+                    let sum: f32 = order[..*n_used].iter().map(|&e| p[e]).sum();
+                    for &e in &order[..*n_used] {
+                        routed[e].push((t, p[e] / sum));
+                    }
+                }
+                // Expert by expert, over the tokens routed to it.
+                for (e, tokens) in routed.iter().enumerate().filter(|(_, t)| !t.is_empty()) {
+                    let x: Vec<f32> = tokens.iter().flat_map(|&(t, _)| h[t * c.n_embd..(t + 1) * c.n_embd].iter().copied()).collect();
+                    let y = self.gated(gate, up, down, e, act, &x, tokens.len());
+                    for (i, &(t, w)) in tokens.iter().enumerate() {
+                        d[t * c.n_embd..(t + 1) * c.n_embd].iter_mut().zip(&y[i * c.n_embd..(i + 1) * c.n_embd]).for_each(|(a, b)| *a += w * b);
+                    }
+                }
+                d
+            }
+        };
         if let Some(w) = &l.post_ffn_norm {
             ops::rms_norm(&mut d, w, c.rms_eps);
         }
@@ -378,6 +431,16 @@ fn attention(c: &ModelConfig, il: usize, q: &[f32], places: &[TokenPlace], group
     #[cfg(target_arch = "wasm32")]
     out.chunks_mut(hdv).enumerate().for_each(task);
     out
+}
+
+/// A stack of expert matrices [n_in, n_out, n_expert] as one `Matrix` of n_out rows each.
+fn experts(file: &GgufFile, name: &str) -> Result<Matrix, BackendError> {
+    let info = file.require_tensor(name)?.clone();
+    if info.dims.len() != 3 {
+        return Err(BackendError::Device(format!("{name} is not a stack of matrices: {:?}", info.dims)));
+    }
+    let (n_in, n_out) = (info.dims[0] as usize, info.dims[1] as usize);
+    Ok(Matrix { info, n_in, n_out })
 }
 
 fn matrix(file: &GgufFile, name: &str) -> Result<Matrix, BackendError> {
