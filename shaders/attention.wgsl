@@ -75,12 +75,6 @@ var<workgroup> p_sh: array<f32, WG>;
 var<workgroup> slot_sh: array<u32, WG>;
 
 // The first position a token at position p sees.
-// tanh(x), from one exp of a non-positive argument (no overflow, odd by construction).
-fn tanh_f32(x: f32) -> f32 {
-    let e = exp(-2.0 * abs(x));
-    return sign(x) * (1.0 - e) / (1.0 + e);
-}
-
 // A score after the optional soft cap (a uniform branch).
 fn cap_score(sc: f32) -> f32 {
     if (params.softcap > 0.0) {
