@@ -136,8 +136,9 @@ impl CpuBackend {
             file,
         };
         this.output_norm = this.vector("output_norm.weight")?;
+        let factors = this.opt_vector(crate::arch::ROPE_FREQS, this.cfg.rope_freqs)?;
         for i in 0..this.cfg.n_layer {
-            let layer = this.layer(i)?;
+            let layer = this.layer(i, factors.as_deref())?;
             this.layers.push(layer);
         }
         Ok(this)
@@ -165,13 +166,13 @@ impl CpuBackend {
         }
     }
 
-    fn layer(&self, i: usize) -> Result<Layer, BackendError> {
+    /// Layer `i`'s weights; `rope_factors` is the model's `rope_freqs.weight`, read once.
+    fn layer(&self, i: usize, rope_factors: Option<&[f32]>) -> Result<Layer, BackendError> {
         let c = &self.cfg;
         let n = |s: &str| format!("blk.{i}.{s}");
         let m = |s: &str| matrix(&self.file, &n(s));
-        let factors = self.opt_vector(crate::arch::ROPE_FREQS, c.rope_freqs)?;
         Ok(Layer {
-            rope_inv_freq: crate::arch::rope_inv_freq(c.rope_dim, c.layers[i].rope_base, factors.as_deref()),
+            rope_inv_freq: crate::arch::rope_inv_freq(c.rope_dim, c.layers[i].rope_base, rope_factors),
             attn_norm: self.vector(&n("attn_norm.weight"))?,
             q: m("attn_q.weight")?,
             k: m("attn_k.weight")?,
