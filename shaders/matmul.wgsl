@@ -15,8 +15,9 @@
 // With SUBGROUP_REDUCE (adapters with subgroups whose smallest subgroup holds a team), a
 // team sums its lanes with a butterfly of subgroup shuffles instead of workgroup memory and
 // barriers. Row groups beyond 65535 fold into y (linear_group).
+// With IDS (matmul_io.wgsl) the tokens are the entries routed to the workgroup's expert.
 //
-// Defines: the format (ShaderDefs::quant), WG, TPR, TOK, TILE, SUBGROUP_REDUCE.
+// Defines: the format (ShaderDefs::quant), WG, TPR, TOK, TILE, SUBGROUP_REDUCE, IDS.
 
 #ifdef TILE
 #define HAS_BATCH
@@ -37,24 +38,34 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let team = lid / TPR;
     let lane = lid % TPR;
     let r = linear_group(wg, p.groups_x) * ROWS + team;
+#ifdef IDS
+    let t0 = ids_tile(wg.z, TOK) * TOK;
+    let n_tok = ids_count;
+#else
     let t0 = wg.z * TOK;
 #ifdef TILE
     let n_tok = batch.n_tok;
 #else
     let n_tok = 1u;
 #endif
-    let live = r < p.n_rows;
+#endif
+    let live = r < p.n_rows && t0 < n_tok;
 
     var acc: array<f32, TOK>;
     if (live) {
-        let row_base = r * p.row_bytes;
+        let row_base = w_row(r);
         let n_chunks = p.n_in / CHUNK;
         let x_row = p.n_in / 4u;
+        // Each token's first vec4 in x.
+        var xs: array<u32, TOK>;
+        for (var j = 0u; j < TOK; j++) {
+            xs[j] = x_index(min(t0 + j, n_tok - 1u)) * x_row;
+        }
         for (var c = lane; c < n_chunks; c += TPR) {
             let wq = dequant_chunk(row_base, c);
             for (var j = 0u; j < TOK; j++) {
                 if (t0 + j < n_tok) {
-                    let xb = (t0 + j) * x_row + c * 8u;
+                    let xb = xs[j] + c * 8u;
                     var s = wq[0] * x[xb];
                     for (var k = 1u; k < 8u; k++) {
                         s += wq[k] * x[xb + k];
@@ -98,7 +109,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #else
             let v = partial[j * WG + team * TPR];
 #endif
-            let yi = (t0 + j) * p.y_stride + p.row_offset + r;
+            let yi = y_index(t0 + j) * p.y_stride + p.row_offset + r;
             y[yi] = epilogue(v, r, yi);
         }
     }

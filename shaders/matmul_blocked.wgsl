@@ -17,7 +17,9 @@
 // from the helpers below. Rows and tokens past the ends are clamped when loading and skipped
 // when storing.
 //
-// Defines: the format (ShaderDefs::quant), WG, RB, TB, BLOCK_CODE, ONE_TOKEN.
+// With IDS (matmul_io.wgsl) the tokens are the entries routed to the workgroup's expert.
+//
+// Defines: the format (ShaderDefs::quant), WG, RB, TB, BLOCK_CODE, ONE_TOKEN, IDS.
 
 #ifndef ONE_TOKEN
 #define HAS_BATCH
@@ -26,21 +28,25 @@
 #include "dequant.wgsl"
 
 fn n_tok() -> u32 {
+#ifdef IDS
+    return ids_count;
+#else
 #ifdef ONE_TOKEN
     return 1u;
 #else
     return batch.n_tok;
 #endif
+#endif
 }
 
 // Byte offset of row r0 + i, clamped to the last row.
 fn row_base(r0: u32, i: u32) -> u32 {
-    return min(r0 + i, p.n_rows - 1u) * p.row_bytes;
+    return w_row(min(r0 + i, p.n_rows - 1u));
 }
 
 // Index in x of token t0 + i's first vec4, clamped to the last token.
 fn x_base(t0: u32, i: u32) -> u32 {
-    return min(t0 + i, n_tok() - 1u) * (p.n_in / 4u);
+    return x_index(min(t0 + i, n_tok() - 1u)) * (p.n_in / 4u);
 }
 
 // Columns: element e of a quad across 4 rows (w<i> holds row i's 4 weights).
@@ -60,7 +66,7 @@ fn store_rows(v: vec4<f32>, r0: u32, t: u32) {
     }
     for (var r = 0u; r < 4u; r++) {
         if (r0 + r < p.n_rows) {
-            let yi = t * p.y_stride + p.row_offset + r0 + r;
+            let yi = y_index(t) * p.y_stride + p.row_offset + r0 + r;
             y[yi] = epilogue(v[r], r0 + r, yi);
         }
     }
@@ -78,7 +84,11 @@ BLOCK_CODE
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let r0 = (linear_group(wg, p.groups_x) * WG + lid) * RB;
+#ifdef IDS
+    let t0 = ids_tile(wg.z, TB) * TB;
+#else
     let t0 = wg.z * TB;
+#endif
     if (r0 >= p.n_rows || t0 >= n_tok()) {
         return;
     }

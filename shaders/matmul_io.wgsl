@@ -1,9 +1,21 @@
 // The matmul kernels' interface (matmul.wgsl, matmul_blocked.wgsl; ops::matmul's Params):
-// parameters, weights, activations, output, bias, then the batch uniform. The bias and the
+// parameters, weights, activations, output, bias, the batch uniform, then (IDS) the expert
+// lists. The bias and the
 // accumulation are switched by `flags` at run time, not by defines, so one compiled kernel
 // serves every weight part of a format and token block (on lavapipe each variant costs
 // seconds to compile); a part without a bias binds a small unused buffer. The including
 // shader defines HAS_BATCH when it reads the token count from the batch.
+//
+// With IDS the op multiplies by expert (a mixture of experts' `mul_mat_id`): w holds the
+// part's experts one after another (n_rows rows each), and each expert multiplies only the
+// entries routed to it, listed by ops::moe's grouping kernel. An entry is token · n_used +
+// slot; its activation row is entry / x_div (x_div = n_used when x holds the tokens,
+// 1 when it holds the entries) and its output row is the entry. The grid's z walks the
+// part's experts, each in tiles of the step's tokens (an expert gets at most one entry per
+// token); tiles past an expert's count compute nothing.
+#ifdef IDS
+#define HAS_BATCH
+#endif
 
 #include "common.wgsl"
 
@@ -15,7 +27,11 @@ struct Params {
     groups_x: u32,   // workgroups in x of the folded grid
     row_bytes: u32,  // bytes per row of W
     flags: u32,      // FLAG_BIAS | FLAG_ACCUMULATE
+    expert_offset: u32, // IDS: the part's first expert
+    n_entries: u32,  // IDS: entries per expert list (the stride of id_rows)
+    x_div: u32,      // IDS: an entry's x row is entry / x_div
     _pad1: u32,
+    _pad2: u32,
 }
 
 // y += bias[r]
@@ -35,6 +51,54 @@ const FLAG_ACCUMULATE: u32 = 2u;
 #ifdef HAS_BATCH
 @group(0) @binding(5) var<uniform> batch: BatchInfo;
 #endif
+#ifdef IDS
+// id_count: [n_expert] entries routed to each expert (all experts, not only the part's)
+@group(0) @binding(6) var<storage, read> id_count: array<u32>;
+// id_rows: [n_expert, n_entries] each expert's entries, in token order
+@group(0) @binding(7) var<storage, read> id_rows: array<u32>;
+
+// The workgroup's expert (global id), its entry count and its weights' first byte.
+var<private> ids_expert: u32;
+var<private> ids_count: u32;
+var<private> ids_w_base: u32;
+
+// Decodes grid z into this workgroup's expert and returns its token tile (of `tok` entries).
+fn ids_tile(z: u32, tok: u32) -> u32 {
+    let tiles = max((batch.n_tok + tok - 1u) / tok, 1u);
+    let e = z / tiles;
+    ids_expert = p.expert_offset + e;
+    ids_count = id_count[ids_expert];
+    ids_w_base = e * p.n_rows * p.row_bytes;
+    return z % tiles;
+}
+#endif
+
+// Byte offset in w of row r (of the workgroup's expert with IDS).
+fn w_row(r: u32) -> u32 {
+#ifdef IDS
+    return ids_w_base + r * p.row_bytes;
+#else
+    return r * p.row_bytes;
+#endif
+}
+
+// The x row of the workgroup's i-th token (with IDS: of its expert's i-th entry).
+fn x_index(i: u32) -> u32 {
+#ifdef IDS
+    return id_rows[ids_expert * p.n_entries + i] / p.x_div;
+#else
+    return i;
+#endif
+}
+
+// The y row of the workgroup's i-th token (with IDS: the entry itself).
+fn y_index(i: u32) -> u32 {
+#ifdef IDS
+    return id_rows[ids_expert * p.n_entries + i];
+#else
+    return i;
+#endif
+}
 
 // The output value for row r (of this part) at y[yi]: the product v, plus the bias and the
 // old y as `flags` say (uniform branches).

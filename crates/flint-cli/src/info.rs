@@ -33,21 +33,45 @@ pub fn info(args: InfoArgs) -> Result<(), Failure> {
     println!("embedding     {}", cfg.n_embd);
     println!("layers        {}", cfg.n_layer);
     println!("heads         {} (kv {}), head size {}", cfg.n_head, cfg.n_head_kv, cfg.head_dim);
-    println!("feed-forward  {} ({:?})", cfg.n_ff, cfg.activation);
+    match &cfg.moe {
+        Some(m) => println!("feed-forward  {} experts of {} ({:?}), {} used per token", m.n_expert, m.n_ff, cfg.activation, m.n_used),
+        None => println!("feed-forward  {} ({:?})", cfg.n_ff, cfg.activation),
+    }
+    let mut attn = vec![format!("query scale {}", cfg.attn_scale)];
+    attn.extend(cfg.qk_norm.then(|| "QK-norm".to_string()));
+    attn.extend(cfg.attn_softcap.map(|c| format!("score soft cap {c}")));
+    attn.extend(cfg.fused_qkv.then(|| "fused QKV".to_string()));
+    println!("attention     {}", attn.join(", "));
     println!("context       {} (trained)", cfg.n_ctx_train);
     println!("rms eps       {}", cfg.rms_eps);
-    println!("rope          {:?}, {} dims", cfg.rope_style, cfg.rope_dim);
-    let mut bases: Vec<String> = cfg
-        .layers
-        .iter()
-        .map(|l| match l.sliding_window {
+    let factors = if cfg.rope_freqs { ", per-dimension frequency factors (rope_freqs.weight)" } else { "" };
+    println!("rope          {:?}, {} dims{factors}", cfg.rope_style, cfg.rope_dim);
+    // Each kind of layer once, with how many layers are of it and the first few of them.
+    let mut kinds: Vec<(String, Vec<usize>)> = Vec::new();
+    for (il, l) in cfg.layers.iter().enumerate() {
+        let kind = match l.sliding_window {
             Some(w) => format!("local(window {w}, base {})", l.rope_base),
             None => format!("global(base {})", l.rope_base),
-        })
-        .collect();
-    bases.dedup();
-    println!("layer kinds   {}", bases.join(", "));
-    println!("output        {}", if cfg.tied_output { "tied to token embedding" } else { "separate matrix" });
+        };
+        match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, layers)) => layers.push(il),
+            None => kinds.push((kind, vec![il])),
+        }
+    }
+    let kinds: Vec<String> = match kinds.len() {
+        1 => vec![kinds[0].0.clone()],
+        _ => kinds
+            .iter()
+            .map(|(k, layers)| {
+                let first: Vec<String> = layers.iter().take(3).map(|l| l.to_string()).collect();
+                let more = if layers.len() > 3 { ", …" } else { "" };
+                format!("{k} ×{} (layers {}{more})", layers.len(), first.join(", "))
+            })
+            .collect(),
+    };
+    println!("layer kinds   {}", kinds.join(", "));
+    let cap = cfg.final_softcap.map(|c| format!(", soft cap {c}")).unwrap_or_default();
+    println!("output        {}{cap}", if cfg.tied_output { "tied to token embedding" } else { "separate matrix" });
     let mut types: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
     for t in &file.tensors {
         let e = types.entry(t.ty.name()).or_default();

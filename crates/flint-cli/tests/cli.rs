@@ -132,6 +132,26 @@ fn info_describes_both_models() {
     }
 }
 
+/// `flint info` shows what each new family does differently.
+#[test]
+fn info_shows_the_families_settings() {
+    let cases: [(&str, &[&str]); 4] = [
+        ("qwen3moe", &["qwen3moe", "4 experts of 64 (Silu), 2 used per token", "QK-norm"]),
+        ("gemma2", &["score soft cap 5", "soft cap 30", "local(window 16, base 10000) ×23 (layers 0, 2, 4, …)", "query scale 0.25"]),
+        ("llama3", &["per-dimension frequency factors (rope_freqs.weight)", "tied to token embedding"]),
+        ("phi3", &["phi3", "fused QKV"]),
+    ];
+    for (family, needles) in cases {
+        let path = shared().join("golden/families").join(family).join("model.gguf");
+        let out = flint(&["info", "-m", path.to_str().unwrap()]);
+        assert!(out.status.success(), "{family}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).unwrap();
+        for needle in needles {
+            assert!(text.contains(needle), "{family} info lacks {needle:?}:\n{text}");
+        }
+    }
+}
+
 #[test]
 fn new_sampling_values_are_checked_before_the_model_loads() {
     let m = model_path("qwen2.5-coder-0.5b");

@@ -20,6 +20,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("matmul.wgsl", include_str!("../../../shaders/matmul.wgsl")),
     ("matmul_blocked.wgsl", include_str!("../../../shaders/matmul_blocked.wgsl")),
     ("matmul_io.wgsl", include_str!("../../../shaders/matmul_io.wgsl")),
+    ("moe.wgsl", include_str!("../../../shaders/moe.wgsl")),
     ("paged.wgsl", include_str!("../../../shaders/paged.wgsl")),
     ("penalize.wgsl", include_str!("../../../shaders/penalize.wgsl")),
     ("rms_norm.wgsl", include_str!("../../../shaders/rms_norm.wgsl")),

@@ -29,6 +29,25 @@ pub struct GpuMatrix {
     pub parts: Vec<WeightPart>,
 }
 
+/// One buffer holding whole experts `expert_offset..expert_offset + experts` of a stack.
+pub struct ExpertPart {
+    pub buffer: wgpu::Buffer,
+    pub experts: u32,
+    pub expert_offset: u32,
+}
+
+/// A stack of expert matrices on the GPU (GGUF's 3-D `[n_in, n_rows, n_expert]` tensors:
+/// expert e's rows are contiguous), split by whole experts like a matrix by rows.
+pub struct GpuExperts {
+    pub name: String,
+    pub ty: QuantType,
+    pub n_in: u32,
+    /// Rows of each expert.
+    pub n_rows: u32,
+    pub n_expert: u32,
+    pub parts: Vec<ExpertPart>,
+}
+
 /// Streams tensors to the device, counting bytes so the queue can be flushed periodically.
 pub struct Uploader<'a> {
     ctx: &'a GpuContext,
@@ -67,6 +86,31 @@ impl<'a> Uploader<'a> {
             row += rows;
         }
         Ok(GpuMatrix { name: name.to_string(), ty: t.ty, n_in: n_in as u32, n_rows: n_rows as u32, parts })
+    }
+
+    /// Uploads a 3-D stack of expert matrices, split by whole experts into parts of at most
+    /// the binding limit.
+    pub async fn experts(&mut self, name: &str) -> Result<GpuExperts> {
+        let t = self.file.require_tensor(name).map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?.clone();
+        if t.dims.len() != 3 {
+            return Err(GpuError::Unsupported { op: "upload", message: format!("{name} is not a stack of matrices: {:?}", t.dims) });
+        }
+        let (n_in, n_rows, n_expert) = (t.dims[0], t.dims[1], t.dims[2]);
+        let expert_bytes = t.n_bytes / n_expert;
+        let per_part = (self.max_binding / expert_bytes).min(n_expert);
+        if per_part == 0 {
+            return Err(GpuError::Limit { what: "one expert's weights", need: expert_bytes, limit: self.max_binding });
+        }
+        let mut parts = Vec::new();
+        let mut e = 0;
+        while e < n_expert {
+            let experts = per_part.min(n_expert - e);
+            let label = if experts == n_expert { name.to_string() } else { format!("{name}[{}]", parts.len()) };
+            let buffer = self.copy(&t, e * expert_bytes, experts * expert_bytes, &label).await?;
+            parts.push(ExpertPart { buffer, experts: experts as u32, expert_offset: e as u32 });
+            e += experts;
+        }
+        Ok(GpuExperts { name: name.to_string(), ty: t.ty, n_in: n_in as u32, n_rows: n_rows as u32, n_expert: n_expert as u32, parts })
     }
 
     /// Uploads a small tensor (norm weights, biases) dequantized to f32.

@@ -95,7 +95,7 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case, seed: u64) 
     let x_buf = storage_init(ctx, "x", bytemuck::cast_slice(&x)).unwrap();
     let y_buf = storage_init(ctx, "y", bytemuck::cast_slice(&y0)).unwrap();
     let b_buf = storage_init(ctx, "bias", bytemuck::cast_slice(&b)).unwrap();
-    let desc = MatmulDesc { label: "test", ty, n_in: n_in as u32, n_rows: n_rows as u32, row_offset, y_stride, max_tokens, accumulate };
+    let desc = MatmulDesc { label: "test", ty, n_in: n_in as u32, n_rows: n_rows as u32, row_offset, y_stride, max_tokens, accumulate, ids: None };
     let mm = Matmul::new(ctx, cache, &batch.info, &desc, &w_buf, &x_buf, &y_buf, bias.then_some(&b_buf))
         .await
         .unwrap_or_else(|e| panic!("{case:?}: {e}"));
@@ -257,7 +257,7 @@ fn rejects_bad_shapes() {
     flint_gpu::gpu_test!(ctx => {
         let batch = Batch::new(ctx, 4, 1, 1, 16).unwrap();
         let buf = storage_init(ctx, "any", &[0u8; 1 << 16]).unwrap();
-        let ok = MatmulDesc { label: "bad", ty: QuantType::Q4K, n_in: 256, n_rows: 4, row_offset: 0, y_stride: 4, max_tokens: 4, accumulate: false };
+        let ok = MatmulDesc { label: "bad", ty: QuantType::Q4K, n_in: 256, n_rows: 4, row_offset: 0, y_stride: 4, max_tokens: 4, accumulate: false, ids: None };
         let bad = [
             MatmulDesc { n_in: 128, ..ok },           // not whole super-blocks
             MatmulDesc { ty: QuantType::F32, n_in: 48, ..ok }, // not whole chunks
@@ -280,7 +280,7 @@ async fn rows_by_step(ctx: &GpuContext, cache: &PipelineCache, ty: QuantType, n_
     let x = storage_init(ctx, "x", bytemuck::cast_slice(&rng.vec((max * n_in) as usize))).unwrap();
     let y = storage_init(ctx, "y", &vec![0u8; (max * n_rows * 4) as usize]).unwrap();
     let batch = Batch::new(ctx, max, 1, 1, 16).unwrap();
-    let desc = MatmulDesc { label: "invariance", ty, n_in, n_rows, row_offset: 0, y_stride: n_rows, max_tokens: max, accumulate: false };
+    let desc = MatmulDesc { label: "invariance", ty, n_in, n_rows, row_offset: 0, y_stride: n_rows, max_tokens: max, accumulate: false, ids: None };
     let mm = Matmul::new(ctx, cache, &batch.info, &desc, &w, &x, &y, None).await.unwrap();
     let mut out = Vec::new();
     for &n in sizes {

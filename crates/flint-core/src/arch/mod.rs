@@ -13,7 +13,7 @@ use crate::gguf::{GgufError, GgufFile, Metadata};
 pub enum ArchError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, qwen3moe (CPU only), phi3, gemma2, gemma3)")]
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3)")]
     Unsupported(String),
     #[error("tensor {0:?} is missing")]
     MissingTensor(String),

@@ -343,27 +343,30 @@ impl CpuBackend {
         let mut d = match &l.ffn {
             Ffn::Dense { gate, up, down } => self.gated(gate, up, down, 0, act, &h, n_tok),
             Ffn::Moe { router, gate, up, down, n_used } => {
-                // Each token's experts and weights: the n_used best of a softmax of the router
-                // logits, renormalized to sum to 1.
+                // Each token's experts, best first (slot s of token t is entry t·n_used + s);
+                // each expert multiplies the entries routed to it, in token order; then each
+                // token sums its slots' outputs in slot order, as the GPU does.
+                let (k, e) = (*n_used, c.n_embd);
                 let logits = self.matmul(router, &h, n_tok);
-                let mut d = vec![0f32; n_tok * c.n_embd];
-                let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); router.n_out];
-                for (t, row) in logits.chunks(router.n_out).enumerate() {
-                    let mut p = row.to_vec();
-                    ops::softmax(&mut p);
-                    let mut order: Vec<usize> = (0..p.len()).collect();
-                    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-                    let sum: f32 = order[..*n_used].iter().map(|&e| p[e]).sum();
-                    for &e in &order[..*n_used] {
-                        routed[e].push((t, p[e] / sum));
+                let routes: Vec<Vec<(usize, f32)>> = logits.chunks(router.n_out).map(|row| ops::moe_route(row, k)).collect();
+                let mut entries: Vec<Vec<usize>> = vec![Vec::new(); router.n_out];
+                for (t, route) in routes.iter().enumerate() {
+                    for (s, &(ex, _)) in route.iter().enumerate() {
+                        entries[ex].push(t * k + s);
                     }
                 }
-                // Expert by expert, over the tokens routed to it.
-                for (e, tokens) in routed.iter().enumerate().filter(|(_, t)| !t.is_empty()) {
-                    let x: Vec<f32> = tokens.iter().flat_map(|&(t, _)| h[t * c.n_embd..(t + 1) * c.n_embd].iter().copied()).collect();
-                    let y = self.gated(gate, up, down, e, act, &x, tokens.len());
-                    for (i, &(t, w)) in tokens.iter().enumerate() {
-                        d[t * c.n_embd..(t + 1) * c.n_embd].iter_mut().zip(&y[i * c.n_embd..(i + 1) * c.n_embd]).for_each(|(a, b)| *a += w * b);
+                let mut y = vec![0f32; n_tok * k * e];
+                for (ex, list) in entries.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
+                    let x: Vec<f32> = list.iter().flat_map(|&en| h[en / k * e..][..e].iter().copied()).collect();
+                    let out = self.gated(gate, up, down, ex, act, &x, list.len());
+                    for (i, &en) in list.iter().enumerate() {
+                        y[en * e..][..e].copy_from_slice(&out[i * e..][..e]);
+                    }
+                }
+                let mut d = vec![0f32; n_tok * e];
+                for (t, route) in routes.iter().enumerate() {
+                    for (s, &(_, w)) in route.iter().enumerate() {
+                        d[t * e..][..e].iter_mut().zip(&y[(t * k + s) * e..][..e]).for_each(|(a, b)| *a += w * b);
                     }
                 }
                 d

@@ -125,6 +125,19 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
+/// A mixture of experts' routing of one token: the `n_used` experts with the largest router
+/// logits (ties to the lower id), best first, each weighted by its softmax probability
+/// renormalized over the chosen (qwen3moe). `shaders/moe.wgsl` routes the same way.
+pub fn moe_route(logits: &[f32], n_used: usize) -> Vec<(usize, f32)> {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let mut p = logits.to_vec();
+    softmax(&mut p);
+    let chosen = &order[..n_used.min(order.len())];
+    let sum: f32 = chosen.iter().map(|&e| p[e]).sum();
+    chosen.iter().map(|&e| (e, p[e] / sum)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

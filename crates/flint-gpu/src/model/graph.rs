@@ -11,7 +11,7 @@ use crate::context::GpuContext;
 use crate::error::Result;
 use crate::ops::{self, Batch};
 use crate::pipeline::PipelineCache;
-use crate::weights::{GpuMatrix, Uploader};
+use crate::weights::{GpuExperts, GpuMatrix, Uploader};
 
 /// What a recorded step needs to size its dispatches.
 #[derive(Clone, Copy, Debug)]
@@ -47,7 +47,9 @@ encode_with_n_tok!(
     ops::rms_norm::RmsNorm => "rms_norm",
     ops::glu::Glu => "glu",
     ops::add::Add => "add",
-    ops::softcap::SoftCap => "softcap"
+    ops::softcap::SoftCap => "softcap",
+    ops::moe::MoeRoute => "moe_route",
+    ops::moe::MoeCombine => "moe_combine"
 );
 
 impl Encode for ops::attention::Attention {
@@ -62,6 +64,8 @@ impl Encode for ops::attention::Attention {
 /// A matmul with the weight format it reads, for profiles.
 pub struct TypedMatmul {
     pub ty: QuantType,
+    /// Multiplies by expert (`matmul_id` in profiles).
+    pub by_expert: bool,
     pub op: ops::matmul::Matmul,
 }
 
@@ -70,7 +74,7 @@ impl Encode for TypedMatmul {
         self.op.encode(pass, step.n_tok)
     }
     fn label(&self) -> String {
-        format!("matmul {}", self.ty.name())
+        format!("{} {}", if self.by_expert { "matmul_id" } else { "matmul" }, self.ty.name())
     }
 }
 
@@ -92,6 +96,20 @@ pub struct Activations {
     pub logits: wgpu::Buffer,
     /// Attention's split partials, shared by every layer.
     pub attn_scratch: wgpu::Buffer,
+    /// A mixture of experts' buffers, shared by every layer.
+    pub moe: Option<MoeActivations>,
+}
+
+/// The buffers of a mixture of experts' step (entry = token · n_used + slot).
+pub struct MoeActivations {
+    /// [max_tokens, n_expert]: the router's logits.
+    pub logits: wgpu::Buffer,
+    pub routes: ops::moe::MoeRoutes,
+    /// [max_tokens · n_used, expert n_ff] each: the experts' gate (then the activation) and up.
+    pub gate: wgpu::Buffer,
+    pub up: wgpu::Buffer,
+    /// [max_tokens · n_used, n_embd]: each entry's expert output.
+    pub out: wgpu::Buffer,
 }
 
 impl Activations {
@@ -99,6 +117,20 @@ impl Activations {
         let t = max_tokens as u64;
         let f = 4u64;
         let s = |label: &str, elems: u64| crate::buffer::storage(ctx, label, elems * f);
+        let moe = match c.moe {
+            Some(m) => {
+                let desc = ops::moe::MoeDesc { n_expert: m.n_expert as u32, n_used: m.n_used as u32 };
+                let entries = t * m.n_used as u64;
+                Some(MoeActivations {
+                    logits: s("moe_logits", t * m.n_expert as u64)?,
+                    routes: ops::moe::MoeRoutes::new(ctx, desc, max_tokens)?,
+                    gate: s("moe_gate", entries * m.n_ff as u64)?,
+                    up: s("moe_up", entries * m.n_ff as u64)?,
+                    out: s("moe_out", entries * c.n_embd as u64)?,
+                })
+            }
+            None => None,
+        };
         Ok(Activations {
             x: s("x", t * c.n_embd as u64)?,
             h: s("h", t * c.n_embd as u64)?,
@@ -112,6 +144,7 @@ impl Activations {
             last: s("last", max_outputs as u64 * c.n_embd as u64)?,
             logits: s("logits", max_outputs as u64 * c.n_vocab as u64)?,
             attn_scratch: crate::buffer::storage(ctx, "attention_partials", scratch_bytes)?,
+            moe,
         })
     }
 }
@@ -127,10 +160,41 @@ pub struct Layer {
     /// gemma3's norm of the attention output and its residual add (else fused into attn_out).
     post_attn: Option<(ops::rms_norm::RmsNorm, ops::add::Add)>,
     ffn_norm: ops::rms_norm::RmsNorm,
-    gate_up: Vec<TypedMatmul>,
-    glu: ops::glu::Glu,
-    down: Vec<TypedMatmul>,
+    ffn: Ffn,
     post_ffn: Option<(ops::rms_norm::RmsNorm, ops::add::Add)>,
+}
+
+/// The feed-forward block: down(act(gate · h) ⊙ (up · h)), for one matrix set or for each
+/// token's routed experts.
+enum Ffn {
+    Dense {
+        gate_up: Vec<TypedMatmul>,
+        glu: ops::glu::Glu,
+        down: Vec<TypedMatmul>,
+    },
+    Moe {
+        router: Vec<TypedMatmul>,
+        route: ops::moe::MoeRoute,
+        gate_up: Vec<TypedMatmul>,
+        glu: ops::glu::Glu,
+        down: Vec<TypedMatmul>,
+        combine: ops::moe::MoeCombine,
+    },
+}
+
+fn mms(m: &[TypedMatmul]) -> Vec<&dyn Encode> {
+    m.iter().map(|m| m as &dyn Encode).collect()
+}
+
+impl Ffn {
+    fn ops(&self) -> Vec<&dyn Encode> {
+        match self {
+            Ffn::Dense { gate_up, glu, down } => [mms(gate_up), vec![glu as &dyn Encode], mms(down)].concat(),
+            Ffn::Moe { router, route, gate_up, glu, down, combine } => {
+                [mms(router), vec![route as &dyn Encode], mms(gate_up), vec![glu as &dyn Encode], mms(down), vec![combine as &dyn Encode]].concat()
+            }
+        }
+    }
 }
 
 impl Layer {
@@ -147,9 +211,7 @@ impl Layer {
             v.extend([n as &dyn Encode, a]);
         }
         v.push(&self.ffn_norm);
-        v.extend(self.gate_up.iter().map(|m| m as &dyn Encode));
-        v.push(&self.glu);
-        v.extend(self.down.iter().map(|m| m as &dyn Encode));
+        v.extend(self.ffn.ops());
         if let Some((n, a)) = &self.post_ffn {
             v.extend([n as &dyn Encode, a]);
         }
@@ -233,11 +295,44 @@ async fn matmuls(
             y_stride: m.n_rows,
             max_tokens: info.max_tokens,
             accumulate,
+            ids: None,
         };
         // A bias covers all rows; it is only supported unsplit.
         let b = if p.row_offset == 0 { bias } else { None };
         let op = ops::matmul::Matmul::new(g.ctx, g.cache, &info.info, &desc, &p.buffer, x, y, b).await?;
-        out.push(TypedMatmul { ty: m.ty, op });
+        out.push(TypedMatmul { ty: m.ty, by_expert: false, op });
+    }
+    Ok(out)
+}
+
+/// Every part's matmul by expert of the stack `m`: each expert multiplies the entries routed
+/// to it; x holds a row per token (`x_per_token`) or per entry, y a row per entry.
+#[allow(clippy::too_many_arguments)]
+async fn expert_matmuls(g: &GraphInputs<'_>, info: &Batch, m: &GpuExperts, routes: &ops::moe::MoeRoutes, n_used: u32, x_per_token: bool, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Result<Vec<TypedMatmul>> {
+    let mut out = Vec::new();
+    for p in &m.parts {
+        let label = format!("{}@{}", m.name, p.expert_offset);
+        let ids = ops::matmul::MatmulIds {
+            n_expert: p.experts,
+            expert_offset: p.expert_offset,
+            n_used,
+            x_div: if x_per_token { n_used } else { 1 },
+            count: &routes.count,
+            rows: &routes.rows,
+        };
+        let desc = ops::matmul::MatmulDesc {
+            label: &label,
+            ty: m.ty,
+            n_in: m.n_in,
+            n_rows: m.n_rows,
+            row_offset: 0,
+            y_stride: m.n_rows,
+            max_tokens: info.max_tokens,
+            accumulate: false,
+            ids: Some(ids),
+        };
+        let op = ops::matmul::Matmul::new(g.ctx, g.cache, &info.info, &desc, &p.buffer, x, y, None).await?;
+        out.push(TypedMatmul { ty: m.ty, by_expert: true, op });
     }
     Ok(out)
 }
@@ -308,21 +403,41 @@ async fn layer(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<
         (matmuls(g, batch, &wo, &a.attn, &a.x, None, true).await?, None)
     };
     let ffn_norm = norm(g, batch, &a.x, &up.vector(&n("ffn_norm.weight")).await?, &a.h, c.n_embd, PerToken(1)).await?;
-    let mut gate_up = matmuls(g, batch, &up.matrix(&n("ffn_gate.weight")).await?, &a.h, &a.gate, None, false).await?;
-    gate_up.extend(matmuls(g, batch, &up.matrix(&n("ffn_up.weight")).await?, &a.h, &a.up, None, false).await?);
-    let glu_desc = ops::glu::GluDesc { act: c.activation, n_ff: c.n_ff as u32 };
-    let glu = ops::glu::Glu::new(g.ctx, g.cache, batch, glu_desc, &a.gate, &a.up, &a.gate).await?;
-    let wd = up.matrix(&n("ffn_down.weight")).await?;
-    let (down, post_ffn) = if c.post_norms {
-        let mm = matmuls(g, batch, &wd, &a.gate, &a.o, None, false).await?;
+    // Without a post-norm the residual add is fused into the last op.
+    let (ffn_out, accumulate) = if c.post_norms { (&a.o, false) } else { (&a.x, true) };
+    let ffn = match (c.moe, &a.moe) {
+        (Some(moe), Some(ma)) => {
+            let k = moe.n_used as u32;
+            let router = matmuls(g, batch, &up.matrix(&n("ffn_gate_inp.weight")).await?, &a.h, &ma.logits, None, false).await?;
+            let desc = ops::moe::MoeDesc { n_expert: moe.n_expert as u32, n_used: k };
+            let route = ops::moe::MoeRoute::new(g.ctx, g.cache, batch, desc, &ma.logits, &ma.routes).await?;
+            let mut gate_up = expert_matmuls(g, batch, &up.experts(&n("ffn_gate_exps.weight")).await?, &ma.routes, k, true, &a.h, &ma.gate).await?;
+            gate_up.extend(expert_matmuls(g, batch, &up.experts(&n("ffn_up_exps.weight")).await?, &ma.routes, k, true, &a.h, &ma.up).await?);
+            // The activation over every entry: [n_tok, n_used · n_ff] is [n_tok · n_used, n_ff].
+            let glu_desc = ops::glu::GluDesc { act: c.activation, n_ff: k * moe.n_ff as u32 };
+            let glu = ops::glu::Glu::new(g.ctx, g.cache, batch, glu_desc, &ma.gate, &ma.up, &ma.gate).await?;
+            let down = expert_matmuls(g, batch, &up.experts(&n("ffn_down_exps.weight")).await?, &ma.routes, k, false, &ma.gate, &ma.out).await?;
+            let combine = ops::moe::MoeCombine::new(g.ctx, g.cache, batch, c.n_embd as u32, k, accumulate, &ma.routes, &ma.out, ffn_out).await?;
+            Ffn::Moe { router, route, gate_up, glu, down, combine }
+        }
+        _ => {
+            let mut gate_up = matmuls(g, batch, &up.matrix(&n("ffn_gate.weight")).await?, &a.h, &a.gate, None, false).await?;
+            gate_up.extend(matmuls(g, batch, &up.matrix(&n("ffn_up.weight")).await?, &a.h, &a.up, None, false).await?);
+            let glu_desc = ops::glu::GluDesc { act: c.activation, n_ff: c.n_ff as u32 };
+            let glu = ops::glu::Glu::new(g.ctx, g.cache, batch, glu_desc, &a.gate, &a.up, &a.gate).await?;
+            let down = matmuls(g, batch, &up.matrix(&n("ffn_down.weight")).await?, &a.gate, ffn_out, None, accumulate).await?;
+            Ffn::Dense { gate_up, glu, down }
+        }
+    };
+    let post_ffn = if c.post_norms {
         let pn = up.vector(&n("post_ffw_norm.weight")).await?;
         let nrm = norm(g, batch, &a.o, &pn, &a.o, c.n_embd, PerToken(1)).await?;
         let add = ops::add::Add::new(g.ctx, g.cache, batch, ops::add::AddKind::Residual, c.n_embd as u32, &a.x, &a.o).await?;
-        (mm, Some((nrm, add)))
+        Some((nrm, add))
     } else {
-        (matmuls(g, batch, &wd, &a.gate, &a.x, None, true).await?, None)
+        None
     };
-    Ok(Layer { attn_norm, qkv, qk_norm, kv_write, attention, attn_out, post_attn, ffn_norm, gate_up, glu, down, post_ffn })
+    Ok(Layer { attn_norm, qkv, qk_norm, kv_write, attention, attn_out, post_attn, ffn_norm, ffn, post_ffn })
 }
 
 /// Uploads every weight and builds the graph.

@@ -59,9 +59,6 @@ impl GpuModel {
     /// it to force multi-way splits).
     pub async fn load(ctx: Arc<GpuContext>, file: &GgufFile, cfg: ModelConfig, opts: &BackendOptions, max_binding_mb: Option<u64>) -> Result<GpuModel> {
         let c = &cfg;
-        if c.moe.is_some() {
-            return Err(GpuError::Unsupported { op: "model", message: format!("{} (mixture of experts) runs only on the CPU backend so far: use --backend cpu", c.arch) });
-        }
         let n_ctx = opts.n_ctx.clamp(1, c.n_ctx_train);
         let layout = KvLayout::plan(c, &opts.pool_request(n_ctx, ctx.max_binding()))?;
         let limits = StepLimits { max_tokens: opts.max_batch_tokens, max_seqs: opts.max_seqs, max_outputs: opts.max_outputs };

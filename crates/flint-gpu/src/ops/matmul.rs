@@ -75,6 +75,27 @@ pub struct MatmulDesc<'a> {
     pub max_tokens: u32,
     /// Add the result to y instead of overwriting it (fused residual).
     pub accumulate: bool,
+    /// Multiply by expert: W is a stack of experts and each multiplies only the entries
+    /// routed to it (a mixture of experts); None for a plain matrix.
+    pub ids: Option<MatmulIds<'a>>,
+}
+
+/// The expert lists a matmul by expert reads (written by `ops::moe::MoeRoute`). An entry is
+/// `token · n_used + slot`; it reads x row `entry / x_div` and writes y row `entry`.
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulIds<'a> {
+    /// Experts in this weight part (W holds `n_expert · n_rows` rows).
+    pub n_expert: u32,
+    /// The part's first expert.
+    pub expert_offset: u32,
+    /// Experts each token is routed to.
+    pub n_used: u32,
+    /// `n_used` when x holds one row per token, 1 when it holds one per entry.
+    pub x_div: u32,
+    /// [all experts] u32: entries routed to each.
+    pub count: &'a wgpu::Buffer,
+    /// [all experts, max_tokens] u32: each expert's entries.
+    pub rows: &'a wgpu::Buffer,
 }
 
 /// Uniform parameters, laid out as `Params` in `shaders/matmul_io.wgsl`.
@@ -89,7 +110,10 @@ struct Params {
     row_bytes: u32,
     /// [`FLAG_BIAS`] | [`FLAG_ACCUMULATE`].
     flags: u32,
-    _pad: u32,
+    expert_offset: u32,
+    n_entries: u32,
+    x_div: u32,
+    _pad: [u32; 2],
 }
 
 /// `Params::flags`: add the bias.
@@ -106,6 +130,8 @@ pub struct Shape {
     pub wg: u32,
     /// Lanes per row (lane teams) or rows per invocation (blocked).
     pub per: u32,
+    /// Multiplies by expert (`MatmulIds`).
+    pub ids: bool,
 }
 
 impl Shape {
@@ -128,13 +154,13 @@ impl Shape {
         let mut pick = None;
         for &wg in wgs.iter().filter(|&&wg| wg <= most) {
             let per = if blocked { per } else { lanes_per_row(n_in / CHUNK, wg) };
-            let s = Shape { blocked, tokens, wg, per };
+            let s = Shape { blocked, tokens, wg, per, ids: false };
             pick = Some(s);
             if groups(&s) >= min {
                 break;
             }
         }
-        pick.unwrap_or(Shape { blocked, tokens, wg: 1, per: if blocked { per } else { 1 } })
+        pick.unwrap_or(Shape { blocked, tokens, wg: 1, per: if blocked { per } else { 1 }, ids: false })
     }
 }
 
@@ -242,7 +268,8 @@ fn key(caps: &crate::Caps, ty: QuantType, shape: Shape) -> PipelineKey {
             .u32("RB", shape.per)
             .u32("TB", shape.tokens)
             .code("BLOCK_CODE", blocked_code(shape.per, shape.tokens))
-            .flag("ONE_TOKEN", shape.tokens == 1);
+            .flag("ONE_TOKEN", shape.tokens == 1)
+            .flag("IDS", shape.ids);
         return PipelineKey::new("matmul_blocked.wgsl", "main", defs);
     }
     let defs = ShaderDefs::new()
@@ -251,24 +278,27 @@ fn key(caps: &crate::Caps, ty: QuantType, shape: Shape) -> PipelineKey {
         .u32("TPR", shape.per)
         .u32("TOK", shape.tokens)
         .flag("TILE", shape.tokens > 1)
-        .flag("SUBGROUP_REDUCE", subgroup_reduce(caps, shape.per));
+        .flag("SUBGROUP_REDUCE", subgroup_reduce(caps, shape.per))
+        .flag("IDS", shape.ids);
     PipelineKey::new(SHADER, "main", defs)
 }
 
-/// Every variant the engine may build on an adapter with `caps` (both families, so the naga
-/// test covers the GPU kernels on any machine).
+/// Every variant the engine may build on an adapter with `caps` (both families, plain and by
+/// expert, so the naga test covers the GPU kernels on any machine).
 pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = Vec::new();
     for ty in QuantType::ALL {
         for tokens in TOKEN_BLOCKS {
-            for wg in GPU_WGS {
-                for tpr in LANES_PER_ROW.into_iter().filter(|&t| t <= wg) {
-                    let s = Shape { blocked: false, tokens, wg, per: tpr };
-                    v.push(key(&crate::Caps { cpu_like: false, ..*caps }, ty, s));
+            for ids in [false, true] {
+                for wg in GPU_WGS {
+                    for tpr in LANES_PER_ROW.into_iter().filter(|&t| t <= wg) {
+                        let s = Shape { blocked: false, tokens, wg, per: tpr, ids };
+                        v.push(key(&crate::Caps { cpu_like: false, ..*caps }, ty, s));
+                    }
                 }
-            }
-            for wg in CPU_WGS {
-                v.push(key(caps, ty, Shape { blocked: true, tokens, wg, per: blocked_rows(tokens) }));
+                for wg in CPU_WGS {
+                    v.push(key(caps, ty, Shape { blocked: true, tokens, wg, per: blocked_rows(tokens), ids }));
+                }
             }
         }
     }
@@ -297,8 +327,11 @@ struct Variant {
 pub struct Matmul {
     /// One variant per token block, in [`TOKEN_BLOCKS`] order (up to the largest step).
     variants: Vec<Variant>,
-    /// w, x, y, the bias (a small unused buffer when there is none), the info uniform.
+    /// w, x, y, the bias (a small unused buffer when there is none), the info uniform, then
+    /// the expert counts and lists (by expert).
     buffers: Vec<wgpu::Buffer>,
+    /// Experts of the part (grid z walks them); 0 for a plain matrix.
+    n_expert: u32,
     device: wgpu::Device,
     cache: PipelineCache,
     label: String,
@@ -353,20 +386,37 @@ impl Matmul {
         }
         let row_bytes = d.ty.bytes_for(d.n_in as u64).unwrap_or(u64::MAX);
         let tokens = d.max_tokens as u64;
-        let w_bytes = row_bytes.saturating_mul(d.n_rows as u64);
+        let n_expert = d.ids.map_or(1, |i| i.n_expert as u64);
+        let w_bytes = row_bytes.saturating_mul(d.n_rows as u64).saturating_mul(n_expert);
         if w_bytes > u32::MAX as u64 {
             // The shader addresses weight bytes with u32.
             return Err(GpuError::Limit { what: "matmul weight part bytes", need: w_bytes, limit: u32::MAX as u64 });
         }
         check_buffer(ctx, "matmul weight bytes", w, w_bytes)?;
-        check_buffer(ctx, "matmul x bytes", x, tokens * d.n_in as u64 * 4)?;
-        let y_need = ((tokens - 1) * d.y_stride as u64 + d.row_offset as u64 + d.n_rows as u64) * 4;
+        // Rows of x and y: the tokens, or (by expert) the entries and their x rows.
+        let (x_rows, y_rows) = match d.ids {
+            None => (tokens, tokens),
+            Some(i) => {
+                if i.n_expert == 0 || i.n_used == 0 || (i.x_div != 1 && i.x_div != i.n_used) {
+                    return Err(unsupported(format!("{}: {} experts, {} used, x_div {}", d.label, i.n_expert, i.n_used, i.x_div)));
+                }
+                let entries = tokens * i.n_used as u64;
+                let experts = (i.expert_offset + i.n_expert) as u64;
+                check_buffer(ctx, "matmul expert counts", i.count, experts * 4)?;
+                check_buffer(ctx, "matmul expert lists", i.rows, experts * tokens * 4)?;
+                (entries / i.x_div as u64, entries)
+            }
+        };
+        check_buffer(ctx, "matmul x bytes", x, x_rows * d.n_in as u64 * 4)?;
+        let y_need = ((y_rows - 1) * d.y_stride as u64 + d.row_offset as u64 + d.n_rows as u64) * 4;
         check_buffer(ctx, "matmul y bytes", y, y_need)?;
         if let Some(b) = bias {
             check_buffer(ctx, "matmul bias bytes", b, d.n_rows as u64 * 4)?;
         }
         let largest = TOKEN_BLOCKS[TOKEN_BLOCKS.len() - 1];
-        if tokens.div_ceil(largest as u64) > crate::ops::MAX_GROUPS_X as u64 {
+        // Grid z: token tiles (of every expert), at most one-token tiles of each.
+        let z_most = if d.ids.is_some() { n_expert * tokens } else { tokens.div_ceil(largest as u64) };
+        if z_most > crate::ops::MAX_GROUPS_X as u64 {
             return Err(GpuError::Limit { what: "matmul token tiles", need: tokens, limit: crate::ops::MAX_GROUPS_X as u64 * largest as u64 });
         }
         let mut variants = Vec::new();
@@ -377,7 +427,7 @@ impl Matmul {
                 break;
             }
             let step_tokens = if i + 1 == TOKEN_BLOCKS.len() { d.max_tokens } else { tb.min(d.max_tokens) };
-            let shape = Shape::choose(&ctx.caps, &ctx.limits, d.n_in, d.n_rows, tb, step_tokens);
+            let shape = Shape { ids: d.ids.is_some(), ..Shape::choose(&ctx.caps, &ctx.limits, d.n_in, d.n_rows, tb, step_tokens) };
             let groups = fold_groups(d.n_rows.div_ceil(shape.rows_per_group()));
             let p = Params {
                 n_in: d.n_in,
@@ -387,7 +437,10 @@ impl Matmul {
                 groups_x: groups.0,
                 row_bytes: row_bytes as u32,
                 flags: if bias.is_some() { FLAG_BIAS } else { 0 } | if d.accumulate { FLAG_ACCUMULATE } else { 0 },
-                _pad: 0,
+                expert_offset: d.ids.map_or(0, |i| i.expert_offset),
+                n_entries: d.max_tokens,
+                x_div: d.ids.map_or(1, |i| i.x_div),
+                _pad: [0; 2],
             };
             let params = params(ctx, &format!("{}.params", d.label), &p);
             let key = key(&ctx.caps, d.ty, shape);
@@ -399,7 +452,11 @@ impl Matmul {
             None => crate::buffer::storage(ctx, &format!("{}.no_bias", d.label), 16)?,
         });
         buffers.push(info.clone());
-        let mm = Matmul { variants, buffers, device: ctx.device.clone(), cache: cache.clone(), label: d.label.to_string() };
+        if let Some(i) = d.ids {
+            buffers.extend([i.count.clone(), i.rows.clone()]);
+        }
+        let n_expert = d.ids.map_or(0, |i| i.n_expert);
+        let mm = Matmul { variants, buffers, n_expert, device: ctx.device.clone(), cache: cache.clone(), label: d.label.to_string() };
         // The one-token kernel is built now, so a malformed op fails here rather than mid-step.
         let first = &mm.variants[0];
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -414,9 +471,10 @@ impl Matmul {
 
     fn bind(&self, v: &Variant, pipeline: &wgpu::ComputePipeline) -> wgpu::BindGroup {
         let mut bufs: Vec<&wgpu::Buffer> = vec![&v.params, &self.buffers[0], &self.buffers[1], &self.buffers[2], &self.buffers[3]];
-        if v.shape.tokens > 1 {
-            bufs.push(self.buffers.last().expect("the info uniform"));
+        if v.shape.tokens > 1 || v.shape.ids {
+            bufs.push(&self.buffers[4]);
         }
+        bufs.extend(&self.buffers[5..]);
         let label = format!("{}:{}", self.label, v.key.label());
         let layout = pipeline.get_bind_group_layout(0);
         let entries: Vec<wgpu::BindGroupEntry> =
@@ -454,7 +512,7 @@ impl Matmul {
         let Some(kernel) = self.kernel(v) else { return };
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &kernel.bind, &[]);
-        pass.dispatch_workgroups(v.groups.0, v.groups.1, n_tok.div_ceil(v.shape.tokens));
+        pass.dispatch_workgroups(v.groups.0, v.groups.1, n_tok.div_ceil(v.shape.tokens) * self.n_expert.max(1));
     }
 }
 

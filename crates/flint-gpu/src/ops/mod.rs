@@ -8,6 +8,7 @@ pub mod embed;
 pub mod glu;
 pub mod kv_write;
 pub mod matmul;
+pub mod moe;
 pub mod penalize;
 pub mod rms_norm;
 pub mod rope;
@@ -28,6 +29,7 @@ pub fn all_variants(caps: &crate::Caps) -> Vec<PipelineKey> {
     v.extend(glu::variants(caps));
     v.extend(kv_write::variants(caps));
     v.extend(matmul::variants(caps));
+    v.extend(moe::variants(caps));
     v.extend(penalize::variants(caps));
     v.extend(rms_norm::variants(caps));
     v.extend(rope::variants(caps));
