@@ -305,6 +305,10 @@ fn fused_rope_both_styles_partial_rotation() {
     }
     let rope = Some(RopeSpec { rope_dim: 256, style: RopeStyle::Neox, base: 1e6, freq_scale: 1.0, freq_factors: None });
     check(Case { desc: AttentionDesc { rope, ..desc(4, 1, 256, Some(50)) }, block_size: 16, seqs: &[(100, 3)], split: Split::Kv, shuffle_tokens: false, seed: 12 });
+    // Llama 3's per-dimension frequency factors (rope_freqs.weight), 1 to 17, on q and K.
+    let factors: Vec<f32> = TestRng::new(31).vec(32).iter().map(|x| 1.0 + 16.0 * x.abs()).collect();
+    let rope = Some(RopeSpec { rope_dim: 64, style: RopeStyle::Normal, base: 5e5, freq_scale: 1.0, freq_factors: Some(factors.into()) });
+    check(Case { desc: AttentionDesc { rope, ..desc(8, 2, 64, None) }, block_size: 16, seqs: &[(200, 2), (0, 5)], split: Split::Auto, shuffle_tokens: true, seed: 16 });
 }
 
 #[test]

@@ -17,6 +17,8 @@ pub enum ArchError {
     Unsupported(String),
     #[error("tensor {0:?} is missing")]
     MissingTensor(String),
+    #[error("{0} is not supported")]
+    UnsupportedFeature(String),
     #[error("tensor {0:?} is not used by this architecture (a file of another variant?): refusing rather than ignoring it")]
     UnusedTensor(String),
     #[error("tensor {tensor:?} has shape {got:?}, the architecture expects {expected:?}")]
@@ -208,6 +210,12 @@ impl ModelConfig {
     /// Every expected tensor with its shape, and no other: a tensor the forward pass would
     /// skip (Llama 3's `rope_freqs.weight` once was) means the file is not what we compute.
     fn check_tensors(&self, file: &GgufFile) -> Result<(), ArchError> {
+        if let Some(t) = file.tensors.iter().find(|t| t.name.starts_with("rope_factors_")) {
+            return Err(ArchError::UnsupportedFeature(format!(
+                "LongRoPE (tensor {:?}: the 128k-context Phi-3 files' per-dimension factors, long and short)",
+                t.name
+            )));
+        }
         let expected = self.expected_tensors();
         for (name, shape) in &expected {
             let t = file.tensor(name).ok_or_else(|| ArchError::MissingTensor(name.clone()))?;
