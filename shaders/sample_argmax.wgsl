@@ -8,6 +8,8 @@
 // → gumbel_final (n_draws × n_rows). Gumbel-max over the survivors of
 // (logit − max)/T + G, G = −ln(−ln U) from a counter-based hash of (seed, step + draw, index),
 // draws exactly from softmax(logit/T) restricted to them. Greedy rows skip the draw passes.
+// A row with a broken logit (NaN, +inf: `broken`) gets id NONE in every draw: the host fails
+// its request instead of emitting a token.
 #include "sample_common.wgsl"
 
 // pcg4d (Jarzynski & Olano, "Hash Functions for GPU Rendering", 2020).
@@ -71,6 +73,9 @@ fn partial_pass(g: u32, row: u32, draw: u32, lid: u32, sample: bool) {
         let step = r.step + draw;
         for (var i = start + lid; i < end; i += WG) {
             var v = logit(row, i);
+            if (!sample && broken(v)) {
+                v = POS_MAX;
+            }
             if (sample) {
                 let d = v - lmax;
                 if (!(d >= r.log_min_p) || !key_at_least(order_key(v), index_key(i), tv, ti)) {
@@ -106,7 +111,13 @@ fn final_pass(row: u32, draw: u32, lid: u32, greedy: bool) {
     }
     let best = wg_argmax(lid, bv, bi);
     if (lid == 0u && live) {
-        let id = select(best.y, 0u, best.y >= params.n_vocab);
+        var id = select(best.y, 0u, best.y >= params.n_vocab);
+        if (greedy && bitcast<f32>(best.x) == POS_MAX) {
+            id = NONE;
+        }
+        if (!greedy && state[st(row, MAX_ID)] == NONE) {
+            id = NONE;
+        }
         if (greedy) {
             state[st(row, MAX_BITS)] = best.x;
             state[st(row, MAX_ID)] = id;

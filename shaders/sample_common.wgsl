@@ -69,6 +69,16 @@ const RADIX: u32 = 256u;
 const NONE: u32 = 0xffffffffu;
 // The most negative finite f32, spelled exactly (a rounded decimal is out of range for Tint).
 const NEG_MAX: f32 = -0x1.fffffep+127f;
+// The largest finite f32: the argmax pass sees a broken logit as this, and a row whose
+// largest logit is this has its id set to NONE (flint_core::sampling::NON_FINITE).
+const POS_MAX: f32 = 0x1.fffffep+127f;
+
+// NaN, +inf or f32::MAX (−inf is a banned token), tested on the bits: a broken driver or
+// model file, never a distribution to sample from (flint_core::sampling::is_broken).
+fn broken(v: f32) -> bool {
+    let b = bitcast<u32>(v);
+    return (b & 0x7fffffffu) > 0x7f800000u || (b >= 0x7f7fffffu && b <= 0x7f800000u);
+}
 
 // state words, per row
 const STATE_WORDS: u32 = 32u;

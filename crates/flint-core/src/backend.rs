@@ -33,6 +33,10 @@ pub enum BackendError {
     Sampling(#[from] crate::sampling::SamplingError),
     #[error("the GPU device was lost: {0}")]
     DeviceLost(String),
+    /// The sampler found NaN or infinite logits (a broken model file or GPU driver): the
+    /// request ends with this instead of a token.
+    #[error("the logits for generated token {token} hold NaN or infinity (on {backend}): the model file or the GPU driver is broken; no token was emitted")]
+    NonFiniteLogits { token: usize, backend: String },
     #[error("GPU out of memory: {0}")]
     OutOfMemory(String),
     #[error("GPU validation error: {0}")]

@@ -229,6 +229,16 @@ pub struct Sampled {
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
+/// The id a sampler returns for a row of logits it must not sample from (one holds NaN, +inf
+/// or f32::MAX: a broken model file or GPU driver). The engine fails the request instead of
+/// emitting a token. The GPU sampler returns the same (`shaders/sample_common.wgsl`).
+pub const NON_FINITE: u32 = u32::MAX;
+
+/// Whether a logit is broken: NaN, +inf or f32::MAX (−inf is a banned token).
+pub fn is_broken(v: f32) -> bool {
+    v.is_nan() || v >= f32::MAX
+}
+
 /// Index of the largest value; the lowest index wins ties (as llama.cpp's greedy sampler).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
@@ -453,18 +463,22 @@ impl Sampler {
     /// The next token: [`Sampler::sample_full`] without log-probabilities.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let edited = self.edited(logits);
-        self.draw(edited.as_deref().unwrap_or(logits))
+        self.checked_draw(edited.as_deref().unwrap_or(logits))
     }
 
     /// Penalties → bias → mask → greedy or a draw, and the log-probabilities when the
     /// settings ask for them: the log-softmax at temperature 1 of the edited logits, before
     /// temperature and truncation, so the numbers describe the model under the request's
     /// penalties and constraints and do not depend on how the token was drawn. If the edits
-    /// ban every token the step yields id 0 (as the GPU sampler does).
+    /// ban every token the step yields id 0 (as the GPU sampler does); if a logit is broken
+    /// ([`is_broken`]) it yields [`NON_FINITE`].
     pub fn sample_full(&mut self, logits: &[f32]) -> Sampled {
         let edited = self.edited(logits);
         let logits = edited.as_deref().unwrap_or(logits);
-        let id = self.draw(logits);
+        let id = self.checked_draw(logits);
+        if id == NON_FINITE {
+            return Sampled { id, ..Default::default() };
+        }
         if self.params.n_logprobs == 0 {
             return Sampled { id, ..Default::default() };
         }
@@ -478,6 +492,14 @@ impl Sampler {
             self.penalize(&mut l);
             l
         })
+    }
+
+    /// [`Sampler::draw`], or [`NON_FINITE`] for a row with a broken logit.
+    fn checked_draw(&mut self, logits: &[f32]) -> u32 {
+        if logits.iter().any(|&v| is_broken(v)) {
+            return NON_FINITE;
+        }
+        self.draw(logits)
     }
 
     fn draw(&mut self, logits: &[f32]) -> u32 {

@@ -362,6 +362,16 @@ impl Scheduler {
     /// Ends `id` whatever its state: full blocks stay indexed for later requests, the rest
     /// go back to the pool; a fork not yet made is dropped.
     pub fn finish(&mut self, id: SeqId) {
+        self.end(id, true);
+    }
+
+    /// Ends `id` as [`Scheduler::finish`] does but indexes none of its blocks: their contents
+    /// are suspect (its logits came out broken).
+    pub fn discard(&mut self, id: SeqId) {
+        self.end(id, false);
+    }
+
+    fn end(&mut self, id: SeqId, commit: bool) {
         let Some(s) = self.seqs.remove(&id) else { return };
         match s.state {
             State::Pending => {
@@ -374,7 +384,9 @@ impl Scheduler {
             State::Waiting => self.waiting.retain(|&w| w != id),
         }
         if self.kv.is_open(id) {
-            self.kv.commit(id, &s.tokens);
+            if commit {
+                self.kv.commit(id, &s.tokens);
+            }
             self.kv.release(id);
         }
         // Forks that never got made wait as sequences of their own.

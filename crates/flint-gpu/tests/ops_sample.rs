@@ -593,3 +593,38 @@ fn rows_greedy_and_logprobs_mixed_in_one_step() {
         assert!(order[..40].contains(&out[1].0[0]));
     });
 }
+
+/// Rows holding NaN, +inf or f32::MAX (a broken model file or driver) come back as
+/// `NON_FINITE`, greedy or sampled, with and without log-probabilities, as the CPU sampler
+/// returns; rows beside them, and rows with −inf (banned) logits, sample as usual.
+#[test]
+fn broken_logits_yield_non_finite() {
+    flint_gpu::gpu_test!(ctx => {
+        let cache = PipelineCache::new();
+        let n = 3000;
+        let mut r = rig_rows(ctx, &cache, n, 6, 4).await;
+        let clean = row_logits(7, n);
+        let with = |at: usize, v: f32| {
+            let mut l = clean.clone();
+            l[at] = v;
+            l
+        };
+        let rows_logits = [clean.clone(), with(2999, f32::NAN), with(0, f32::INFINITY), with(1500, f32::MAX), with(5, f32::NEG_INFINITY), with(9, -f32::NAN)];
+        for p in [SamplingParams::greedy(), params(1.0, 40, 0.9, 0.0, 3), SamplingParams { n_logprobs: 3, ..params(0.8, 0, 1.0, 0.0, 4) }] {
+            let cpus: Vec<sampling::Sampler> = (0..rows_logits.len()).map(|i| sampling::Sampler::with_stream(p.clone(), 11, i as u32).unwrap()).collect();
+            let rows: Vec<Row> = rows_logits.iter().zip(&cpus).map(|(l, cpu)| Row { logits: l, cpu }).collect();
+            let draws = if p.temperature <= 0.0 { 1 } else { 4 };
+            let out = r.sample_rows(ctx, &rows, 0, draws).await;
+            for (i, (ids, _, _)) in out.iter().enumerate() {
+                let broken = rows_logits[i].iter().any(|&v| sampling::is_broken(v));
+                let mut cpu = sampling::Sampler::with_stream(p.clone(), 11, i as u32).unwrap();
+                assert_eq!(broken, cpu.sample_full(&rows_logits[i]).id == sampling::NON_FINITE, "row {i}: the CPU sampler disagrees");
+                if broken {
+                    assert!(ids.iter().all(|&id| id == sampling::NON_FINITE), "row {i} {p:?}: {ids:?}");
+                } else {
+                    assert!(ids.iter().all(|&id| (id as usize) < n), "row {i} {p:?}: {ids:?}");
+                }
+            }
+        }
+    });
+}

@@ -13,7 +13,7 @@ use futures::StreamExt;
 use flint_core::backend::{Backend, BackendError};
 use flint_core::generate::{Clock, Event, FinishReason, Generation};
 use flint_core::kv::SeqId;
-use flint_core::sampling::{Sampler, SamplingParams};
+use flint_core::sampling::{Sampler, SamplingParams, NON_FINITE};
 use flint_core::sched::{SchedStats, Scheduler};
 use flint_core::tokenizer::Tokenizer;
 
@@ -147,6 +147,16 @@ impl Runner {
         }
     }
 
+    /// Ends request `id` with `e`, keeping none of its blocks as cached prefixes.
+    fn fail(&mut self, id: u64, e: BackendError) {
+        let Some(req) = self.requests.remove(&id) else { return };
+        for c in &req.choices {
+            self.owner.remove(&c.seq);
+            self.sched.discard(c.seq);
+        }
+        let _ = req.events.unbounded_send(Err(EngineError::Backend(e)));
+    }
+
     /// A failed step fails every request: the device state is unknown.
     fn fail_all(&mut self, e: BackendError) {
         let e = Arc::new(e);
@@ -195,6 +205,11 @@ impl Runner {
             let room = self.sched.tokens(seq).len() < self.n_ctx;
             let sampled = result.sampled[k].clone();
             let id = sampled.id;
+            if id == NON_FINITE {
+                let token = req.choices[ci].gen.completion_tokens() + 1;
+                self.fail(rid, BackendError::NonFiniteLogits { token, backend: self.backend.name() });
+                continue;
+            }
             let (mut events, go_on) = req.choices[ci].gen.on_sampled(&self.tokenizer, sampled, now, room);
             if req.logits {
                 if let Some(Event::Token { logits, .. }) = events.first_mut() {
