@@ -213,6 +213,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         n_ctx,
         max_seqs,
         kv_budget_positions: Some(positions + positions / 4),
+        compile_observer: Some(crate::progress::compile_line()),
         ..LoadOptions::default()
     };
     let t0 = std::time::Instant::now();

@@ -6,6 +6,7 @@ mod catalog;
 mod chat;
 mod heap;
 mod info;
+mod progress;
 mod pull;
 mod run;
 mod serve;

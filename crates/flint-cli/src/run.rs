@@ -222,6 +222,7 @@ impl Opened {
             n_ctx: args.ctx_size,
             kv_budget_mb: args.kv_budget_mb,
             chat_template: template_file,
+            compile_observer: Some(crate::progress::compile_line()),
             ..LoadOptions::default()
         };
         Engine::load_path(&path, &opts).map_err(|e| {

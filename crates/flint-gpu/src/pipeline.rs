@@ -31,15 +31,75 @@ impl PipelineKey {
     }
 }
 
-/// Compiled pipelines by key; cloning shares the cache.
+/// What the cache reports around each compile: a driver may take tens of seconds for its
+/// first compile of a kernel on a device (lavapipe: ~35 s for a model's kernels), and a
+/// caller shows that rather than sit silent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CompileEvent {
+    Start { label: String },
+    /// `compiled`: pipelines this cache has compiled so far.
+    Done { label: String, compiled: usize },
+    /// A step that runs kernels for the first time starts or ends: a driver that compiles on
+    /// first use (Mesa's llvmpipe) spends their compile inside it.
+    FirstUse { done: bool },
+}
+
+/// Called on the compiling thread, before and after each compile.
+pub type CompileObserver = Arc<dyn Fn(&CompileEvent) + Send + Sync>;
+
+/// Compiled pipelines by key; cloning shares the cache (and its observer).
 #[derive(Clone, Default)]
 pub struct PipelineCache {
     map: Arc<Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>>,
+    observer: Arc<Mutex<Option<CompileObserver>>>,
+    /// A kernel was recorded for its first dispatch since the last `take_first_use`.
+    first_use: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl PipelineCache {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Reports every later compile to `observer` (None: to nobody).
+    pub fn set_observer(&self, observer: Option<CompileObserver>) {
+        if let Ok(mut o) = self.observer.lock() {
+            *o = observer;
+        }
+    }
+
+    /// Notes that a kernel is being recorded for its first dispatch (a driver may compile it
+    /// then).
+    pub fn mark_first_use(&self) {
+        self.first_use.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a kernel was first recorded since the last call.
+    pub fn take_first_use(&self) -> bool {
+        self.first_use.swap(false, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Tells the observer, if any, of `event`.
+    pub fn notify(&self, event: &CompileEvent) {
+        let observer = self.observer.lock().ok().and_then(|o| o.clone());
+        if let Some(o) = observer {
+            o(event);
+        }
+    }
+
+    /// Compiles `key` on `device`, telling the observer.
+    fn compile(&self, device: &wgpu::Device, key: &PipelineKey) -> Result<wgpu::ComputePipeline> {
+        let observer = self.observer.lock().map_err(poisoned)?.clone();
+        let label = key.label();
+        if let Some(o) = &observer {
+            o(&CompileEvent::Start { label: label.clone() });
+        }
+        let p = compile(device, key);
+        if let Some(o) = &observer {
+            let compiled = self.map.lock().map_err(poisoned)?.len() + 1;
+            o(&CompileEvent::Done { label, compiled });
+        }
+        p
     }
 
     /// The pipeline for `key`, compiled on first use; compile errors become typed errors.
@@ -48,7 +108,7 @@ impl PipelineCache {
             return Ok(p.clone());
         }
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let pipeline = compile(&ctx.device, key)?;
+        let pipeline = self.compile(&ctx.device, key)?;
         if let Some(e) = scope.pop().await {
             return Err(GpuError::Shader { shader: key.label(), message: e.to_string() });
         }
@@ -65,7 +125,7 @@ impl PipelineCache {
         if let Some(p) = self.map.lock().map_err(poisoned)?.get(key) {
             return Ok(p.clone());
         }
-        let p = Arc::new(compile(device, key)?);
+        let p = Arc::new(self.compile(device, key)?);
         self.map.lock().map_err(poisoned)?.insert(key.clone(), p.clone());
         Ok(p)
     }

@@ -20,6 +20,7 @@ use thiserror::Error;
 
 pub use bench::{BenchRun, StreamRun};
 pub use flint_core::arch::{ArchError, ModelConfig};
+pub use flint_gpu::pipeline::CompileEvent;
 pub use flint_gpu::GpuError;
 pub use flint_core::backend::BackendError;
 pub use flint_core::chat::{ChatError, ChatTemplate, KEY_CHAT_TEMPLATE};
@@ -124,6 +125,19 @@ pub struct LoadOptions {
     /// Milliseconds from any fixed origin, for timings (TTFT, tok/s) and the benchmark; None =
     /// the process's monotonic clock (on wasm, which has none, every timing reads 0).
     pub clock: Option<Clock>,
+    /// Told of every GPU kernel compile from the load on (the device's pipeline cache is
+    /// shared, so the last engine loaded sets it): a first run on a device compiles for long.
+    pub compile_observer: Option<CompileProgress>,
+}
+
+/// A [`CompileObserver`](flint_gpu::pipeline::CompileObserver) in [`LoadOptions`].
+#[derive(Clone)]
+pub struct CompileProgress(pub flint_gpu::pipeline::CompileObserver);
+
+impl std::fmt::Debug for CompileProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CompileProgress")
+    }
 }
 
 impl Default for LoadOptions {
@@ -139,6 +153,7 @@ impl Default for LoadOptions {
             chat_template: None,
             template_clock: None,
             clock: None,
+            compile_observer: None,
         }
     }
 }
@@ -261,6 +276,7 @@ impl Engine {
                 let ctx = GpuContext::shared().await?;
                 #[cfg(target_arch = "wasm32")]
                 let ctx = Arc::new(GpuContext::new().await?);
+                ctx.pipelines.set_observer(opts.compile_observer.as_ref().map(|o| o.0.clone()));
                 let gpu = GpuBackend::new(ctx.clone(), &file, config.clone(), &bopts, opts.max_binding_mb).await?;
                 (Box::new(gpu), Some(ctx))
             }

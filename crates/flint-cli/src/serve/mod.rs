@@ -207,6 +207,7 @@ pub fn serve(args: ServeArgs) -> Result<(), Failure> {
         max_seqs: args.parallel,
         max_batch_tokens: args.max_batch_tokens,
         chat_template,
+        compile_observer: Some(crate::progress::compile_line()),
         ..LoadOptions::default()
     };
     let app = Arc::new(App {

@@ -50,6 +50,8 @@ pub struct GpuModel {
     readback: wgpu::Buffer,
     n_ctx: usize,
     pub upload_bytes: u64,
+    /// A step has run (the first one runs every kernel for the first time).
+    stepped: bool,
 }
 
 impl GpuModel {
@@ -114,7 +116,7 @@ impl GpuModel {
             mapped_at_creation: false,
         });
         ctx.check()?;
-        Ok(GpuModel { cfg, layout, limits, batches, head, acts, graph, sampler, penalize, kv, readback, n_ctx, upload_bytes, ctx })
+        Ok(GpuModel { cfg, layout, limits, batches, head, acts, graph, sampler, penalize, kv, readback, n_ctx, upload_bytes, stepped: false, ctx })
     }
 
     pub fn n_ctx(&self) -> usize {

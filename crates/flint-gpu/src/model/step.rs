@@ -13,6 +13,7 @@ use super::{GpuModel, READBACK_WORDS};
 use crate::error::{GpuError, Result};
 use crate::ops::penalize::{PenalizePlan, StepEdits};
 use crate::ops::sample::{self, SamplePlan, SampleRow, LP_WORDS};
+use crate::pipeline::CompileEvent;
 
 /// A step's tokens laid out for the device.
 pub(super) struct Layout {
@@ -108,19 +109,42 @@ impl GpuModel {
         } else {
             None
         };
+        // Kernels this step is the first to run may compile inside it, on the device's time:
+        // the first step runs every kernel built at load, later ones a matmul's new variants.
+        let first_use = self.ctx.pipelines.take_first_use() || !std::mem::replace(&mut self.stepped, true);
+        if first_use {
+            self.ctx.pipelines.notify(&CompileEvent::FirstUse { done: false });
+        }
+        let result = self.finish_step(enc, plan.as_ref().map(|p| &p.1), &rows, n_out, logits).await;
+        if first_use {
+            self.ctx.pipelines.notify(&CompileEvent::FirstUse { done: true });
+        }
+        result
+    }
+
+    /// Submits the step and reads back what it sampled (and its logits when asked).
+    async fn finish_step(
+        &self,
+        enc: wgpu::CommandEncoder,
+        samples: Option<&SamplePlan>,
+        rows: &[SampleRow],
+        n_out: usize,
+        logits: Option<(wgpu::Buffer, u64)>,
+    ) -> Result<StepResult> {
+        let lp_offset = (self.limits.max_outputs * 4) as u64;
         self.ctx.queue.submit([enc.finish()]);
         let mut result = StepResult::default();
-        if plan.is_none() {
+        if samples.is_none() {
             // A prompt chunk without outputs: wait for it, so work never piles up unseen.
             self.ctx.work_done().await?;
         }
-        if let Some((_, samples)) = &plan {
+        if let Some(samples) = samples {
             let words = if samples.logprobs { lp_offset as usize / 4 + n_out * LP_WORDS } else { n_out };
             debug_assert!(words <= self.limits.max_outputs * READBACK_WORDS);
             let bytes = crate::buffer::read_staging(&self.ctx, &self.readback, words as u64 * 4).await?;
             let w: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
             let lp = if samples.logprobs { &w[lp_offset as usize / 4..] } else { &[][..] };
-            let draws = sample::decode(samples, &rows, &w[..n_out], lp);
+            let draws = sample::decode(samples, rows, &w[..n_out], lp);
             result.sampled = draws.into_iter().map(|mut d| d.pop().unwrap_or_default()).collect::<Vec<Sampled>>();
         }
         if let Some((staging, bytes)) = logits {
@@ -129,7 +153,7 @@ impl GpuModel {
             result.logits = all.chunks_exact(self.cfg.n_vocab).map(|r| r.to_vec()).collect();
         }
         self.ctx.check()?;
-        if plan.is_some() && result.sampled.len() != n_out {
+        if samples.is_some() && result.sampled.len() != n_out {
             return Err(GpuError::Readback(format!("{} samples for {n_out} output rows", result.sampled.len())));
         }
         Ok(result)

@@ -320,6 +320,8 @@ struct Variant {
     /// The folded grid of row groups.
     groups: (u32, u32),
     kernel: std::cell::OnceCell<Kernel>,
+    /// A step has recorded it (before that, a driver may still compile it on first use).
+    dispatched: std::cell::Cell<bool>,
 }
 
 /// One weight part's matmul; `encode` only records dispatches (building a variant's
@@ -444,7 +446,7 @@ impl Matmul {
             };
             let params = params(ctx, &format!("{}.params", d.label), &p);
             let key = key(&ctx.caps, d.ty, shape);
-            variants.push(Variant { shape, key, params, groups, kernel: std::cell::OnceCell::new() });
+            variants.push(Variant { shape, key, params, groups, kernel: std::cell::OnceCell::new(), dispatched: std::cell::Cell::new(false) });
         }
         let mut buffers = vec![w.clone(), x.clone(), y.clone()];
         buffers.push(match bias {
@@ -510,6 +512,9 @@ impl Matmul {
         }
         let v = self.pick(n_tok);
         let Some(kernel) = self.kernel(v) else { return };
+        if !v.dispatched.replace(true) {
+            self.cache.mark_first_use();
+        }
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &kernel.bind, &[]);
         pass.dispatch_workgroups(v.groups.0, v.groups.1, n_tok.div_ceil(v.shape.tokens) * self.n_expert.max(1));
