@@ -69,7 +69,7 @@ test("createEngine: greedy completion of golden prompt 1 on gemma-3-270m equals 
   assert.equal(r.done.usage.completion_tokens, 16);
   assert.ok(r.done.usage.ttft_ms > 0 && r.done.usage.decode_tok_s > 0, "the request is timed with the browser's clock");
   assert.equal(r.done.usage.prompt_tokens, golden("gemma", 1).prompt_token_ids.length);
-  assert.deepEqual(r.stages, ["download", "load", "ready"]);
+  assert.deepEqual(r.stages, ["download", "load", "compile", "ready"]);
   assert.equal(r.badTemperature, "InvalidRequestError");
   assert.equal(r.tooLong, "ContextWindowExceededError");
   assert.equal(r.noTemplate, "ChatTemplateError");
@@ -98,7 +98,7 @@ test("after a reload, the worker engine loads gemma from the browser cache witho
   console.log(`gemma from the cache, in a worker, in ${secondsSince(t0)} s: ${JSON.stringify(r.done.usage)}`);
   const modelRequests = server.requests.slice(before).filter((q) => q.path.startsWith("/models/"));
   assert.deepEqual(modelRequests, [], "no request for the model after the reload");
-  assert.deepEqual(r.stages, ["cache", "load", "ready"]);
+  assert.deepEqual(r.stages, ["cache", "load", "compile", "ready"]);
   assert.equal(r.info.has_chat_template, false);
   assert.equal(r.done.choices[0].text, golden("gemma", 1).greedy_text_16);
 });

@@ -9,7 +9,7 @@ export interface ChatMessage {
 }
 
 export interface InitProgressReport {
-  stage: "download" | "cache" | "load" | "ready";
+  stage: "download" | "cache" | "load" | "compile" | "ready";
   loaded: number;
   total: number;
   /** 0..1 within the stage. */

@@ -21,7 +21,8 @@ function reporter(cb) {
   let last = { stage: null, progress: -1 };
   return (stage, loaded, total, text) => {
     const progress = total > 0 ? Math.min(1, loaded / total) : stage === "ready" ? 1 : 0;
-    if (stage === last.stage && progress < 1 && progress - last.progress < 0.005) return;
+    // Stages without a total (kernel compiles: a count) report every step.
+    if (stage === last.stage && total > 0 && progress < 1 && progress - last.progress < 0.005) return;
     last = { stage, progress };
     cb?.({ stage, loaded, total, progress, text });
   };
@@ -72,7 +73,8 @@ export class LocalCore {
       const opts = {};
       if (nCtx) opts.n_ctx = nCtx;
       if (maxSeqs) opts.max_seqs = maxSeqs;
-      core.#engine = await loadEngine(reader, JSON.stringify(opts));
+      const onCompile = (n) => report("compile", n, 0, `compiling GPU kernels: ${n}`);
+      core.#engine = await loadEngine(reader, JSON.stringify(opts), onCompile);
     } catch (e) {
       throw fromWire(e);
     }

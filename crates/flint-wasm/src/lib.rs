@@ -160,16 +160,42 @@ pub struct WasmEngine {
     info: String,
 }
 
+thread_local! {
+    /// `loadEngine`'s `on_compile`: the engine's thread is the page's (or worker's) only one.
+    static ON_COMPILE: RefCell<Option<Function>> = const { RefCell::new(None) };
+}
+
+/// Calls `on_compile(n, label)` after each GPU kernel compile (n: compiled so far).
+fn compile_progress() -> flint::CompileProgress {
+    flint::CompileProgress(std::sync::Arc::new(|e: &flint::CompileEvent| {
+        if let flint::CompileEvent::Done { label, compiled } = e {
+            ON_COMPILE.with(|cb| {
+                if let Some(f) = cb.borrow().as_ref() {
+                    let _ = f.call2(&JsValue::NULL, &JsValue::from(*compiled as u32), &JsValue::from_str(label));
+                }
+            });
+        }
+    }))
+}
+
 /// Loads a model from `source` (see the module docs) with options JSON
 /// `{"n_ctx": N, "max_seqs": N}`; resolves to a `WasmEngine` whose run loop is started.
+/// `on_compile(n, label)`, when a function, is called after each GPU kernel compile of the
+/// load.
 #[wasm_bindgen(js_name = loadEngine)]
-pub fn load_engine(source: JsValue, options: String) -> Promise {
+pub fn load_engine(source: JsValue, options: String, on_compile: JsValue) -> Promise {
     log_panics();
+    ON_COMPILE.with(|cb| *cb.borrow_mut() = on_compile.dyn_into::<Function>().ok());
     future_to_promise(async move {
         let source = JsSource::new(source)?;
         let opts: serde_json::Value =
             serde_json::from_str(&options).map_err(|e| js_error("InvalidRequestError", format!("options: {e}")))?;
-        let mut load = LoadOptions { template_clock: Some(unix_seconds), clock: Some(performance_now), ..LoadOptions::default() };
+        let mut load = LoadOptions {
+            template_clock: Some(unix_seconds),
+            clock: Some(performance_now),
+            compile_observer: Some(compile_progress()),
+            ..LoadOptions::default()
+        };
         if let Some(n) = opts.get("n_ctx").and_then(|v| v.as_u64()) {
             load.n_ctx = n as usize;
         }
@@ -179,7 +205,10 @@ pub fn load_engine(source: JsValue, options: String) -> Promise {
         let file = flint::GgufFile::from_source(Box::new(source))
             .await
             .map_err(|e| js_error("ModelLoadError", format!("malformed model file: {e}")))?;
-        let (engine, run) = Engine::load_local(file, &load).await.map_err(|e| engine_error(&e, true))?;
+        let loaded = Engine::load_local(file, &load).await;
+        // Compiles after the load (a step's first use of a kernel) are not the load's progress.
+        ON_COMPILE.with(|cb| *cb.borrow_mut() = None);
+        let (engine, run) = loaded.map_err(|e| engine_error(&e, true))?;
         spawn_local(run);
         let i = engine.info();
         let cfg = engine.config();
