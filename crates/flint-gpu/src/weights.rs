@@ -64,52 +64,51 @@ impl<'a> Uploader<'a> {
         Uploader { ctx, file, max_binding, pending: 0, uploaded: 0, scratch: Vec::new() }
     }
 
-    /// Uploads a 2-D tensor as a matrix, split into parts of at most the binding limit.
-    pub async fn matrix(&mut self, name: &str) -> Result<GpuMatrix> {
+    /// The tensor `name`, which must have `n_dims` dimensions.
+    fn tensor(&self, name: &str, n_dims: usize, what: &str) -> Result<TensorInfo> {
         let t = self.file.require_tensor(name).map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?.clone();
-        if t.dims.len() != 2 {
-            return Err(GpuError::Unsupported { op: "upload", message: format!("{name} is not a matrix: {:?}", t.dims) });
+        if t.dims.len() != n_dims {
+            return Err(GpuError::Unsupported { op: "upload", message: format!("{name} is not {what}: {:?}", t.dims) });
         }
-        let (n_in, n_rows) = (t.dims[0], t.dims[1]);
-        let row_bytes = t.n_bytes / n_rows;
-        let rows_per_part = (self.max_binding / row_bytes).min(n_rows);
-        if rows_per_part == 0 {
-            return Err(GpuError::Limit { what: "one weight row", need: row_bytes, limit: self.max_binding });
+        Ok(t)
+    }
+
+    /// Uploads `t` as `n_units` equal units (rows, experts), whole units per buffer of at most
+    /// the binding limit: (buffer, units, first unit) per part.
+    async fn parts(&mut self, t: &TensorInfo, n_units: u64, unit: &'static str) -> Result<Vec<(wgpu::Buffer, u32, u32)>> {
+        let unit_bytes = t.n_bytes / n_units;
+        let per_part = (self.max_binding / unit_bytes).min(n_units);
+        if per_part == 0 {
+            return Err(GpuError::Limit { what: unit, need: unit_bytes, limit: self.max_binding });
         }
         let mut parts = Vec::new();
-        let mut row = 0;
-        while row < n_rows {
-            let rows = rows_per_part.min(n_rows - row);
-            let label = if rows == n_rows { name.to_string() } else { format!("{name}[{}]", parts.len()) };
-            let buffer = self.copy(&t, row * row_bytes, rows * row_bytes, &label).await?;
-            parts.push(WeightPart { buffer, rows: rows as u32, row_offset: row as u32 });
-            row += rows;
+        let mut first = 0;
+        while first < n_units {
+            let n = per_part.min(n_units - first);
+            let label = if n == n_units { t.name.clone() } else { format!("{}[{}]", t.name, parts.len()) };
+            let buffer = self.copy(t, first * unit_bytes, n * unit_bytes, &label).await?;
+            parts.push((buffer, n as u32, first as u32));
+            first += n;
         }
+        Ok(parts)
+    }
+
+    /// Uploads a 2-D tensor as a matrix, split by rows into parts of at most the binding limit.
+    pub async fn matrix(&mut self, name: &str) -> Result<GpuMatrix> {
+        let t = self.tensor(name, 2, "a matrix")?;
+        let (n_in, n_rows) = (t.dims[0], t.dims[1]);
+        let parts = self.parts(&t, n_rows, "one weight row").await?;
+        let parts = parts.into_iter().map(|(buffer, rows, row_offset)| WeightPart { buffer, rows, row_offset }).collect();
         Ok(GpuMatrix { name: name.to_string(), ty: t.ty, n_in: n_in as u32, n_rows: n_rows as u32, parts })
     }
 
     /// Uploads a 3-D stack of expert matrices, split by whole experts into parts of at most
     /// the binding limit.
     pub async fn experts(&mut self, name: &str) -> Result<GpuExperts> {
-        let t = self.file.require_tensor(name).map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?.clone();
-        if t.dims.len() != 3 {
-            return Err(GpuError::Unsupported { op: "upload", message: format!("{name} is not a stack of matrices: {:?}", t.dims) });
-        }
+        let t = self.tensor(name, 3, "a stack of matrices")?;
         let (n_in, n_rows, n_expert) = (t.dims[0], t.dims[1], t.dims[2]);
-        let expert_bytes = t.n_bytes / n_expert;
-        let per_part = (self.max_binding / expert_bytes).min(n_expert);
-        if per_part == 0 {
-            return Err(GpuError::Limit { what: "one expert's weights", need: expert_bytes, limit: self.max_binding });
-        }
-        let mut parts = Vec::new();
-        let mut e = 0;
-        while e < n_expert {
-            let experts = per_part.min(n_expert - e);
-            let label = if experts == n_expert { name.to_string() } else { format!("{name}[{}]", parts.len()) };
-            let buffer = self.copy(&t, e * expert_bytes, experts * expert_bytes, &label).await?;
-            parts.push(ExpertPart { buffer, experts: experts as u32, expert_offset: e as u32 });
-            e += experts;
-        }
+        let parts = self.parts(&t, n_expert, "one expert's weights").await?;
+        let parts = parts.into_iter().map(|(buffer, experts, expert_offset)| ExpertPart { buffer, experts, expert_offset }).collect();
         Ok(GpuExperts { name: name.to_string(), ty: t.ty, n_in: n_in as u32, n_rows: n_rows as u32, n_expert: n_expert as u32, parts })
     }
 
