@@ -89,16 +89,10 @@ impl PipelineCache {
 
     /// Compiles `key` on `device`, telling the observer.
     fn compile(&self, device: &wgpu::Device, key: &PipelineKey) -> Result<wgpu::ComputePipeline> {
-        let observer = self.observer.lock().map_err(poisoned)?.clone();
-        let label = key.label();
-        if let Some(o) = &observer {
-            o(&CompileEvent::Start { label: label.clone() });
-        }
+        self.notify(&CompileEvent::Start { label: key.label() });
         let p = compile(device, key);
-        if let Some(o) = &observer {
-            let compiled = self.map.lock().map_err(poisoned)?.len() + 1;
-            o(&CompileEvent::Done { label, compiled });
-        }
+        let compiled = self.map.lock().map_err(poisoned)?.len() + 1;
+        self.notify(&CompileEvent::Done { label: key.label(), compiled });
         p
     }
 
