@@ -1,7 +1,9 @@
 // Gated activation: out[t, i] = act(gate[t, i]) · up[t, i] over n_tok × n_ff, one value per
 // invocation. act is SiLU, x / (1 + e^−x), or GELU with the tanh approximation, written as
 // x · sigmoid(2·√(2/π)·(x + 0.044715·x³)) so large |x| cannot produce inf/inf.
-// Defines: WG (threads per workgroup), GELU_TANH (else SiLU), IN_PLACE (out aliases gate).
+// Defines: WG (threads per workgroup), GELU_TANH (else SiLU), IN_PLACE (out aliases gate),
+// WRONG (tests only: every 16th value is lost, as a broken driver might lose a lane; the
+// self-test must catch it).
 #include "common.wgsl"
 
 struct Params {
@@ -44,9 +46,15 @@ fn main(
     if (i >= batch.n_tok * p.n_ff) {
         return;
     }
+    var y = act(gate[i]) * up[i];
+#ifdef WRONG
+    if (i % 16u == 15u) {
+        y = 0.0;
+    }
+#endif
 #ifdef IN_PLACE
-    gate[i] = act(gate[i]) * up[i];
+    gate[i] = y;
 #else
-    out[i] = act(gate[i]) * up[i];
+    out[i] = y;
 #endif
 }

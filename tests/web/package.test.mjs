@@ -77,7 +77,7 @@ test("createEngine: greedy completion of golden prompt 1 on gemma-3-270m equals 
   assert.equal(modelGets(GEMMA), 1, "the model was downloaded once");
 });
 
-test("after a reload, the worker engine loads gemma from the browser cache without downloading it", { timeout: 15 * MINUTES }, async () => {
+test("after a reload, the worker engine loads gemma from the browser cache without downloading it, self-tested", { timeout: 15 * MINUTES }, async () => {
   const t0 = performance.now();
   const before = server.requests.length;
   await page.reload();
@@ -87,7 +87,7 @@ test("after a reload, the worker engine loads gemma from the browser cache witho
       const flint = await import(PKG);
       const stages = new Set();
       const worker = new Worker(WORKER, { type: "module" });
-      const engine = await flint.createWebWorkerEngine(worker, { model: GEMMA, initProgressCallback: (p) => stages.add(p.stage) });
+      const engine = await flint.createWebWorkerEngine(worker, { model: GEMMA, selfTest: true, initProgressCallback: (p) => stages.add(p.stage) });
       const done = await engine.completions.create({ prompt, temperature: 0, max_tokens: 16 });
       await engine.unload();
       worker.terminate();
@@ -101,6 +101,13 @@ test("after a reload, the worker engine loads gemma from the browser cache witho
   assert.deepEqual(r.stages, ["cache", "load", "compile", "ready"]);
   assert.equal(r.info.has_chat_template, false);
   assert.equal(r.done.choices[0].text, golden("gemma", 1).greedy_text_16);
+  // selfTest: the load compared layer 0 and the head with the CPU reference, in the worker.
+  const st = r.info.self_test;
+  console.log(`self-test on ${st?.adapter}: ${JSON.stringify(st?.taps)} GPU ${st?.gpu_ms} ms, CPU ${st?.cpu_ms} ms`);
+  assert.equal(st.adapter, r.info.adapter);
+  assert.equal(st.taps.length, 6);
+  assert.ok(st.taps.every((t) => t.nmse <= 1e-5), JSON.stringify(st.taps));
+  assert.equal(st.taps[5].name, "decode step: logits");
 });
 
 test("worker engine: streamed chat on qwen2.5-coder-0.5b (read by HTTP ranges) equals the f32 reference", { timeout: 25 * MINUTES }, async () => {

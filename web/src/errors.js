@@ -31,6 +31,7 @@ export const EngineBusyError = define("EngineBusyError", "engine_busy");
 export const GPUError = define("GPUError", "gpu_error");
 export const GenerationError = define("GenerationError", "generation_failed");
 export const EngineUnloadedError = define("EngineUnloadedError", "engine_unloaded");
+export const SelfTestError = define("SelfTestError", "self_test_failed");
 
 const CLASSES = {
   WebGPUNotAvailableError,
@@ -43,6 +44,7 @@ const CLASSES = {
   GPUError,
   GenerationError,
   EngineUnloadedError,
+  SelfTestError,
 };
 
 /** The package's error for `err` ({name, message} from wasm or a worker); others pass through. */

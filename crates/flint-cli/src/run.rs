@@ -61,6 +61,11 @@ pub struct ModelArgs {
     /// A Jinja chat template to use instead of the model's own.
     #[arg(long = "chat-template-file", value_name = "FILE")]
     pub chat_template_file: Option<PathBuf>,
+    /// Checks the GPU at load: a short fixed input through the first layer and the head on the
+    /// GPU and on the CPU reference, compared tap by tap; a driver that computes wrongly fails
+    /// the load (exit 1).
+    #[arg(long = "self-test")]
+    pub self_test: bool,
 }
 
 /// Sampling and stopping flags, with llama.cpp's names and defaults.
@@ -223,12 +228,22 @@ impl Opened {
             kv_budget_mb: args.kv_budget_mb,
             chat_template: template_file,
             compile_observer: Some(crate::progress::compile_line()),
+            self_test: args.self_test,
             ..LoadOptions::default()
         };
-        Engine::load_path(&path, &opts).map_err(|e| {
-            let hint = if matches!(e, flint::EngineError::Chat(_)) { " (pass --chat-template-file FILE, or --raw)" } else { "" };
-            Failure::usage(format!("{}: {e}{hint}", path.display()))
-        })
+        let engine = Engine::load_path(&path, &opts).map_err(|e| match e {
+            flint::EngineError::SelfTest { .. } => Failure::runtime(format!("{e} (choose another adapter with FLINT_ADAPTER, or run on --backend cpu)")),
+            e => {
+                let hint = if matches!(e, flint::EngineError::Chat(_)) { " (pass --chat-template-file FILE, or --raw)" } else { "" };
+                Failure::usage(format!("{}: {e}{hint}", path.display()))
+            }
+        })?;
+        match &engine.info().self_test {
+            Some(report) => eprintln!("{}", report.summary()),
+            None if args.self_test => eprintln!("self-test skipped: the cpu backend is the reference it compares with"),
+            None => {}
+        }
+        Ok(engine)
     }
 }
 

@@ -258,13 +258,39 @@ fn no_runtime_dir_noise_on_a_headless_gpu_run() {
         return;
     }
     let out = Command::new(env!("CARGO_BIN_EXE_flint"))
-        .args(["run", "-m", &model_path("gemma-3-270m"), "--raw", "--temp", "0", "-n", "1", "hi"])
+        .args(["run", "-m", &model_path("gemma-3-270m"), "--raw", "--temp", "0", "-n", "1", "--self-test", "hi"])
         .env_remove("XDG_RUNTIME_DIR")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(!stderr.contains("XDG_RUNTIME_DIR"), "{stderr}");
+    // The same run checked the GPU against the CPU reference at load.
+    assert!(stderr.lines().any(|l| l.starts_with("self-test passed on ") && l.contains("6 taps within NMSE 1e-5")), "{stderr}");
+}
+
+/// `--self-test` with a deliberately wrong kernel (the test-only switch: every 16th value of
+/// the gated activation lost) fails the load with exit 1 and one line naming the adapter and
+/// the first tap that differs; the attention tap before it still passes.
+#[test]
+fn self_test_catches_a_wrong_kernel() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let model = shared().join("golden/families/qwen3/model.gguf");
+    let out = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["run", "-m", model.to_str().unwrap(), "--raw", "--temp", "0", "-n", "1", "--self-test", "hi"])
+        .env("FLINT_TEST_WRONG_KERNEL", "glu")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    let adapter = flint_gpu::testing::context().unwrap().info.name.clone();
+    assert!(errors[0].contains(&format!("self-test failed on {adapter}")), "{stderr}");
+    assert!(errors[0].contains("prompt step: layer 0 after the feed-forward block differs from the CPU reference"), "{stderr}");
 }
 
 /// `flint tokenize` on llama.cpp's vocabulary-only files: its suite's ids (no BOS, specials as

@@ -424,3 +424,50 @@ fn hostile_chat_template_is_a_400() {
     assert_eq!(server.post("/v1/completions", &json!({"prompt": "a", "max_tokens": 1})).status, 200);
     std::fs::remove_file(&file).unwrap();
 }
+
+/// The self-test runs at start-up by default: with a deliberately wrong kernel (the test-only
+/// switch) the server never says it is healthy and exits 2 with one line naming the adapter
+/// and the first tap that differs.
+#[test]
+fn a_failed_self_test_stops_the_server() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let model = shared().join("golden/families/qwen3/model.gguf");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flint"))
+        .args(["serve", "-m", model.to_str().unwrap(), "--port", "0", "-c", "256", "--no-warmup"])
+        .env("FLINT_TEST_WRONG_KERNEL", "glu")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start flint serve");
+    let mut line = String::new();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("listening on http://").unwrap_or_else(|| panic!("first line: {line:?}")).to_string();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        // Until it exits it answers, and never healthy (it may exit mid-request).
+        if let Ok(mut s) = TcpStream::connect(&addr) {
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let mut reply = String::new();
+            if s.write_all(b"GET /health HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").is_ok() {
+                let _ = s.read_to_string(&mut reply);
+            }
+            assert!(!reply.starts_with("HTTP/1.1 200"), "healthy with a wrong kernel: {reply}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(300), "the server neither failed nor started");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    let adapter = &flint_gpu::testing::context().unwrap().info.name;
+    assert!(errors[0].contains(&format!("self-test failed on {adapter}")), "{stderr}");
+    assert!(errors[0].contains("layer 0 after the feed-forward block differs from the CPU reference"), "{stderr}");
+}

@@ -14,6 +14,7 @@ use crate::arch::{ArchError, ModelConfig};
 use crate::gguf::GgufError;
 use crate::kv::{GroupCopy, KvCache, KvError, KvLayout, PoolRequest, KV_BLOCK_SIZE, NO_BLOCK, WINDOW_SLACK};
 use crate::sampling::{Sampled, Sampler};
+use crate::selftest::{Probe, Tap};
 
 #[derive(Debug, Error)]
 pub enum BackendError {
@@ -131,6 +132,12 @@ pub trait Backend {
     fn profile<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<Vec<(String, f64)>, BackendError>> {
         let _ = batch;
         Box::pin(async { Err(BackendError::Device(format!("{} has no per-op profiler", self.name()))) })
+    }
+    /// Runs the self-test's probe (see [`crate::selftest`]) through the embedding, layer 0 and
+    /// the head, returning every tap. Only before the first step: it writes KV blocks 0...
+    fn probe<'a>(&'a mut self, probe: &'a Probe) -> LocalBoxFuture<'a, Result<Vec<Tap>, BackendError>> {
+        let _ = probe;
+        Box::pin(async { Err(BackendError::Device(format!("{} has no self-test taps", self.name()))) })
     }
     /// A short name for reports: `cpu`, `gpu (llvmpipe)`.
     fn name(&self) -> String;

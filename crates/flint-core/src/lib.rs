@@ -11,4 +11,5 @@ pub mod quant;
 pub mod reference;
 pub mod sampling;
 pub mod sched;
+pub mod selftest;
 pub mod tokenizer;

@@ -11,6 +11,7 @@ use flint_core::arch::ModelConfig;
 use flint_core::backend::{check_step, Backend, BackendError, BackendOptions, StepBatch, StepLimits, StepResult};
 use flint_core::gguf::GgufFile;
 use flint_core::kv::KvLayout;
+use flint_core::selftest::{Probe, Tap};
 
 use crate::context::GpuContext;
 use crate::error::GpuError;
@@ -76,6 +77,9 @@ impl Backend for GpuBackend {
             self.check(&batch)?;
             self.model.profile(batch).await.map_err(backend_error)
         })
+    }
+    fn probe<'a>(&'a mut self, probe: &'a Probe) -> LocalBoxFuture<'a, Result<Vec<Tap>, BackendError>> {
+        Box::pin(async move { self.model.probe(probe).await.map_err(backend_error) })
     }
     fn name(&self) -> String {
         format!("gpu ({})", self.model.ctx.info.name)

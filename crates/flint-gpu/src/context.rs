@@ -37,6 +37,9 @@ pub struct GpuContext {
     pub info: wgpu::AdapterInfo,
     /// Every pipeline compiled on this device, shared by the models loaded on it.
     pub pipelines: PipelineCache,
+    /// A test-only switch (`FLINT_TEST_WRONG_KERNEL=glu`, native): the op it names builds a
+    /// deliberately wrong variant, so that the self-test's failure path can be shown.
+    pub wrong_kernel: Option<String>,
     sink: Arc<Mutex<ErrorSink>>,
 }
 
@@ -142,12 +145,21 @@ impl GpuContext {
                 g.lost = Some(format!("{reason:?}: {message}"));
             }
         });
-        Ok(GpuContext { adapter, device, queue, limits, caps, info, pipelines: PipelineCache::new(), sink })
+        #[cfg(not(target_arch = "wasm32"))]
+        let wrong_kernel = std::env::var("FLINT_TEST_WRONG_KERNEL").ok().filter(|s| !s.is_empty());
+        #[cfg(target_arch = "wasm32")]
+        let wrong_kernel = None;
+        Ok(GpuContext { adapter, device, queue, limits, caps, info, pipelines: PipelineCache::new(), wrong_kernel, sink })
     }
 
     /// A short adapter description for reports: `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)`.
     pub fn adapter_name(&self) -> String {
         format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+    }
+
+    /// Whether the test-only switch asks op `op` for its wrong variant.
+    pub fn wrong(&self, op: &str) -> bool {
+        self.wrong_kernel.as_deref() == Some(op)
     }
 
     /// Whether wgpu reported the device lost.

@@ -83,6 +83,7 @@ fn error_name(e: &EngineError, loading: bool) -> &'static str {
         EngineError::Chat(ChatError::Raised(_)) => "InvalidRequestError",
         EngineError::Chat(_) | EngineError::NoChatTemplate if !loading => "ChatTemplateError",
         EngineError::Closed => "EngineUnloadedError",
+        EngineError::SelfTest { .. } => "SelfTestError",
         _ if loading => "ModelLoadError",
         _ => "GenerationError",
     }
@@ -179,7 +180,7 @@ fn compile_progress() -> flint::CompileProgress {
 }
 
 /// Loads a model from `source` (see the module docs) with options JSON
-/// `{"n_ctx": N, "max_seqs": N}`; resolves to a `WasmEngine` whose run loop is started.
+/// `{"n_ctx": N, "max_seqs": N, "self_test": bool}`; resolves to a `WasmEngine` whose run loop is started.
 /// `on_compile(n, label)`, when a function, is called after each GPU kernel compile of the
 /// load.
 #[wasm_bindgen(js_name = loadEngine)]
@@ -202,6 +203,7 @@ pub fn load_engine(source: JsValue, options: String, on_compile: JsValue) -> Pro
         if let Some(n) = opts.get("max_seqs").and_then(|v| v.as_u64()).filter(|&n| (1..=64).contains(&n)) {
             load.max_seqs = n as usize;
         }
+        load.self_test = opts.get("self_test").and_then(|v| v.as_bool()).unwrap_or(false);
         let file = flint::GgufFile::from_source(Box::new(source))
             .await
             .map_err(|e| js_error("ModelLoadError", format!("malformed model file: {e}")))?;
@@ -222,6 +224,12 @@ pub fn load_engine(source: JsValue, options: String, on_compile: JsValue) -> Pro
             "adapter": engine.adapter_name(),
             "backend": engine.backend_name(),
             "has_chat_template": engine.has_chat_template(),
+            "self_test": i.self_test.as_ref().map(|r| json!({
+                "adapter": r.adapter,
+                "taps": r.taps.iter().map(|t| json!({"name": t.name, "nmse": t.nmse})).collect::<Vec<_>>(),
+                "gpu_ms": r.gpu_ms,
+                "cpu_ms": r.cpu_ms,
+            })),
         })
         .to_string();
         Ok(WasmEngine { engine: Rc::new(engine), running: Rc::default(), next_id: RefCell::new(1), info }.into())
@@ -258,7 +266,8 @@ fn event_json(tok: &Tokenizer, ev: &Event, logprobs: bool) -> serde_json::Value 
 #[wasm_bindgen]
 impl WasmEngine {
     /// JSON: architecture, name, n_ctx, n_vocab, n_layer, max_seqs, adapter, backend,
-    /// has_chat_template.
+    /// has_chat_template, self_test (null unless asked: adapter, taps [{name, nmse}], gpu_ms,
+    /// cpu_ms).
     pub fn info(&self) -> String {
         self.info.clone()
     }

@@ -8,6 +8,7 @@
 mod bench;
 mod request;
 mod runner;
+mod selftest;
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +33,8 @@ pub use flint_core::sched::{BlockCounts, Histogram, SchedError, SchedStats};
 pub use flint_core::tokenizer::{Tokenizer, TokenizerError};
 pub use request::{Input, Request, MAX_N};
 pub use runner::{EventResult, OpTimes};
+pub use selftest::SelfTestReport;
+pub use flint_core::selftest::{SelfTestError, TapReport};
 
 use flint_core::backend::{Backend, BackendOptions};
 use flint_core::generate::{default_clock, Clock};
@@ -65,6 +68,9 @@ pub enum EngineError {
     NoChatTemplate,
     #[error(transparent)]
     Gpu(#[from] flint_gpu::GpuError),
+    /// The load-time self-test found the GPU computing differently from the CPU reference.
+    #[error("the GPU self-test failed on {adapter}: {error}; this adapter's driver computes the model wrongly")]
+    SelfTest { adapter: String, error: SelfTestError },
     #[error("the engine has stopped")]
     Closed,
 }
@@ -128,6 +134,9 @@ pub struct LoadOptions {
     /// Told of every GPU kernel compile from the load on (the device's pipeline cache is
     /// shared, so the last engine loaded sets it): a first run on a device compiles for long.
     pub compile_observer: Option<CompileProgress>,
+    /// Runs the self-test at load (GPU backend): a short fixed input through layer 0 and the
+    /// head on the GPU and on the CPU reference; a mismatch fails the load.
+    pub self_test: bool,
 }
 
 /// A [`CompileObserver`](flint_gpu::pipeline::CompileObserver) in [`LoadOptions`].
@@ -154,6 +163,7 @@ impl Default for LoadOptions {
             template_clock: None,
             clock: None,
             compile_observer: None,
+            self_test: false,
         }
     }
 }
@@ -178,6 +188,8 @@ pub struct EngineInfo {
     pub weight_bytes: u64,
     /// KV bytes per position (every layer, K and V).
     pub kv_bytes_per_position: u64,
+    /// The load-time self-test's result, when it ran.
+    pub self_test: Option<SelfTestReport>,
     /// The device's copy bandwidth (GB/s), natively measured on request.
     gpu: Option<Arc<GpuContext>>,
     clock: Clock,
@@ -269,7 +281,8 @@ impl Engine {
         let max_seqs = opts.max_seqs.max(1);
         let bopts = BackendOptions { n_ctx, max_seqs, max_batch_tokens: opts.max_batch_tokens.max(1), max_outputs: max_seqs, kv_budget_bytes };
         let file = Arc::new(file);
-        let (backend, gpu): (Box<dyn Backend>, _) = match opts.backend {
+        let clock = opts.clock.unwrap_or(default_clock);
+        let (mut backend, gpu): (Box<dyn Backend>, _) = match opts.backend {
             BackendKind::Cpu => (Box::new(CpuBackend::new(file.clone(), config.clone(), &bopts).await?), None),
             BackendKind::Gpu => {
                 #[cfg(not(target_arch = "wasm32"))]
@@ -281,6 +294,11 @@ impl Engine {
                 (Box::new(gpu), Some(ctx))
             }
         };
+        let adapter_name = gpu.as_ref().map_or_else(|| "cpu".to_string(), |g: &Arc<GpuContext>| g.adapter_name());
+        let self_test = match (opts.self_test, &gpu) {
+            (true, Some(_)) => Some(selftest::run(backend.as_mut(), file.clone(), &config, &adapter_name, clock).await?),
+            _ => None,
+        };
         let sched_cfg = SchedConfig { max_batch_tokens: bopts.max_batch_tokens, max_seqs, n_ctx };
         let sched = Scheduler::new(sched_cfg, KvCache::new(backend.kv_layout().clone()))?;
         let info = EngineInfo {
@@ -289,14 +307,15 @@ impl Engine {
             n_ctx,
             max_seqs,
             backend_name: backend.name(),
-            adapter_name: gpu.as_ref().map_or_else(|| "cpu".to_string(), |g: &Arc<GpuContext>| g.adapter_name()),
+            adapter_name,
             architecture: file_text(&file, "general.architecture"),
             name: file_text(&file, "general.name"),
             weight_bytes: weight_bytes(&file, &config),
             kv_bytes_per_position,
             config,
+            self_test,
             gpu,
-            clock: opts.clock.unwrap_or(default_clock),
+            clock,
         };
         let (tx, rx) = mpsc::unbounded();
         // The loop keeps the file (and its memory map) alive with the backend.

@@ -3,6 +3,7 @@
 //! logits within NMSE 1e-5, and all 32 greedy ids under the near-tie rule, on the CPU
 //! reference and on the GPU, each prompt alone and the four together (batched: prompt chunks
 //! and decodes share steps; every request's logits must equal its solo run's bit for bit).
+//! Each GPU load also runs the self-test (layer 0 and the head against the CPU reference).
 
 mod common;
 
@@ -18,9 +19,21 @@ fn dir(family: &str) -> PathBuf {
     shared().join("golden/families").join(family)
 }
 
+/// Loads `family` on `backend`; the GPU backend runs the load-time self-test, which must pass
+/// with every tap reported.
 fn load(family: &str, backend: BackendKind) -> Engine {
-    let opts = LoadOptions { backend, n_ctx: 512, ..LoadOptions::default() };
-    Engine::load_path(&dir(family).join("model.gguf"), &opts).unwrap_or_else(|e| panic!("{family}: {e}"))
+    let self_test = backend == BackendKind::Gpu;
+    let opts = LoadOptions { backend, n_ctx: 512, self_test, ..LoadOptions::default() };
+    let engine = Engine::load_path(&dir(family).join("model.gguf"), &opts).unwrap_or_else(|e| panic!("{family}: {e}"));
+    match &engine.info().self_test {
+        Some(report) => {
+            eprintln!("{family}: {}", report.summary());
+            assert_eq!(report.taps.len(), 6, "{family}: {report:?}");
+            assert!(report.taps.iter().all(|t| t.nmse <= flint_core::selftest::MAX_NMSE), "{family}: {report:?}");
+        }
+        None => assert!(!self_test, "{family}: the self-test did not run"),
+    }
+    engine
 }
 
 /// The oracle's prompts, tokenized by the engine and checked against the oracle's ids.

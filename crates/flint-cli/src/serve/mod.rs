@@ -95,6 +95,10 @@ pub struct ServeArgs {
     /// (lavapipe, browsers) do not stall the first requests.
     #[arg(long = "no-warmup")]
     no_warmup: bool,
+    /// Skip the load-time self-test (a short fixed input through the first layer and the head
+    /// on the GPU and on the CPU reference; a driver that computes wrongly fails the start).
+    #[arg(long = "no-self-test")]
+    no_self_test: bool,
     #[command(flatten)]
     sampling: SamplingDefaults,
 }
@@ -208,6 +212,7 @@ pub fn serve(args: ServeArgs) -> Result<(), Failure> {
         max_batch_tokens: args.max_batch_tokens,
         chat_template,
         compile_observer: Some(crate::progress::compile_line()),
+        self_test: !args.no_self_test,
         ..LoadOptions::default()
     };
     let app = Arc::new(App {
@@ -275,6 +280,9 @@ async fn run(args: ServeArgs, path: PathBuf, opts: LoadOptions, app: Shared) -> 
         tokio::task::spawn_blocking(move || match Engine::load_path(&path, &opts) {
             Ok(engine) => {
                 eprintln!("loaded {} on {} ({})", app.model_id, engine.backend_name(), engine.adapter_name());
+                if let Some(report) = &engine.info().self_test {
+                    eprintln!("{}", report.summary());
+                }
                 if warmup {
                     let t0 = Instant::now();
                     match futures::executor::block_on(engine.warm_up()) {

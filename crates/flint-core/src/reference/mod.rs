@@ -16,6 +16,7 @@ use crate::backend::{check_step, Backend, BackendError, BackendOptions, StepBatc
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::kv::{KvLayout, NO_BLOCK};
 use crate::quant;
+use crate::selftest::{Probe, Tap, TapPoint};
 
 /// A weight matrix: where its bytes are and how to read them.
 #[derive(Clone, Debug)]
@@ -104,18 +105,38 @@ impl CpuBackend {
     /// Builds the backend over a validated file; the context is clamped to the training
     /// context, and the KV pool laid out as `opts` asks.
     pub async fn new(file: Arc<GgufFile>, cfg: ModelConfig, opts: &BackendOptions) -> Result<CpuBackend, BackendError> {
+        let n_layer = cfg.n_layer;
+        Self::with_layers(file, cfg, opts, n_layer).await
+    }
+
+    /// A reference that holds only the embedding, layer 0 and the head: enough for the
+    /// self-test's [`Backend::probe`] (and a fraction of the memory where tensors are copied),
+    /// not for steps.
+    pub async fn first_layer(file: Arc<GgufFile>, cfg: ModelConfig, probe: &Probe) -> Result<CpuBackend, BackendError> {
+        let (tokens, outputs) = probe.max_step();
+        let opts = BackendOptions { n_ctx: probe.len(), max_seqs: 1, max_batch_tokens: tokens, max_outputs: outputs, kv_budget_bytes: None };
+        Self::with_layers(file, cfg, &opts, 1).await
+    }
+
+    /// The reference over the first `n_layers` layers.
+    async fn with_layers(file: Arc<GgufFile>, cfg: ModelConfig, opts: &BackendOptions, n_layers: usize) -> Result<CpuBackend, BackendError> {
+        let n_layers = n_layers.min(cfg.n_layer);
         let n_ctx = opts.n_ctx.clamp(1, cfg.n_ctx_train);
         let layout = KvLayout::plan(&cfg, &opts.pool_request(n_ctx, u64::MAX))?;
         let mut owned = HashMap::new();
         if file.source().as_slice().is_none() {
-            for (name, _) in cfg.expected_tensors() {
+            let held = |name: &str| match name.strip_prefix("blk.").and_then(|r| r.split('.').next()).map(str::parse::<usize>) {
+                Some(Ok(il)) => il < n_layers,
+                _ => true,
+            };
+            for (name, _) in cfg.expected_tensors().into_iter().filter(|(n, _)| held(n)) {
                 let t = file.require_tensor(&name)?;
                 let mut buf = vec![0u8; t.n_bytes as usize];
                 file.read_tensor_range(t, 0, &mut buf).await?;
                 owned.insert(name, buf);
             }
         }
-        let kv = (0..cfg.n_layer)
+        let kv = (0..n_layers)
             .map(|il| {
                 let g = layout.group_of(il);
                 let n = layout.groups[g].n_blocks;
@@ -127,7 +148,7 @@ impl CpuBackend {
             embd: matrix(&file, "token_embd.weight")?,
             output: matrix(&file, if cfg.tied_output { "token_embd.weight" } else { "output.weight" })?,
             output_norm: Vec::new(),
-            layers: Vec::with_capacity(cfg.n_layer),
+            layers: Vec::with_capacity(n_layers),
             layout,
             limits,
             kv,
@@ -137,7 +158,7 @@ impl CpuBackend {
         };
         this.output_norm = this.vector("output_norm.weight")?;
         let factors = this.opt_vector(crate::arch::ROPE_FREQS, this.cfg.rope_freqs)?;
-        for i in 0..this.cfg.n_layer {
+        for i in 0..n_layers {
             let layer = this.layer(i, factors.as_deref())?;
             this.layers.push(layer);
         }
@@ -236,6 +257,9 @@ impl CpuBackend {
     }
 
     fn run(&mut self, batch: StepBatch<'_>) -> Result<StepResult, BackendError> {
+        if self.layers.len() != self.cfg.n_layer {
+            return Err(BackendError::BadStep("this CPU reference holds only the self-test's first layer".into()));
+        }
         check_step(&batch, &self.limits, &self.layout, self.cfg.n_vocab)?;
         let bs = self.layout.block_size as usize;
         for c in batch.copies {
@@ -258,7 +282,6 @@ impl CpuBackend {
             x = self.layer_forward(il, x, &places, bs);
         }
         // The head: only the output rows.
-        let e = self.cfg.n_embd;
         let mut rows = Vec::new();
         let mut base = 0;
         for entry in &batch.entries {
@@ -269,12 +292,7 @@ impl CpuBackend {
         if rows.is_empty() {
             return Ok(StepResult::default());
         }
-        let mut last: Vec<f32> = rows.iter().flat_map(|&r| x[r * e..(r + 1) * e].iter().copied()).collect();
-        ops::rms_norm(&mut last, &self.output_norm, self.cfg.rms_eps);
-        let mut logits = self.matmul(&self.output, &last, rows.len());
-        if let Some(cap) = self.cfg.final_softcap {
-            logits.iter_mut().for_each(|l| *l = ops::softcap(*l, cap));
-        }
+        let logits = self.head(&x, &rows);
         let n_vocab = self.cfg.n_vocab;
         let want_logits = batch.logits;
         let mut result = StepResult::default();
@@ -288,7 +306,25 @@ impl CpuBackend {
         Ok(result)
     }
 
-    fn layer_forward(&mut self, il: usize, mut x: Vec<f32>, places: &[TokenPlace], bs: usize) -> Vec<f32> {
+    /// The final norm and the logits of rows `rows` of `x` ([n_tok, n_embd]).
+    fn head(&self, x: &[f32], rows: &[usize]) -> Vec<f32> {
+        let e = self.cfg.n_embd;
+        let mut last: Vec<f32> = rows.iter().flat_map(|&r| x[r * e..(r + 1) * e].iter().copied()).collect();
+        ops::rms_norm(&mut last, &self.output_norm, self.cfg.rms_eps);
+        let mut logits = self.matmul(&self.output, &last, rows.len());
+        if let Some(cap) = self.cfg.final_softcap {
+            logits.iter_mut().for_each(|l| *l = ops::softcap(*l, cap));
+        }
+        logits
+    }
+
+    fn layer_forward(&mut self, il: usize, x: Vec<f32>, places: &[TokenPlace], bs: usize) -> Vec<f32> {
+        let x = self.attention_block(il, x, places, bs);
+        self.ffn_block(il, x)
+    }
+
+    /// Layer `il`'s attention block over the residual stream `x` (its K and V stored).
+    fn attention_block(&mut self, il: usize, mut x: Vec<f32>, places: &[TokenPlace], bs: usize) -> Vec<f32> {
         let c = &self.cfg;
         let l = &self.layers[il];
         let n_tok = places.len();
@@ -333,7 +369,13 @@ impl CpuBackend {
             ops::rms_norm(&mut o, w, c.rms_eps);
         }
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+        x
+    }
 
+    /// Layer `il`'s feed-forward block over the residual stream `x`.
+    fn ffn_block(&self, il: usize, mut x: Vec<f32>) -> Vec<f32> {
+        let (c, l) = (&self.cfg, &self.layers[il]);
+        let n_tok = x.len() / c.n_embd;
         let mut h = x.clone();
         ops::rms_norm(&mut h, &l.ffn_norm, c.rms_eps);
         let act = match c.activation {
@@ -377,6 +419,32 @@ impl CpuBackend {
         }
         x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
         x
+    }
+}
+
+impl CpuBackend {
+    fn run_probe(&mut self, probe: &Probe) -> Result<Vec<Tap>, BackendError> {
+        let bs = self.layout.block_size as usize;
+        let table = probe.table(bs);
+        if table.iter().any(|&b| self.layout.groups.iter().any(|g| b >= g.n_blocks)) {
+            return Err(BackendError::BadStep(format!("the probe needs {} blocks a group", table.len())));
+        }
+        let tables: Vec<&[u32]> = self.layout.groups.iter().map(|_| table.as_slice()).collect();
+        let mut taps = Vec::new();
+        for (step, s) in probe.steps.iter().enumerate() {
+            if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
+                return Err(BackendError::BadToken { id, n_vocab: self.cfg.n_vocab });
+            }
+            let places: Vec<TokenPlace> = (0..s.tokens.len()).map(|i| TokenPlace { pos: s.start + i, tables: &tables }).collect();
+            let x = self.embed(&s.tokens);
+            let x = self.attention_block(0, x, &places, bs);
+            taps.push(Tap { step, point: TapPoint::Attention, values: x.clone() });
+            let x = self.ffn_block(0, x);
+            let logits = self.head(&x, &s.outputs);
+            taps.push(Tap { step, point: TapPoint::FeedForward, values: x });
+            taps.push(Tap { step, point: TapPoint::Logits, values: logits });
+        }
+        Ok(taps)
     }
 }
 
@@ -468,6 +536,9 @@ impl Backend for CpuBackend {
     }
     fn step<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<StepResult, BackendError>> {
         Box::pin(async move { self.run(batch) })
+    }
+    fn probe<'a>(&'a mut self, probe: &'a Probe) -> LocalBoxFuture<'a, Result<Vec<Tap>, BackendError>> {
+        Box::pin(async move { self.run_probe(probe) })
     }
     fn name(&self) -> String {
         "cpu".into()

@@ -200,6 +200,12 @@ impl Ffn {
 impl Layer {
     /// The ops in execution order.
     pub fn ops(&self) -> Vec<&dyn Encode> {
+        [self.attention_ops(), self.ffn_ops()].concat()
+    }
+
+    /// The attention block's ops: after them `x` holds the residual stream with attention's
+    /// output added.
+    pub fn attention_ops(&self) -> Vec<&dyn Encode> {
         let mut v: Vec<&dyn Encode> = vec![&self.attn_norm];
         v.extend(self.qkv.iter().map(|m| m as &dyn Encode));
         if let Some((q, k)) = &self.qk_norm {
@@ -210,7 +216,12 @@ impl Layer {
         if let Some((n, a)) = &self.post_attn {
             v.extend([n as &dyn Encode, a]);
         }
-        v.push(&self.ffn_norm);
+        v
+    }
+
+    /// The feed-forward block's ops: after them `x` holds the layer's output.
+    pub fn ffn_ops(&self) -> Vec<&dyn Encode> {
+        let mut v: Vec<&dyn Encode> = vec![&self.ffn_norm];
         v.extend(self.ffn.ops());
         if let Some((n, a)) = &self.post_ffn {
             v.extend([n as &dyn Encode, a]);

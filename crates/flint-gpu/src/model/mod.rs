@@ -5,11 +5,12 @@
 //! the sampled ids (and log-probabilities when asked): a few KB, through a buffer mapped in
 //! place, whatever the batch size.
 //!
-//! `graph` builds the ops, `kv_store` holds the KV blocks, `step` runs a step and `profile`
-//! times each op of one.
+//! `graph` builds the ops, `kv_store` holds the KV blocks, `step` runs a step, `profile`
+//! times each op of one and `probe` runs the self-test's taps.
 
 pub mod graph;
 pub mod kv_store;
+mod probe;
 mod profile;
 mod step;
 

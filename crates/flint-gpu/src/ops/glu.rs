@@ -27,8 +27,9 @@ pub struct Glu {
     _params: wgpu::Buffer,
 }
 
-fn key(act: Activation, in_place: bool) -> PipelineKey {
-    let defs = ShaderDefs::new().u32("WG", WG).flag("GELU_TANH", act == Activation::GeluTanh).flag("IN_PLACE", in_place);
+/// `wrong`: the test-only wrong variant (see [`GpuContext::wrong_kernel`]).
+fn key(act: Activation, in_place: bool, wrong: bool) -> PipelineKey {
+    let defs = ShaderDefs::new().u32("WG", WG).flag("GELU_TANH", act == Activation::GeluTanh).flag("IN_PLACE", in_place).flag("WRONG", wrong);
     PipelineKey::new(SHADER, "main", defs)
 }
 
@@ -36,9 +37,10 @@ pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = Vec::new();
     for act in [Activation::Silu, Activation::GeluTanh] {
         for in_place in [false, true] {
-            v.push(key(act, in_place));
+            v.push(key(act, in_place, false));
         }
     }
+    v.push(key(Activation::Silu, true, true));
     v
 }
 
@@ -66,7 +68,7 @@ impl Glu {
             }
         }
         let in_place = gate == out;
-        let key = key(act, in_place);
+        let key = key(act, in_place, ctx.wrong("glu"));
         let pipeline = cache.get(ctx, &key).await?;
         let label = key.label();
         let params = params(ctx, &label, &[n_ff, 0, 0, 0]);
