@@ -234,7 +234,11 @@ impl Opened {
         let engine = Engine::load_path(&path, &opts).map_err(|e| match e {
             flint::EngineError::SelfTest { .. } => Failure::runtime(format!("{e} (choose another adapter with FLINT_ADAPTER, or run on --backend cpu)")),
             e => {
-                let hint = if matches!(e, flint::EngineError::Chat(_)) { " (pass --chat-template-file FILE, or --raw)" } else { "" };
+                let hint = match (&e, e.backend()) {
+                    (flint::EngineError::Chat(_), _) => " (pass --chat-template-file FILE, or --raw)",
+                    (_, Some(flint::BackendError::OutOfMemory(_))) => " (a smaller -c/--ctx-size or --kv-budget-mb needs less)",
+                    _ => "",
+                };
                 Failure::usage(format!("{}: {e}{hint}", path.display()))
             }
         })?;

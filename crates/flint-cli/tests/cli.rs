@@ -269,6 +269,29 @@ fn no_runtime_dir_noise_on_a_headless_gpu_run() {
     assert!(stderr.lines().any(|l| l.starts_with("self-test passed on ") && l.contains("6 taps within NMSE 1e-5")), "{stderr}");
 }
 
+/// A model part the device cannot hold fails the load with exit 2 and one line naming it and
+/// its size. lavapipe overcommits host memory, so the test-only switch fails the allocation.
+#[test]
+fn out_of_memory_names_what_did_not_fit() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let model = shared().join("golden/families/qwen3/model.gguf");
+    for (part, needle) in [("kv", "GPU out of memory: the KV cache ("), ("weights", "GPU out of memory: the weights (")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_flint"))
+            .args(["run", "-m", model.to_str().unwrap(), "--raw", "-n", "1", "hi"])
+            .env("FLINT_TEST_FAIL_ALLOC", part)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{part}: {stderr}");
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(errors.len(), 1, "{stderr}");
+        assert!(errors[0].contains(needle) && errors[0].contains(" MiB") && errors[0].contains("did not fit on "), "{part}: {stderr}");
+        assert!(errors[0].contains("--kv-budget-mb"), "{stderr}");
+    }
+}
+
 /// `--self-test` with a deliberately wrong kernel (the test-only switch: every 16th value of
 /// the gated activation lost) fails the load with exit 1 and one line naming the adapter and
 /// the first tap that differs; the attention tap before it still passes.

@@ -30,9 +30,14 @@ struct Server {
 
 impl Server {
     fn start(args: &[&str]) -> Server {
+        Self::start_env(args, &[])
+    }
+
+    fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_flint"))
             .arg("serve")
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -62,6 +67,19 @@ impl Server {
 
     fn get(&self, path: &str) -> Response {
         self.request("GET", path, &[("authorization", &format!("Bearer {KEY}"))], b"")
+    }
+
+    /// Starts a streamed completion and reads until its first event; the rest is left to read.
+    fn stream_started(&self, body: &Value) -> BufReader<TcpStream> {
+        let mut s = self.connect();
+        write_request(&mut s, "POST", "/v1/completions", &[("authorization", &format!("Bearer {KEY}"))], body.to_string().as_bytes());
+        let mut r = BufReader::new(s);
+        let mut line = String::new();
+        while !line.starts_with("data: ") {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+        }
+        r
     }
 
     /// One sample of `/metrics` (no labels or exactly the given labels).
@@ -382,15 +400,7 @@ fn flint_serve_over_http() {
     assert!(statuses.iter().filter(|(s, _)| *s == 200).count() >= 8, "{statuses:?}");
 
     // Graceful shutdown: SIGTERM lets the running stream end (abort after 1 s), exit 0.
-    let mut s = server.connect();
-    let body = json!({"prompt": golden_prompt(3), "max_tokens": 200, "stream": true}).to_string();
-    write_request(&mut s, "POST", "/v1/completions", &[("authorization", &format!("Bearer {KEY}"))], body.as_bytes());
-    let mut r = BufReader::new(s);
-    let mut line = String::new();
-    while !line.starts_with("data: ") {
-        line.clear();
-        r.read_line(&mut line).unwrap();
-    }
+    let mut r = server.stream_started(&json!({"prompt": golden_prompt(3), "max_tokens": 200, "stream": true}));
     let mut server = server;
     let pid = server.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
@@ -470,4 +480,50 @@ fn a_failed_self_test_stops_the_server() {
     let adapter = &flint_gpu::testing::context().unwrap().info.name;
     assert!(errors[0].contains(&format!("self-test failed on {adapter}")), "{stderr}");
     assert!(errors[0].contains("layer 0 after the feed-forward block differs from the CPU reference"), "{stderr}");
+}
+
+/// A GPU device lost under a running stream (the `FLINT_TEST_FAULTS=1` hook): the stream ends
+/// with a `device_lost` error event and `[DONE]`, its blocks are freed, and the next request
+/// gets a new device and the model reloaded, with the same text as before, in the same
+/// process.
+#[test]
+fn a_lost_device_ends_the_stream_and_the_server_recovers() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let model = shared().join("golden/families/qwen3/model.gguf");
+    let server = Server::start_env(
+        &["-m", model.to_str().unwrap(), "--port", "0", "-c", "512", "--api-key", KEY, "--no-warmup"],
+        &[("FLINT_TEST_FAULTS", "1")],
+    );
+    let t0 = Instant::now();
+    while server.request("GET", "/health", &[], b"").status != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(300), "the model never loaded");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let greedy = json!({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "ignore_eos": true});
+    let before = server.post("/v1/completions", &greedy);
+    assert_eq!(before.status, 200, "{}", before.text());
+
+    let mut r = server.stream_started(&json!({"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": true, "stream": true}));
+    assert_eq!(server.post("/test/lose-device", &json!({})).status, 200);
+    let mut rest = String::new();
+    r.read_to_string(&mut rest).unwrap();
+    // (The body is chunked: find the events' lines.)
+    let error: Value = rest
+        .lines()
+        .find_map(|l| l.strip_prefix("data: {\"error\"").map(|_| serde_json::from_str(&l["data: ".len()..]).unwrap()))
+        .unwrap_or_else(|| panic!("no error event: {rest}"));
+    assert_eq!(error["error"]["code"], "device_lost", "{rest}");
+    assert!(error["error"]["message"].as_str().unwrap().contains("the GPU device was lost"), "{rest}");
+    assert!(rest.contains("data: [DONE]"), "{rest}");
+    assert!(!rest.contains("\"finish_reason\":\"length\""), "the stream ran to its end: {rest}");
+    assert_eq!(server.metric("flint_kv_blocks_used"), 0.0);
+
+    // The next request reloads the model on a new device; the text is the same as before.
+    let after = server.post("/v1/completions", &greedy);
+    assert_eq!(after.status, 200, "{}", after.text());
+    assert_eq!(after.json()["choices"][0]["text"], before.json()["choices"][0]["text"]);
+    assert_eq!(server.request("GET", "/health", &[], b"").status, 200);
+    assert_eq!(server.metric("flint_kv_blocks_used"), 0.0);
 }

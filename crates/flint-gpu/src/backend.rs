@@ -51,6 +51,15 @@ impl GpuBackend {
         &self.model
     }
 
+    /// A failure of work on the device: once wgpu has reported the device lost, whatever
+    /// failed (a readback, a submission) is the loss.
+    fn failed(&self, e: GpuError) -> BackendError {
+        match self.model.ctx.lost_reason() {
+            Some(reason) => BackendError::DeviceLost(reason),
+            None => backend_error(e),
+        }
+    }
+
     fn check(&self, batch: &StepBatch<'_>) -> Result<(), BackendError> {
         check_step(batch, &self.model.limits(), self.model.layout(), self.model.cfg.n_vocab)
     }
@@ -69,17 +78,22 @@ impl Backend for GpuBackend {
     fn step<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<StepResult, BackendError>> {
         Box::pin(async move {
             self.check(&batch)?;
-            self.model.step(batch).await.map_err(backend_error)
+            let r = self.model.step(batch).await;
+            r.map_err(|e| self.failed(e))
         })
     }
     fn profile<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<Vec<(String, f64)>, BackendError>> {
         Box::pin(async move {
             self.check(&batch)?;
-            self.model.profile(batch).await.map_err(backend_error)
+            let r = self.model.profile(batch).await;
+            r.map_err(|e| self.failed(e))
         })
     }
     fn probe<'a>(&'a mut self, probe: &'a Probe) -> LocalBoxFuture<'a, Result<Vec<Tap>, BackendError>> {
-        Box::pin(async move { self.model.probe(probe).await.map_err(backend_error) })
+        Box::pin(async move {
+            let r = self.model.probe(probe).await;
+            r.map_err(|e| self.failed(e))
+        })
     }
     fn name(&self) -> String {
         format!("gpu ({})", self.model.ctx.info.name)

@@ -40,6 +40,10 @@ pub struct GpuContext {
     /// A test-only switch (`FLINT_TEST_WRONG_KERNEL=glu`, native): the op it names builds a
     /// deliberately wrong variant, so that the self-test's failure path can be shown.
     pub wrong_kernel: Option<String>,
+    /// A test-only switch (`FLINT_TEST_FAIL_ALLOC=kv|weights|activations`, native): that part
+    /// of a model's load fails as if the device were out of memory, since lavapipe overcommits
+    /// host memory and never does.
+    pub fail_alloc: Option<String>,
     sink: Arc<Mutex<ErrorSink>>,
 }
 
@@ -145,16 +149,41 @@ impl GpuContext {
                 g.lost = Some(format!("{reason:?}: {message}"));
             }
         });
-        #[cfg(not(target_arch = "wasm32"))]
-        let wrong_kernel = std::env::var("FLINT_TEST_WRONG_KERNEL").ok().filter(|s| !s.is_empty());
-        #[cfg(target_arch = "wasm32")]
-        let wrong_kernel = None;
-        Ok(GpuContext { adapter, device, queue, limits, caps, info, pipelines: PipelineCache::new(), wrong_kernel, sink })
+        let switch = |name: &str| {
+            #[cfg(not(target_arch = "wasm32"))]
+            return std::env::var(name).ok().filter(|s| !s.is_empty());
+            #[cfg(target_arch = "wasm32")]
+            return {
+                let _ = name;
+                None
+            };
+        };
+        let (wrong_kernel, fail_alloc) = (switch("FLINT_TEST_WRONG_KERNEL"), switch("FLINT_TEST_FAIL_ALLOC"));
+        Ok(GpuContext { adapter, device, queue, limits, caps, info, pipelines: PipelineCache::new(), wrong_kernel, fail_alloc, sink })
     }
 
     /// A short adapter description for reports: `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)`.
     pub fn adapter_name(&self) -> String {
         format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+    }
+
+    /// Runs `allocate` under an out-of-memory error scope: when the device cannot hold what it
+    /// allocates, a typed [`GpuError::OutOfMemory`] saying what did not fit and how much was
+    /// asked for (`what`, from the result) instead of a later, anonymous failure. `part`
+    /// names it for the test-only switch `FLINT_TEST_FAIL_ALLOC`.
+    pub async fn allocating<T>(&self, part: &str, allocate: impl std::future::Future<Output = Result<T>>, what: impl FnOnce(&T) -> String) -> Result<T> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let made = allocate.await;
+        let oom = scope.pop().await;
+        let made = made?;
+        let name = &self.info.name;
+        match oom {
+            Some(e) => Err(GpuError::OutOfMemory(format!("{} did not fit on {name}: {e}", what(&made)))),
+            None if self.fail_alloc.as_deref() == Some(part) => {
+                Err(GpuError::OutOfMemory(format!("{} did not fit on {name} (the test switch FLINT_TEST_FAIL_ALLOC={part})", what(&made))))
+            }
+            None => Ok(made),
+        }
     }
 
     /// Whether the test-only switch asks op `op` for its wrong variant.
@@ -164,7 +193,15 @@ impl GpuContext {
 
     /// Whether wgpu reported the device lost.
     pub fn is_lost(&self) -> bool {
-        self.sink.lock().map_or(true, |g| g.lost.is_some())
+        self.lost_reason().is_some()
+    }
+
+    /// Why wgpu reported the device lost, if it did.
+    pub fn lost_reason(&self) -> Option<String> {
+        match self.sink.lock() {
+            Ok(g) => g.lost.clone(),
+            Err(_) => Some("error sink poisoned".into()),
+        }
     }
 
     /// Returns the first error wgpu reported since the last check (device loss first).

@@ -195,6 +195,47 @@ pub struct EngineInfo {
     clock: Clock,
 }
 
+/// Builds the backend `LoadOptions` ask for: at load, and again after the device is lost.
+#[derive(Clone)]
+struct BackendMaker {
+    file: Arc<GgufFile>,
+    config: ModelConfig,
+    bopts: BackendOptions,
+    opts: LoadOptions,
+    clock: Clock,
+}
+
+struct Made {
+    backend: Box<dyn Backend>,
+    gpu: Option<Arc<GpuContext>>,
+    self_test: Option<SelfTestReport>,
+}
+
+impl BackendMaker {
+    /// The backend on the process's device (opened again if it was lost), self-tested when
+    /// asked.
+    async fn make(&self) -> Result<Made, EngineError> {
+        let (file, config, opts) = (&self.file, &self.config, &self.opts);
+        let (mut backend, gpu): (Box<dyn Backend>, _) = match opts.backend {
+            BackendKind::Cpu => (Box::new(CpuBackend::new(file.clone(), config.clone(), &self.bopts).await?), None),
+            BackendKind::Gpu => {
+                #[cfg(not(target_arch = "wasm32"))]
+                let ctx = GpuContext::shared().await?;
+                #[cfg(target_arch = "wasm32")]
+                let ctx = Arc::new(GpuContext::new().await?);
+                ctx.pipelines.set_observer(opts.compile_observer.as_ref().map(|o| o.0.clone()));
+                let gpu = GpuBackend::new(ctx.clone(), file, config.clone(), &self.bopts, opts.max_binding_mb).await?;
+                (Box::new(gpu), Some(ctx))
+            }
+        };
+        let self_test = match (opts.self_test, &gpu) {
+            (true, Some(ctx)) => Some(selftest::run(backend.as_mut(), file.clone(), config, &ctx.adapter_name(), self.clock).await?),
+            _ => None,
+        };
+        Ok(Made { backend, gpu, self_test })
+    }
+}
+
 /// A loaded model. Cheap to share (`Arc`); requests may come from any thread.
 pub struct Engine {
     commands: mpsc::UnboundedSender<Command>,
@@ -282,23 +323,9 @@ impl Engine {
         let bopts = BackendOptions { n_ctx, max_seqs, max_batch_tokens: opts.max_batch_tokens.max(1), max_outputs: max_seqs, kv_budget_bytes };
         let file = Arc::new(file);
         let clock = opts.clock.unwrap_or(default_clock);
-        let (mut backend, gpu): (Box<dyn Backend>, _) = match opts.backend {
-            BackendKind::Cpu => (Box::new(CpuBackend::new(file.clone(), config.clone(), &bopts).await?), None),
-            BackendKind::Gpu => {
-                #[cfg(not(target_arch = "wasm32"))]
-                let ctx = GpuContext::shared().await?;
-                #[cfg(target_arch = "wasm32")]
-                let ctx = Arc::new(GpuContext::new().await?);
-                ctx.pipelines.set_observer(opts.compile_observer.as_ref().map(|o| o.0.clone()));
-                let gpu = GpuBackend::new(ctx.clone(), &file, config.clone(), &bopts, opts.max_binding_mb).await?;
-                (Box::new(gpu), Some(ctx))
-            }
-        };
+        let maker = BackendMaker { file: file.clone(), config: config.clone(), bopts: bopts.clone(), opts: opts.clone(), clock };
+        let Made { backend, gpu, self_test } = maker.make().await?;
         let adapter_name = gpu.as_ref().map_or_else(|| "cpu".to_string(), |g: &Arc<GpuContext>| g.adapter_name());
-        let self_test = match (opts.self_test, &gpu) {
-            (true, Some(_)) => Some(selftest::run(backend.as_mut(), file.clone(), &config, &adapter_name, clock).await?),
-            _ => None,
-        };
         let sched_cfg = SchedConfig { max_batch_tokens: bopts.max_batch_tokens, max_seqs, n_ctx };
         let sched = Scheduler::new(sched_cfg, KvCache::new(backend.kv_layout().clone()))?;
         let info = EngineInfo {
@@ -319,7 +346,12 @@ impl Engine {
         };
         let (tx, rx) = mpsc::unbounded();
         // The loop keeps the file (and its memory map) alive with the backend.
-        let runner = Runner::new(backend, sched, tokenizer, info.clock, n_ctx);
+        // After a lost device the loop opens a new one and loads the weights again.
+        let rebuild: runner::Rebuild = Box::new(move || {
+            let maker = maker.clone();
+            Box::pin(async move { maker.make().await.map(|m| (m.backend, m.gpu)) })
+        });
+        let runner = Runner::new(backend, info.gpu.clone(), rebuild, sched, tokenizer, info.clock, n_ctx);
         let run: RunLoop = Box::pin(async move {
             let _file = file;
             runner.run(rx).await;
@@ -438,6 +470,13 @@ impl Engine {
         let (tx, rx) = oneshot::channel();
         self.commands.unbounded_send(Command::WarmUp(tx)).map_err(|_| EngineError::Closed)?;
         rx.await.map_err(|_| EngineError::Closed)?
+    }
+
+    /// Fault injection (tests, drills): destroys the GPU device between two steps, as a driver
+    /// reset would. Running requests end with the typed device-lost error; the next request
+    /// opens a new device and loads the weights again. Nothing happens on the CPU backend.
+    pub fn lose_device(&self) {
+        let _ = self.commands.unbounded_send(Command::LoseDevice);
     }
 
     /// The device's buffer-copy bandwidth (GB/s, bytes read + written), measured now.

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::channel::{mpsc, oneshot};
+use futures::future::LocalBoxFuture;
 use futures::StreamExt;
 
 use flint_core::backend::{Backend, BackendError};
@@ -16,6 +17,8 @@ use flint_core::kv::SeqId;
 use flint_core::sampling::{Sampler, SamplingParams, NON_FINITE};
 use flint_core::sched::{SchedStats, Scheduler};
 use flint_core::tokenizer::Tokenizer;
+
+use flint_gpu::GpuContext;
 
 use crate::request::Prepared;
 use crate::EngineError;
@@ -41,7 +44,12 @@ pub(crate) enum Command {
     /// Once idle: one step of every kind traffic will run (a prompt, decodes of 1 to
     /// `max_seqs` sequences), so that kernels compiled at first use are ready.
     WarmUp(oneshot::Sender<Result<(), EngineError>>),
+    /// Destroy the GPU device (fault injection; see `Engine::lose_device`).
+    LoseDevice,
 }
+
+/// Opens a new device and loads the model again (after the old device was lost).
+pub(crate) type Rebuild = Box<dyn FnMut() -> LocalBoxFuture<'static, Result<(Box<dyn Backend>, Option<Arc<GpuContext>>), EngineError>>>;
 
 struct Choice {
     seq: SeqId,
@@ -56,6 +64,11 @@ struct RequestState {
 
 pub(crate) struct Runner {
     backend: Box<dyn Backend>,
+    /// The backend's device (GPU backend).
+    gpu: Option<Arc<GpuContext>>,
+    rebuild: Rebuild,
+    /// The device was lost: the next step first rebuilds the backend.
+    lost: bool,
     sched: Scheduler,
     tokenizer: Arc<Tokenizer>,
     clock: Clock,
@@ -68,8 +81,17 @@ pub(crate) struct Runner {
 }
 
 impl Runner {
-    pub fn new(backend: Box<dyn Backend>, sched: Scheduler, tokenizer: Arc<Tokenizer>, clock: Clock, n_ctx: usize) -> Runner {
-        Runner { backend, sched, tokenizer, clock, n_ctx, requests: HashMap::new(), owner: HashMap::new(), profiles: Vec::new() }
+    pub fn new(
+        backend: Box<dyn Backend>,
+        gpu: Option<Arc<GpuContext>>,
+        rebuild: Rebuild,
+        sched: Scheduler,
+        tokenizer: Arc<Tokenizer>,
+        clock: Clock,
+        n_ctx: usize,
+    ) -> Runner {
+        let (requests, owner, profiles) = (HashMap::new(), HashMap::new(), Vec::new());
+        Runner { backend, gpu, rebuild, lost: false, sched, tokenizer, clock, n_ctx, requests, owner, profiles }
     }
 
     /// Runs until every engine handle is gone.
@@ -93,7 +115,11 @@ impl Runner {
                 }
             }
             if !self.sched.is_idle() {
-                if let Err(e) = self.step().await {
+                let stepped = match self.recover().await {
+                    Ok(()) => self.step().await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = stepped {
                     self.fail_all(e);
                 }
             }
@@ -115,7 +141,28 @@ impl Runner {
                 let _ = reply.send(self.sched.stats());
             }
             c @ (Command::Profile { .. } | Command::WhenIdle(_) | Command::WarmUp(_)) => self.profiles.push(c),
+            Command::LoseDevice => {
+                if let Some(ctx) = &self.gpu {
+                    ctx.device.destroy();
+                    // Natively the loss is reported at the next poll.
+                    let _ = ctx.poll_wait();
+                }
+            }
         }
+    }
+
+    /// After a lost device: a new device and the weights loaded again, before the step that
+    /// needs them. The KV layout must be the old one (the scheduler's blocks are its ids).
+    async fn recover(&mut self) -> Result<(), BackendError> {
+        if !self.lost {
+            return Ok(());
+        }
+        let (backend, gpu) = (self.rebuild)().await.map_err(|e| BackendError::DeviceLost(format!("the device was lost and reopening it failed: {e}")))?;
+        if backend.kv_layout() != self.backend.kv_layout() {
+            return Err(BackendError::DeviceLost("the device was lost and the new one lays out the KV cache differently".into()));
+        }
+        (self.backend, self.gpu, self.lost) = (backend, gpu, false);
+        Ok(())
     }
 
     fn submit(&mut self, id: u64, prepared: Prepared, events: mpsc::UnboundedSender<EventResult>) {
@@ -157,16 +204,23 @@ impl Runner {
         let _ = req.events.unbounded_send(Err(EngineError::Backend(e)));
     }
 
-    /// A failed step fails every request: the device state is unknown.
+    /// A failed step fails every request: the device state is unknown, so no block becomes
+    /// a cached prefix. A lost device also drops every cached prefix (its KV is gone) and
+    /// marks the backend for a rebuild.
     fn fail_all(&mut self, e: BackendError) {
+        let lost = matches!(e, BackendError::DeviceLost(_));
         let e = Arc::new(e);
         for (_, req) in self.requests.drain() {
             for c in &req.choices {
-                self.sched.finish(c.seq);
+                self.sched.discard(c.seq);
             }
             let _ = req.events.unbounded_send(Err(EngineError::Step(e.clone())));
         }
         self.owner.clear();
+        if lost {
+            self.sched.clear_cache();
+            self.lost = true;
+        }
     }
 
     async fn step(&mut self) -> Result<(), BackendError> {

@@ -353,7 +353,12 @@ fn router(args: &ServeArgs, app: Shared) -> Router {
         .route("/v1/completions", post(completions))
         .route("/metrics", get(metrics_text))
         .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
+        .route("/detokenize", post(detokenize));
+    // Fault injection for tests and drills, only when asked for at start-up.
+    if std::env::var("FLINT_TEST_FAULTS").is_ok_and(|v| v == "1") {
+        r = r.route("/test/lose-device", post(lose_device));
+    }
+    let mut r = r
         .method_not_allowed_fallback(|| async { ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method not allowed") });
     // Unknown API paths get OpenAI's error shape, with or without a site.
     let no_route = || async { ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "no such route") };
@@ -478,6 +483,13 @@ fn json_body(body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> R
 }
 
 /// llama.cpp's `/tokenize`: `{"content", "add_special"?, "with_pieces"?}` → `{"tokens"}`.
+/// `POST /test/lose-device` (with `FLINT_TEST_FAULTS=1`): destroys the GPU device between two
+/// steps; running requests fail with `device_lost` and the next one reloads the model.
+async fn lose_device(State(app): State<Shared>) -> Result<Response, ApiError> {
+    app.engine()?.lose_device();
+    Ok(Json(json!({"lost": true})).into_response())
+}
+
 async fn tokenize(State(app): State<Shared>, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<Response, ApiError> {
     let engine = app.engine()?;
     let o = json_body(body)?;

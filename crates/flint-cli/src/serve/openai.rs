@@ -59,6 +59,10 @@ impl ApiError {
             EngineError::Tokenizer(_) => ApiError::invalid(prompt_param, e.to_string()),
             EngineError::Backend(flint::BackendError::BadToken { .. }) => ApiError::invalid(prompt_param, e.to_string()),
             EngineError::Closed => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the engine has stopped"),
+            // The next request opens a new device and loads the model again.
+            _ if matches!(e.backend(), Some(flint::BackendError::DeviceLost(_))) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", e.to_string()).with_code("device_lost")
+            }
             _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()),
         }
     }

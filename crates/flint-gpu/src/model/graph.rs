@@ -113,6 +113,18 @@ pub struct MoeActivations {
 }
 
 impl Activations {
+    /// Bytes of every buffer.
+    pub fn bytes(&self) -> u64 {
+        let mut b = [&self.x, &self.h, &self.q, &self.k, &self.v, &self.attn, &self.o, &self.gate, &self.up, &self.last, &self.logits, &self.attn_scratch]
+            .iter()
+            .map(|b| b.size())
+            .sum::<u64>();
+        if let Some(m) = &self.moe {
+            b += [&m.logits, &m.gate, &m.up, &m.out].iter().map(|b| b.size()).sum::<u64>();
+        }
+        b
+    }
+
     pub fn new(ctx: &GpuContext, c: &ModelConfig, max_tokens: u32, max_outputs: u32, scratch_bytes: u64) -> Result<Activations> {
         let t = max_tokens as u64;
         let f = 4u64;

@@ -79,8 +79,18 @@ impl GpuModel {
         let head = Batch::new(&ctx, max_outputs, 1, 1, layout.block_size)?;
         // Every layer has the same head counts and sizes: one shared split scratch.
         let scratch = ops::attention::Attention::scratch_bytes(&graph::attention_desc(c, 0, None), max_tokens);
-        let acts = Activations::new(&ctx, c, max_tokens, max_outputs, scratch)?;
-        let kv = KvStore::new(&ctx, c, &layout)?;
+        // Each part under an out-of-memory scope, so that one the device cannot hold is named.
+        let acts = ctx
+            .allocating("activations", async { Activations::new(&ctx, c, max_tokens, max_outputs, scratch) }, |a| {
+                format!("the activation buffers for steps of {max_tokens} tokens ({})", mib(a.bytes()))
+            })
+            .await?;
+        let blocks: u64 = layout.groups.iter().map(|g| g.n_blocks as u64).sum();
+        let kv = ctx
+            .allocating("kv", async { KvStore::new(&ctx, c, &layout) }, |kv| {
+                format!("the KV cache ({}: {blocks} blocks of {} positions)", mib(kv.bytes()), layout.block_size)
+            })
+            .await?;
         let max_binding = match max_binding_mb {
             Some(mb) => ctx.max_binding().min(mb << 20),
             None => ctx.max_binding(),
@@ -104,12 +114,15 @@ impl GpuModel {
             kv: &kv.layers,
             rope_factors,
         };
-        let graph = graph::build(&inputs, &mut up).await?;
+        let upload = async {
+            let graph = graph::build(&inputs, &mut up).await?;
+            up.flush()?;
+            Ok((graph, up.uploaded))
+        };
+        let (graph, upload_bytes) = ctx.allocating("weights", upload, |(_, bytes)| format!("the weights ({})", mib(*bytes))).await?;
         let n_vocab = c.n_vocab as u32;
         let sampler = ops::sample::Sampler::new(&ctx, &cache, n_vocab, max_outputs, 1, &acts.logits).await?;
         let penalize = ops::penalize::Penalize::new(&ctx, &cache, n_vocab, max_outputs, &acts.logits).await?;
-        up.flush()?;
-        let upload_bytes = up.uploaded;
         let readback = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("step_readback"),
             size: (max_outputs as usize * READBACK_WORDS * 4) as u64,
@@ -136,4 +149,9 @@ impl GpuModel {
     pub fn kv_bytes(&self) -> u64 {
         self.kv.bytes()
     }
+}
+
+/// `123.4 MiB`.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
