@@ -5,7 +5,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { REPO, launchPersistent, openPage, requireFile, secondsSince, startServer } from "./lib.mjs";
@@ -16,6 +16,8 @@ const GEMMA = "/models/gemma-3-270m.gguf";
 const QWEN = "/models/qwen2.5-coder-0.5b.gguf";
 const PKG = "/node_modules/flint-llm/src/index.js";
 const WORKER = "/node_modules/flint-llm/src/worker.js";
+// The tiny random-weight qwen3 of the family oracles: quick to load and compile.
+const TINY = "/qwen3-tiny.gguf";
 const MINUTES = 60_000;
 
 let app, server, browser, page;
@@ -28,6 +30,7 @@ before(async () => {
   writeFileSync(join(app, "package.json"), JSON.stringify({ name: "flint-app", private: true, type: "module" }));
   execFileSync("npm", ["install", "--no-audit", "--no-fund", "--offline", join(out, tarball)], { cwd: app, stdio: "inherit" });
   writeFileSync(join(app, "index.html"), '<!doctype html><meta charset="utf-8"><title>flint-llm test</title>');
+  copyFileSync(join(GOLDEN, "families/qwen3/model.gguf"), join(app, TINY.slice(1)));
   server = await startServer({ root: app });
   browser = await launchPersistent();
   page = await openPage(browser.context, "app");
@@ -75,6 +78,71 @@ test("createEngine: greedy completion of golden prompt 1 on gemma-3-270m equals 
   assert.equal(r.noTemplate, "ChatTemplateError");
   assert.equal(r.cached, true, "hasModelInCache after loading");
   assert.equal(modelGets(GEMMA), 1, "the model was downloaded once");
+});
+
+test("a GPUDevice destroyed from the page: the running request fails with DeviceLostError; the next request, and reload(), load the model on a new device", { timeout: 10 * MINUTES }, async () => {
+  const t0 = performance.now();
+  const r = await page.evaluate(
+    async ({ PKG, TINY }) => {
+      const flint = await import(PKG);
+      // The page keeps every GPUDevice the engine asks for, to destroy it as a driver reset would.
+      const devices = [];
+      const requestDevice = GPUAdapter.prototype.requestDevice;
+      GPUAdapter.prototype.requestDevice = async function (...args) {
+        const device = await requestDevice.apply(this, args);
+        devices.push(device);
+        return device;
+      };
+      try {
+        const engine = await flint.createEngine({ model: TINY, useCache: false });
+        const greedy = { prompt: "Once upon a time", max_tokens: 16, temperature: 0 };
+        const text = async () => (await engine.completions.create(greedy)).choices[0].text;
+        const before = await text();
+        let chunks = 0;
+        let lostAt = 0;
+        let failed = null;
+        try {
+          const stream = await engine.completions.create({ ...greedy, max_tokens: 300, stream: true });
+          for await (const _ of stream) {
+            if (++chunks === 1) {
+              lostAt = performance.now();
+              devices.at(-1).destroy();
+            }
+          }
+        } catch (e) {
+          failed = { name: e.name, typed: e instanceof flint.DeviceLostError, message: e.message, ms: performance.now() - lostAt };
+        }
+        const attempt = async (f) => {
+          try {
+            return await f();
+          } catch (e) {
+            return `${e.name}: ${e.message}`;
+          }
+        };
+        const afterLoss = await attempt(text);
+        const devicesAfterLoss = devices.length;
+        devices.at(-1).destroy();
+        const reloaded = await attempt(() => engine.reload());
+        const afterReload = await attempt(text);
+        await engine.unload();
+        return { before, chunks, failed, afterLoss, reloaded, afterReload, devicesAfterLoss, devices: devices.length };
+      } finally {
+        GPUAdapter.prototype.requestDevice = requestDevice;
+      }
+    },
+    { PKG, TINY },
+  );
+  console.log(`device loss in the page, ${secondsSince(t0)} s: ${JSON.stringify(r)}`);
+  assert.ok(r.failed, "the running stream did not fail");
+  assert.equal(r.failed.name, "DeviceLostError", r.failed.message);
+  assert.ok(r.failed.typed, "a DeviceLostError instance");
+  assert.ok(r.failed.ms < 2000, `the stream failed ${r.failed.ms} ms after the loss`);
+  assert.ok(r.chunks < 300, "the stream ran to its end");
+  assert.equal(r.devicesAfterLoss, 2, "the next request opened a new device");
+  assert.equal(r.afterLoss, r.before, "the text after the reload differs");
+  assert.equal(r.reloaded, undefined, "reload() failed");
+  assert.equal(r.devices, 3, "reload() opened a new device");
+  assert.equal(r.afterReload, r.before);
 });
 
 test("after a reload, the worker engine loads gemma from the browser cache without downloading it, self-tested", { timeout: 15 * MINUTES }, async () => {

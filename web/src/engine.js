@@ -37,6 +37,17 @@ export class Engine {
       throw fromWire(e);
     }
   }
+  /**
+   * Once running requests are done, opens a new GPU device and loads the model onto it again:
+   * after the device was lost (a `DeviceLostError`), the next request does this by itself.
+   */
+  async reload() {
+    try {
+      await this.#core.reload();
+    } catch (e) {
+      throw fromWire(e);
+    }
+  }
   /** Frees the model's GPU memory; the engine cannot be used afterwards. */
   async unload() {
     await this.#core.unload();

@@ -151,6 +151,9 @@ export interface Engine {
   /** Prefill and decode speed in this browser, as `flint bench` measures natively, once
    * running requests are done. */
   bench(opts?: { promptTokens?: number; genTokens?: number; reps?: number }): Promise<{ prefill_tok_s: number[]; decode_tok_s: number[] }>;
+  /** Once running requests are done, a new GPU device with the model loaded again; after a
+   * lost device (`DeviceLostError`) the next request does this by itself. */
+  reload(): Promise<void>;
   /** Frees the model's GPU memory. */
   unload(): Promise<void>;
 }

@@ -106,6 +106,9 @@ export class LocalCore {
   reset() {
     this.#live().reset();
   }
+  reload() {
+    return this.#live().reload();
+  }
   bench(nPrompt, nGen, reps) {
     return this.#live().bench(nPrompt, nGen, reps).then(JSON.parse);
   }

@@ -27,6 +27,9 @@ const ops = {
   reset() {
     need().reset();
   },
+  reload() {
+    return need().reload();
+  },
   bench(_id, { nPrompt, nGen, reps }) {
     return need().bench(nPrompt, nGen, reps);
   },

@@ -77,6 +77,9 @@ export class WorkerCore {
   reset() {
     return this.#call("reset");
   }
+  reload() {
+    return this.#call("reload");
+  }
   bench(nPrompt, nGen, reps) {
     return this.#call("bench", { nPrompt, nGen, reps });
   }

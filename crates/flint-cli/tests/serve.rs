@@ -138,19 +138,26 @@ impl Response {
 
 /// Reads a response to its end (the request asked to close), de-chunking the body.
 fn read_response(s: &mut TcpStream) -> Response {
+    try_read_response(s).unwrap()
+}
+
+/// As [`read_response`], with I/O errors and malformed responses as errors.
+fn try_read_response(s: &mut TcpStream) -> std::io::Result<Response> {
+    use std::io::{Error, ErrorKind};
+    let bad = |what: String| Error::new(ErrorKind::InvalidData, what);
     let mut r = BufReader::new(s);
     let mut line = String::new();
-    r.read_line(&mut line).unwrap();
-    let status: u16 = line.split_whitespace().nth(1).unwrap_or_else(|| panic!("status line {line:?}")).parse().unwrap();
+    r.read_line(&mut line)?;
+    let status: u16 = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| bad(format!("status line {line:?}")))?;
     let mut headers = Vec::new();
     loop {
         line.clear();
-        r.read_line(&mut line).unwrap();
+        r.read_line(&mut line)?;
         let l = line.trim_end();
         if l.is_empty() {
             break;
         }
-        let (k, v) = l.split_once(':').unwrap();
+        let (k, v) = l.split_once(':').ok_or_else(|| bad(format!("header {l:?}")))?;
         headers.push((k.trim().to_lowercase(), v.trim().to_string()));
     }
     let chunked = headers.iter().any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
@@ -158,19 +165,19 @@ fn read_response(s: &mut TcpStream) -> Response {
     if chunked {
         loop {
             line.clear();
-            r.read_line(&mut line).unwrap();
-            let size = usize::from_str_radix(line.trim(), 16).unwrap_or_else(|_| panic!("chunk size {line:?}"));
+            r.read_line(&mut line)?;
+            let size = usize::from_str_radix(line.trim(), 16).map_err(|_| bad(format!("chunk size {line:?}")))?;
             if size == 0 {
                 break;
             }
             let mut chunk = vec![0; size + 2];
-            r.read_exact(&mut chunk).unwrap();
+            r.read_exact(&mut chunk)?;
             body.extend_from_slice(&chunk[..size]);
         }
     } else {
-        r.read_to_end(&mut body).unwrap();
+        r.read_to_end(&mut body)?;
     }
-    Response { status, headers, body }
+    Ok(Response { status, headers, body })
 }
 
 /// The `data:` payloads of an SSE body, checking the framing: every event is one `data: `
@@ -526,4 +533,210 @@ fn a_lost_device_ends_the_stream_and_the_server_recovers() {
     assert_eq!(after.json()["choices"][0]["text"], before.json()["choices"][0]["text"]);
     assert_eq!(server.request("GET", "/health", &[], b"").status, 200);
     assert_eq!(server.metric("flint_kv_blocks_used"), 0.0);
+}
+
+/// What one client of the load test saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Outcome {
+    /// A whole 200 response (a stream to its `[DONE]`).
+    Complete,
+    /// An OpenAI error body with this status.
+    ApiError(u16),
+    /// The client went away mid-stream.
+    ClientEnded,
+    /// A client trickling its headers, cut off by the server.
+    CutOff,
+}
+
+/// The resident set of process `pid` in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap()
+}
+
+/// One request of kind `kind` (0..7) from a load-test client.
+fn load_request(addr: &str, kind: u64, seed: u64) -> Outcome {
+    let auth = format!("Bearer {KEY}");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let post = |s: &mut TcpStream, body: &[u8]| write_request(s, "POST", "/v1/completions", &[("authorization", &auth)], body);
+    let prompt = format!("Request {seed} says");
+    let answer = |s: &mut TcpStream| -> Outcome {
+        let r = try_read_response(s).unwrap_or_else(|e| panic!("request kind {kind} lost its response: {e}"));
+        if r.status == 200 {
+            let text = r.text();
+            // A stream's end, or a whole completion.
+            assert!(text.contains("data: [DONE]") || r.json()["choices"][0]["finish_reason"].is_string(), "kind {kind}: {text}");
+            if text.contains("data: {\"error\"") {
+                return Outcome::ApiError(200);
+            }
+            return Outcome::Complete;
+        }
+        r.error();
+        Outcome::ApiError(r.status)
+    };
+    match kind {
+        // Plain and streamed completions, seeded sampling.
+        0 | 1 => {
+            let body = json!({"prompt": prompt, "max_tokens": 1 + seed % 12, "temperature": 0.8, "seed": seed, "stream": kind == 1});
+            post(&mut s, body.to_string().as_bytes());
+            answer(&mut s)
+        }
+        // A stream the client leaves after its first event.
+        2 => {
+            post(&mut s, json!({"prompt": prompt, "max_tokens": 64, "stream": true}).to_string().as_bytes());
+            let mut r = BufReader::new(&mut s);
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            if !line.contains(" 200 ") {
+                drop(r);
+                return Outcome::ApiError(line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0));
+            }
+            while !line.starts_with("data: ") {
+                line.clear();
+                if r.read_line(&mut line).unwrap() == 0 {
+                    panic!("a stream ended before its first event");
+                }
+            }
+            drop(r);
+            s.shutdown(std::net::Shutdown::Both).unwrap();
+            Outcome::ClientEnded
+        }
+        // Malformed JSON, and an out-of-range value.
+        3 => {
+            post(&mut s, b"{\"prompt\": ");
+            answer(&mut s)
+        }
+        4 => {
+            post(&mut s, json!({"prompt": prompt, "temperature": 7}).to_string().as_bytes());
+            answer(&mut s)
+        }
+        // A body past the limit.
+        5 => {
+            post(&mut s, &vec![b' '; 5 << 20]);
+            answer(&mut s)
+        }
+        // Headers one byte a second: the server cuts the connection after --header-timeout.
+        _ => {
+            let t0 = Instant::now();
+            for &b in b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n" {
+                if s.write_all(&[b]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+                let mut probe = [0u8; 1];
+                s.set_nonblocking(true).unwrap();
+                let closed = matches!(s.read(&mut probe), Ok(0));
+                s.set_nonblocking(false).unwrap();
+                if closed {
+                    break;
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "a slow client held its connection for {:?}", t0.elapsed());
+            Outcome::CutOff
+        }
+    }
+}
+
+/// The server under load and faults (issue 14, part 5): 32 clients, 8 requests each of mixed
+/// kinds (plain, streamed, left mid-stream, malformed, out of range, oversize, headers at one
+/// byte a second), then a burst past --max-queue. Every request ends complete, with an OpenAI
+/// error, or by its own client; afterwards nothing runs, no KV block is held, the resident
+/// set is within 10% of its level after the warm-up, and /health answers.
+#[test]
+fn the_server_under_load_and_faults_loses_nothing() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let model = shared().join("golden/families/qwen3/model.gguf");
+    let server = Server::start(&[
+        "-m", model.to_str().unwrap(), "--port", "0", "-c", "512", "--parallel", "8", "--api-key", KEY, "--max-queue", "16",
+        "--header-timeout", "2",
+    ]);
+    let t0 = Instant::now();
+    while server.request("GET", "/health", &[], b"").status != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(300), "the model never loaded");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pid = server.child.id();
+    let run = |clients: u64, per_client: u64, salt: u64| -> std::collections::BTreeMap<Outcome, usize> {
+        let outcomes: Vec<Outcome> = std::thread::scope(|sc| {
+            let jobs: Vec<_> = (0..clients)
+                .map(|c| {
+                    let addr = server.addr.clone();
+                    sc.spawn(move || {
+                        // A fixed pseudo-random mix per client.
+                        let mut x = (c + 1) * 0x9E37_79B9_7F4A_7C15 ^ salt;
+                        (0..per_client)
+                            .map(|i| {
+                                x ^= x << 13;
+                                x ^= x >> 7;
+                                x ^= x << 17;
+                                // Slow clients are rare: two a run of 32.
+                                let kind = if (c + salt) % 16 == 5 && i == 0 { 6 } else { x % 6 };
+                                load_request(&addr, kind, c * 100 + i)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            jobs.into_iter().flat_map(|j| j.join().unwrap()).collect()
+        });
+        let mut counts = std::collections::BTreeMap::new();
+        for o in outcomes {
+            *counts.entry(o).or_insert(0) += 1;
+        }
+        counts
+    };
+    let idle = |what: &str| {
+        let t0 = Instant::now();
+        while server.metric("flint_requests_running") > 0.0 || server.metric("flint_kv_blocks_used") > 0.0 {
+            assert!(t0.elapsed() < Duration::from_secs(60), "{what}: requests still running or blocks held");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // Warm-up: the same mix, smaller.
+    let warm = run(16, 2, 1);
+    idle("after the warm-up");
+    let rss_warm = rss_kib(pid);
+    let counts = run(32, 8, 2);
+    eprintln!("load: {counts:?}");
+    let total: usize = counts.values().sum();
+    assert_eq!(total, 32 * 8);
+    assert!(counts.keys().all(|o| matches!(o, Outcome::Complete | Outcome::ApiError(400 | 413 | 429) | Outcome::ClientEnded | Outcome::CutOff)), "{counts:?}");
+    for o in [Outcome::Complete, Outcome::ApiError(400), Outcome::ApiError(413), Outcome::ClientEnded, Outcome::CutOff] {
+        assert!(counts.contains_key(&o), "no request ended {o:?}: {counts:?} (warm-up {warm:?})");
+    }
+
+    // A burst past --max-queue: long prompts, all at once; the excess gets 429 + Retry-After.
+    let long = "word ".repeat(200);
+    let barrier = std::sync::Barrier::new(48);
+    let burst: Vec<(u16, bool)> = std::thread::scope(|sc| {
+        let jobs: Vec<_> = (0..48)
+            .map(|i| {
+                let (barrier, server, long) = (&barrier, &server, &long);
+                sc.spawn(move || {
+                    barrier.wait();
+                    let r = server.post("/v1/completions", &json!({"prompt": format!("{i} {long}"), "max_tokens": 4}));
+                    if r.status != 200 {
+                        r.error();
+                    }
+                    (r.status, r.header("retry-after").is_some())
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    eprintln!("burst: {} ok, {} refused", burst.iter().filter(|b| b.0 == 200).count(), burst.iter().filter(|b| b.0 == 429).count());
+    assert!(burst.iter().all(|&(s, ra)| s == 200 || (s == 429 && ra)), "{burst:?}");
+    assert!(burst.iter().any(|b| b.0 == 429), "the burst never passed --max-queue: {burst:?}");
+    assert!(burst.iter().filter(|b| b.0 == 200).count() >= 16, "{burst:?}");
+
+    idle("after the load");
+    let rss = rss_kib(pid);
+    eprintln!("RSS after the warm-up {rss_warm} KiB, after the load {rss} KiB");
+    assert!(rss * 10 <= rss_warm * 11, "RSS grew from {rss_warm} KiB to {rss} KiB");
+    assert_eq!(server.request("GET", "/health", &[], b"").status, 200);
+    let done = server.post("/v1/completions", &json!({"prompt": "after", "max_tokens": 2}));
+    assert_eq!(done.status, 200, "{}", done.text());
 }

@@ -52,11 +52,14 @@ impl GpuBackend {
     }
 
     /// A failure of work on the device: once wgpu has reported the device lost, whatever
-    /// failed (a readback, a submission) is the loss.
+    /// failed (a readback, a submission) is the loss. A readback that fails is one too: the
+    /// device cannot give results back, and a browser may report the loss itself (the
+    /// `GPUDevice.lost` promise) only after the mapping it broke has failed.
     fn failed(&self, e: GpuError) -> BackendError {
-        match self.model.ctx.lost_reason() {
-            Some(reason) => BackendError::DeviceLost(reason),
-            None => backend_error(e),
+        match (self.model.ctx.lost_reason(), e) {
+            (Some(reason), _) => BackendError::DeviceLost(reason),
+            (None, GpuError::Readback(m)) => BackendError::DeviceLost(format!("reading results back failed ({m}); the device is treated as lost")),
+            (None, e) => backend_error(e),
         }
     }
 

@@ -335,6 +335,16 @@ impl WasmEngine {
         self.engine.clear_cache();
     }
 
+    /// Once running requests are done: a new device and the weights loaded again (after
+    /// `GPUDevice.destroy()` or a lost device; the next request also does it by itself).
+    pub fn reload(&self) -> Promise {
+        let engine = self.engine.clone();
+        future_to_promise(async move {
+            engine.reload().await.map_err(|e| engine_error(&e, false))?;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+
     /// `flint bench`'s measurement once running requests are done: resolves to JSON with the
     /// prefill and decode tok/s of each repetition over a fixed `n_prompt`-token prompt and
     /// `n_gen` greedy tokens.

@@ -479,6 +479,15 @@ impl Engine {
         let _ = self.commands.unbounded_send(Command::LoseDevice);
     }
 
+    /// Once no request runs or waits: a new backend (on a new device when the old one was
+    /// lost) with the weights loaded again. After a lost device the next request does this by
+    /// itself; `reload` does it now.
+    pub async fn reload(&self) -> Result<(), EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.unbounded_send(Command::Reload(tx)).map_err(|_| EngineError::Closed)?;
+        rx.await.map_err(|_| EngineError::Closed)?
+    }
+
     /// The device's buffer-copy bandwidth (GB/s, bytes read + written), measured now.
     pub async fn copy_bandwidth_gbs(&self) -> Result<f64, EngineError> {
         match &self.info.gpu {

@@ -46,6 +46,8 @@ pub(crate) enum Command {
     WarmUp(oneshot::Sender<Result<(), EngineError>>),
     /// Destroy the GPU device (fault injection; see `Engine::lose_device`).
     LoseDevice,
+    /// Once idle: a new backend (on a new device if the old one was lost), weights reloaded.
+    Reload(oneshot::Sender<Result<(), EngineError>>),
 }
 
 /// Opens a new device and loads the model again (after the old device was lost).
@@ -140,7 +142,7 @@ impl Runner {
             Command::Stats(reply) => {
                 let _ = reply.send(self.sched.stats());
             }
-            c @ (Command::Profile { .. } | Command::WhenIdle(_) | Command::WarmUp(_)) => self.profiles.push(c),
+            c @ (Command::Profile { .. } | Command::WhenIdle(_) | Command::WarmUp(_) | Command::Reload(_)) => self.profiles.push(c),
             Command::LoseDevice => {
                 if let Some(ctx) = &self.gpu {
                     ctx.device.destroy();
@@ -154,12 +156,29 @@ impl Runner {
     /// After a lost device: a new device and the weights loaded again, before the step that
     /// needs them. The KV layout must be the old one (the scheduler's blocks are its ids).
     async fn recover(&mut self) -> Result<(), BackendError> {
-        if !self.lost {
-            return Ok(());
+        if self.lost {
+            return self.rebuild_backend().await;
         }
-        let (backend, gpu) = (self.rebuild)().await.map_err(|e| BackendError::DeviceLost(format!("the device was lost and reopening it failed: {e}")))?;
+        // Lost between steps (or reported only after the step that met it failed, as in the
+        // browser): the requests' KV went with it, so they fail first; the next request
+        // rebuilds.
+        match self.gpu.as_ref().and_then(|g| g.lost_reason()) {
+            Some(reason) => Err(BackendError::DeviceLost(reason)),
+            None => Ok(()),
+        }
+    }
+
+    fn gpu_lost(&self) -> bool {
+        self.gpu.as_ref().is_some_and(|g| g.is_lost())
+    }
+
+    async fn rebuild_backend(&mut self) -> Result<(), BackendError> {
+        self.sched.clear_cache();
+        let lost = self.lost || self.gpu_lost();
+        let failed = |m: String| if lost { BackendError::DeviceLost(format!("the device was lost and {m}")) } else { BackendError::Device(m) };
+        let (backend, gpu) = (self.rebuild)().await.map_err(|e| failed(format!("loading the model again failed: {e}")))?;
         if backend.kv_layout() != self.backend.kv_layout() {
-            return Err(BackendError::DeviceLost("the device was lost and the new one lays out the KV cache differently".into()));
+            return Err(failed("the new backend lays out the KV cache differently".into()));
         }
         (self.backend, self.gpu, self.lost) = (backend, gpu, false);
         Ok(())
@@ -208,6 +227,11 @@ impl Runner {
     /// a cached prefix. A lost device also drops every cached prefix (its KV is gone) and
     /// marks the backend for a rebuild.
     fn fail_all(&mut self, e: BackendError) {
+        // A step that failed on a device reported lost failed because of it.
+        let e = match self.gpu.as_ref().and_then(|g| g.lost_reason()) {
+            Some(reason) if !matches!(e, BackendError::DeviceLost(_)) => BackendError::DeviceLost(format!("{reason} ({e})")),
+            _ => e,
+        };
         let lost = matches!(e, BackendError::DeviceLost(_));
         let e = Arc::new(e);
         for (_, req) in self.requests.drain() {
@@ -311,6 +335,11 @@ impl Runner {
             }
             Command::WhenIdle(reply) => {
                 let _ = reply.send(());
+            }
+            Command::Reload(reply) => {
+                let r = self.rebuild_backend().await;
+                self.lost = r.is_err();
+                let _ = reply.send(r.map_err(|e| EngineError::Step(Arc::new(e))));
             }
             _ => {}
         }

@@ -1,8 +1,9 @@
 //! A GPU device lost mid-generation (destroyed through the engine's fault-injection hook, as a
 //! driver reset would): both running requests end with the typed device-lost error within
 //! 2 s, and the next request opens a new device, loads the weights again and gives the same
-//! greedy ids as before the loss, without any prefix cached on the dead device. Its own test
-//! binary: the device it destroys is the process's.
+//! greedy ids as before the loss, without any prefix cached on the dead device; so does an
+//! explicit `reload()` after a loss while idle. Its own test binary: the device it destroys
+//! is the process's.
 
 mod common;
 
@@ -91,4 +92,11 @@ fn a_lost_device_fails_running_requests_and_the_next_request_reloads() {
     let (again, summary) = complete(&engine, &p1, 8);
     assert_eq!(again, before[..8]);
     assert!(summary.cached_prompt_tokens > 0 || p1.len() < 16, "prefix reuse works again after the reload");
+
+    // A loss while idle, then an explicit reload: the same ids again.
+    engine.lose_device();
+    futures::executor::block_on(engine.reload()).unwrap();
+    let (reloaded, summary) = complete(&engine, &p1, 32);
+    assert_eq!(reloaded, before, "greedy ids after reload() differ");
+    assert_eq!(summary.cached_prompt_tokens, 0);
 }
