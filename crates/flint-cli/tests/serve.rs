@@ -643,6 +643,7 @@ fn load_request(addr: &str, kind: u64, seed: u64) -> Outcome {
 /// byte a second), then a burst past --max-queue. Every request ends complete, with an OpenAI
 /// error, or by its own client; afterwards nothing runs, no KV block is held, the resident
 /// set is within 10% of its level after the warm-up, and /health answers.
+/// `FLINT_SOAK_SECS=1800` makes it a soak: rounds of the same load for that long.
 #[test]
 fn the_server_under_load_and_faults_loses_nothing() {
     if flint_gpu::testing::context().is_none() {
@@ -699,10 +700,24 @@ fn the_server_under_load_and_faults_loses_nothing() {
     let warm = run(16, 2, 1);
     idle("after the warm-up");
     let rss_warm = rss_kib(pid);
-    let counts = run(32, 8, 2);
-    eprintln!("load: {counts:?}");
+    // FLINT_SOAK_SECS=N (by hand): rounds of the load for N seconds, not one.
+    let soak = std::env::var("FLINT_SOAK_SECS").ok().and_then(|v| v.parse::<u64>().ok());
+    let (t_load, mut rounds) = (Instant::now(), 0u64);
+    let mut counts = std::collections::BTreeMap::new();
+    loop {
+        for (o, n) in run(32, 8, 2 + rounds) {
+            *counts.entry(o).or_insert(0) += n;
+        }
+        rounds += 1;
+        if soak.is_none_or(|secs| t_load.elapsed() >= Duration::from_secs(secs)) {
+            break;
+        }
+        idle("between soak rounds");
+        eprintln!("soak round {rounds} at {:?}: RSS {} KiB, {counts:?}", t_load.elapsed(), rss_kib(pid));
+    }
+    eprintln!("load: {rounds} rounds in {:?}: {counts:?}", t_load.elapsed());
     let total: usize = counts.values().sum();
-    assert_eq!(total, 32 * 8);
+    assert_eq!(total as u64, rounds * 32 * 8);
     assert!(counts.keys().all(|o| matches!(o, Outcome::Complete | Outcome::ApiError(400 | 413 | 429) | Outcome::ClientEnded | Outcome::CutOff)), "{counts:?}");
     for o in [Outcome::Complete, Outcome::ApiError(400), Outcome::ApiError(413), Outcome::ClientEnded, Outcome::CutOff] {
         assert!(counts.contains_key(&o), "no request ended {o:?}: {counts:?} (warm-up {warm:?})");
