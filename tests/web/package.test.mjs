@@ -145,6 +145,48 @@ test("a GPUDevice destroyed from the page: the running request fails with Device
   assert.equal(r.afterReload, r.before);
 });
 
+test("hostile chat templates (chatTemplate) fail with ChatTemplateError within 1 s each, and the engine keeps serving", { timeout: 10 * MINUTES }, async () => {
+  // One template whose branch the message picks: endless loops, a string doubled in a
+  // namespace loop and by an explicit chain of concatenations, recursion, and a plain render.
+  const chain = "{% set a = 'xxxxxxxx' %}" + "{% set a = a ~ a %}".repeat(40) + "{{ a }}";
+  const template = [
+    "{% set m = messages[0]['content'] %}",
+    "{% if m == 'loops' %}{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "{% elif m == 'namespace' %}{% set ns = namespace(a='x') %}{% for i in range(64) %}{% set ns.a = ns.a ~ ns.a %}{% endfor %}{{ ns.a }}",
+    `{% elif m == 'chain' %}${chain}`,
+    "{% elif m == 'recursion' %}{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    "{% else %}{{ m }}{% endif %}",
+  ].join("");
+  const r = await page.evaluate(
+    async ({ PKG, TINY, template }) => {
+      const flint = await import(PKG);
+      const engine = await flint.createEngine({ model: TINY, useCache: false, chatTemplate: template });
+      const out = {};
+      for (const content of ["loops", "namespace", "chain", "recursion"]) {
+        const t0 = performance.now();
+        try {
+          await engine.chat.completions.create({ messages: [{ role: "user", content }], max_tokens: 1 });
+          out[content] = { name: "no error" };
+        } catch (e) {
+          out[content] = { name: e.name, typed: e instanceof flint.ChatTemplateError, message: e.message, ms: performance.now() - t0 };
+        }
+      }
+      const fine = await engine.chat.completions.create({ messages: [{ role: "user", content: "Once upon a time" }], max_tokens: 2, temperature: 0 });
+      await engine.unload();
+      return { out, finished: fine.choices[0].finish_reason };
+    },
+    { PKG, TINY, template },
+  );
+  console.log(`hostile templates in the browser: ${JSON.stringify(r)}`);
+  for (const [which, e] of Object.entries(r.out)) {
+    assert.equal(e.name, "ChatTemplateError", `${which}: ${e.message}`);
+    assert.ok(e.typed, which);
+    assert.match(e.message, /chat template stopped/, which);
+    assert.ok(e.ms < 1000, `${which}: ${e.ms} ms`);
+  }
+  assert.equal(r.finished, "length", "the engine serves after the refusals");
+});
+
 test("after a reload, the worker engine loads gemma from the browser cache without downloading it, self-tested", { timeout: 15 * MINUTES }, async () => {
   const t0 = performance.now();
   const before = server.requests.length;

@@ -34,6 +34,12 @@ export interface EngineOptions {
    * that computes wrongly fails the load with a `SelfTestError` naming the adapter and the tap.
    */
   selfTest?: boolean;
+  /**
+   * A Jinja chat template to use instead of the model's (as `flint run --chat-template-file`).
+   * Rendering is bounded (instructions, nesting, string sizes, output); a template past a
+   * bound makes the request fail with `ChatTemplateError`.
+   */
+  chatTemplate?: string;
 }
 
 export interface SamplingOptions {

@@ -54,7 +54,7 @@ export class LocalCore {
   #engine;
   info;
 
-  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, useCache = true }) {
+  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, useCache = true }) {
     if (typeof navigator === "undefined" || !navigator.gpu) {
       throw new WebGPUNotAvailableError("WebGPU is not available in this browser (navigator.gpu is missing)");
     }
@@ -74,6 +74,7 @@ export class LocalCore {
       if (nCtx) opts.n_ctx = nCtx;
       if (maxSeqs) opts.max_seqs = maxSeqs;
       if (selfTest) opts.self_test = true;
+      if (typeof chatTemplate === "string") opts.chat_template = chatTemplate;
       const onCompile = (n) => report("compile", n, 0, `compiling GPU kernels: ${n}`);
       core.#engine = await loadEngine(reader, JSON.stringify(opts), onCompile);
     } catch (e) {

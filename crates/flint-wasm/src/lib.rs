@@ -180,7 +180,7 @@ fn compile_progress() -> flint::CompileProgress {
 }
 
 /// Loads a model from `source` (see the module docs) with options JSON
-/// `{"n_ctx": N, "max_seqs": N, "self_test": bool}`; resolves to a `WasmEngine` whose run loop is started.
+/// `{"n_ctx": N, "max_seqs": N, "self_test": bool, "chat_template": "..."}`; resolves to a `WasmEngine` whose run loop is started.
 /// `on_compile(n, label)`, when a function, is called after each GPU kernel compile of the
 /// load.
 #[wasm_bindgen(js_name = loadEngine)]
@@ -204,6 +204,7 @@ pub fn load_engine(source: JsValue, options: String, on_compile: JsValue) -> Pro
             load.max_seqs = n as usize;
         }
         load.self_test = opts.get("self_test").and_then(|v| v.as_bool()).unwrap_or(false);
+        load.chat_template = opts.get("chat_template").and_then(|v| v.as_str()).map(str::to_string);
         let file = flint::GgufFile::from_source(Box::new(source))
             .await
             .map_err(|e| js_error("ModelLoadError", format!("malformed model file: {e}")))?;
