@@ -227,11 +227,6 @@ impl Runner {
     /// a cached prefix. A lost device also drops every cached prefix (its KV is gone) and
     /// marks the backend for a rebuild.
     fn fail_all(&mut self, e: BackendError) {
-        // A step that failed on a device reported lost failed because of it.
-        let e = match self.gpu.as_ref().and_then(|g| g.lost_reason()) {
-            Some(reason) if !matches!(e, BackendError::DeviceLost(_)) => BackendError::DeviceLost(format!("{reason} ({e})")),
-            _ => e,
-        };
         let lost = matches!(e, BackendError::DeviceLost(_));
         let e = Arc::new(e);
         for (_, req) in self.requests.drain() {
