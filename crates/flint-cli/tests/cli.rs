@@ -178,6 +178,7 @@ fn hostile_chat_templates_exit_2() {
     for (name, source) in [
         ("loops", "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}".to_string()),
         ("doubling", doubling),
+        ("list doubling", "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}".to_string()),
         ("recursion", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}".to_string()),
     ] {
         let file = dir.join(format!("{name}.jinja"));

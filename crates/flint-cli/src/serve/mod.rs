@@ -7,7 +7,6 @@
 //! 503 until the model is loaded. Logs go to stderr, one line per request.
 
 mod metrics;
-mod openai;
 mod respond;
 
 use std::net::SocketAddr;
@@ -33,6 +32,7 @@ use flint::{Engine, LoadOptions, SamplingParams};
 
 use crate::run::BackendArg;
 use crate::Failure;
+use flint_cli::openai;
 use metrics::Metrics;
 use openai::{ApiError, Defaults, Endpoint};
 
