@@ -3,7 +3,7 @@
 # llama.cpp vocabulary files (GGUF, whole and shrunk by shrink_gguf.py), the golden prompts and
 # the tokenizer suite's inputs (text for each tokenizer), the 70 real chat templates with a
 # conversation, and request bodies of every shape the server reads. Files already there
-# (the minimized corpora kept in git) stay.
+# (what earlier runs added; the corpora are git-ignored) stay.
 set -euo pipefail
 cd "$(dirname "$0")"
 golden=../../shared/golden

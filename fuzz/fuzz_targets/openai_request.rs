@@ -30,7 +30,7 @@ fuzz_target!(
         let Some((&pick, body)) = data.split_first() else { return };
         let endpoint = if pick & 1 == 0 { Endpoint::Chat } else { Endpoint::Completions };
         let Ok(parsed) = parse(body, endpoint, &Defaults::default()) else { return };
-        assert!(parsed.n >= 1 && parsed.inputs.len() >= 1, "a parsed request asks for something");
+        assert!(parsed.n >= 1 && !parsed.inputs.is_empty(), "a parsed request asks for something");
         for input in &parsed.inputs {
             if let Input::Chat(messages) = input {
                 let _ = template().render_json(messages, None, true);
