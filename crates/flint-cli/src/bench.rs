@@ -126,6 +126,8 @@ fn print_profile(what: &str, p: &Profile) {
 struct Level {
     concurrency: usize,
     aggregate: Stats,
+    /// Aggregate decode once every stream has its first token (see [`steady_tok_s`]).
+    steady: Stats,
     per_stream: Stats,
     ttft: Stats,
     /// Peak RSS while this level ran (MB): the largest over repetitions after the first (the
@@ -149,10 +151,10 @@ fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<(Ve
         .map(|&n| (0..n).map(|i| engine.bench_prompt(args.prompt_tokens, i)).collect::<Result<Vec<_>, _>>())
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::usage)?;
-    let mut samples = vec![(Vec::new(), Vec::new(), Vec::new(), 0.0, 0.0); levels.len()];
+    let mut samples = vec![(Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0.0, 0.0); levels.len()];
     let mut process_peak = peak_rss_mb();
     for rep in 0..args.reps {
-        for (p, (agg, per, ttft, rss, heap)) in prompts.iter().zip(samples.iter_mut()) {
+        for (p, (agg, steady, per, ttft, rss, heap)) in prompts.iter().zip(samples.iter_mut()) {
             let reset = reset_peak_rss();
             let heap_before = crate::heap::live_mb();
             crate::heap::reset_peak();
@@ -169,6 +171,7 @@ fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<(Ve
             let end = runs.iter().map(|r| r.last_ms).fold(0.0, f64::max);
             let tokens: usize = runs.iter().map(|r| r.tokens.saturating_sub(1)).sum();
             agg.push(if end > start { tokens as f64 * 1e3 / (end - start) } else { 0.0 });
+            steady.push(steady_tok_s(&runs));
             per.extend(runs.iter().map(|r| r.decode_tok_s()));
             ttft.extend(runs.iter().map(|r| r.first_ms));
         }
@@ -176,9 +179,10 @@ fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<(Ve
     let levels = levels
         .iter()
         .zip(samples)
-        .map(|(&n, (agg, per, ttft, rss, heap))| Level {
+        .map(|(&n, (agg, steady, per, ttft, rss, heap))| Level {
             concurrency: n,
             aggregate: stats(agg),
+            steady: stats(steady),
             per_stream: stats(per),
             ttft: stats(ttft),
             peak_rss_mb: rss,
@@ -186,6 +190,18 @@ fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<(Ve
         })
         .collect();
     Ok((levels, process_peak))
+}
+
+/// Tokens that arrived after every stream had its first, over the time from then to the last
+/// token: the decode phase alone, once every prompt is in (llama-batched-bench's S_TG). The
+/// `aggregate` window starts at the first first token, so with more streams than one prompt
+/// step takes it also holds the later prompts' prefill, which one stream's window never does.
+/// For one stream the two are the same figure.
+fn steady_tok_s(runs: &[StreamRun]) -> f64 {
+    let start = runs.iter().map(|r| r.first_ms).fold(0.0, f64::max);
+    let end = runs.iter().map(|r| r.last_ms).fold(0.0, f64::max);
+    let tokens = runs.iter().flat_map(|r| &r.token_ms).filter(|&&t| t > start).count();
+    if end > start { tokens as f64 * 1e3 / (end - start) } else { 0.0 }
 }
 
 pub fn bench(args: BenchArgs) -> Result<(), Failure> {
@@ -242,6 +258,8 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     let pct = if copy_gbs > 0.0 { 100.0 * decode_gbs / copy_gbs } else { 0.0 };
     let base = concurrency.first().map_or(0.0, |l| l.aggregate.median);
     let ratio = |l: &Level| if base > 0.0 { l.aggregate.median / base } else { 0.0 };
+    let steady_base = concurrency.first().map_or(0.0, |l| l.steady.median);
+    let steady_ratio = |l: &Level| if steady_base > 0.0 { l.steady.median / steady_base } else { 0.0 };
     let mut report = json!({
         "model": args.model,
         "backend": engine.backend_name(),
@@ -267,6 +285,8 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
                 "per_stream_decode_tok_s": stats_json(&l.per_stream),
                 "ttft_ms": stats_json(&l.ttft),
                 "ratio_to_1": round2(ratio(l)),
+                "steady_decode_tok_s": stats_json(&l.steady),
+                "steady_ratio_to_1": round2(steady_ratio(l)),
                 "peak_rss_mb": round2(l.peak_rss_mb),
                 "heap_growth_mb": round2(l.heap_growth_mb),
             }))
@@ -294,21 +314,25 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             println!("peak rss   {peak_rss:.0} MB");
             println!("bandwidth  decode {decode_gbs:.2} GB/s = {pct:.1}% of measured copy bandwidth {copy_gbs:.2} GB/s");
             if !concurrency.is_empty() {
-                println!("concurrency  aggregate decode tok/s (min, max) | per stream tok/s | ttft ms | ratio to 1 | peak rss MB | heap growth MB");
+                println!("concurrency  aggregate decode tok/s (min, max) | ratio to 1 | all streams decoding tok/s (min, max) | ratio to 1 | per stream tok/s | ttft ms | peak rss MB | heap growth MB");
                 for l in &concurrency {
                     println!(
-                        "  {:>3}      {:>8.2} ({:.2}, {:.2}) | {:>7.2} ({:.2}, {:.2}) | {:>8.1} ({:.1}, {:.1}) | {:.2}x | {:.0} | {:.2}",
+                        "  {:>3}      {:>8.2} ({:.2}, {:.2}) | {:.2}x | {:>8.2} ({:.2}, {:.2}) | {:.2}x | {:>7.2} ({:.2}, {:.2}) | {:>8.1} ({:.1}, {:.1}) | {:.0} | {:.2}",
                         l.concurrency,
                         l.aggregate.median,
                         l.aggregate.min,
                         l.aggregate.max,
+                        ratio(l),
+                        l.steady.median,
+                        l.steady.min,
+                        l.steady.max,
+                        steady_ratio(l),
                         l.per_stream.median,
                         l.per_stream.min,
                         l.per_stream.max,
                         l.ttft.median,
                         l.ttft.min,
                         l.ttft.max,
-                        ratio(l),
                         l.peak_rss_mb,
                         l.heap_growth_mb
                     );

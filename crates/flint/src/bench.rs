@@ -23,11 +23,13 @@ pub struct BenchRun {
 }
 
 /// One stream of a concurrent run: milliseconds from the submission of all streams.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct StreamRun {
     pub first_ms: f64,
     pub last_ms: f64,
     pub tokens: usize,
+    /// When each token arrived, in order (`tokens` entries).
+    pub token_ms: Vec<f64>,
 }
 
 impl StreamRun {
@@ -71,22 +73,22 @@ impl Engine {
     /// work).
     pub async fn bench_once(&self, prompt: &[u32], n_gen: usize) -> Result<BenchRun, EngineError> {
         let runs = self.bench_streams(&[prompt.to_vec()], n_gen + 1).await?;
-        let r = runs[0];
+        let r = &runs[0];
         let (prefill_s, decode_s) = (r.first_ms / 1e3, (r.last_ms - r.first_ms) / 1e3);
         let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
         Ok(BenchRun { ttft_s: prefill_s, prefill_s, decode_s, prefill_tok_s: per_s(prompt.len(), prefill_s), decode_tok_s: per_s(n_gen, decode_s) })
     }
 
     /// Submits one request per prompt at once (from an empty prefix cache), each generating
-    /// `n_tokens` with end-of-generation ignored, and returns each stream's first and last
-    /// token times.
+    /// `n_tokens` with end-of-generation ignored, and returns each stream's token
+    /// arrival times.
     pub async fn bench_streams(&self, prompts: &[Vec<u32>], n_tokens: usize) -> Result<Vec<StreamRun>, EngineError> {
         self.clear_cache();
         let clock = self.info.clock;
         let t0 = clock();
         let handles = prompts.iter().map(|p| self.submit(bench_request(p.clone(), n_tokens))).collect::<Result<Vec<_>, _>>()?;
         let mut events = futures::stream::select_all(handles.into_iter().enumerate().map(|(i, h)| h.map(move |e| (i, e))));
-        let mut runs = vec![StreamRun { first_ms: 0.0, last_ms: 0.0, tokens: 0 }; prompts.len()];
+        let mut runs = vec![StreamRun { first_ms: 0.0, last_ms: 0.0, tokens: 0, token_ms: Vec::with_capacity(n_tokens) }; prompts.len()];
         while let Some((i, ev)) = events.next().await {
             if let Event::Token { .. } = ev? {
                 let now = clock() - t0;
@@ -96,6 +98,7 @@ impl Engine {
                 }
                 r.last_ms = now;
                 r.tokens += 1;
+                r.token_ms.push(now);
             }
         }
         Ok(runs)
