@@ -2,25 +2,21 @@
 // (same f32 operations in the same order; scales are f16).
 //
 // The including shader declares the weights and sets the format (ShaderDefs::quant):
-//   var<storage, read> w: array<u32>;   // raw little-endian bytes of the weight rows
+//   var<storage, read> w: array<u32>;   // little-endian bytes of the weight rows
+//   (array<vec4<u32>> where the format defines W_VEC4: Q8_0, in its GPU layout)
 //   Q_<NAME> (Q_F32, Q_Q4_K, ...), BLOCK_ELEMS, BLOCK_BYTES
 //
 // The unit is a 32-element chunk: dequant_chunk(row_base, c) returns elements 32c .. 32c + 32
 // of the row starting at byte row_base, as 8 vec4 in element order. Rows hold whole blocks
 // and a multiple of 32 elements, so a chunk never straddles two legacy blocks and a K-quant
-// super-block is 8 chunks. Blocks of 18, 22, 34 or 210 bytes are not word-aligned, hence the
-// byte-offset loads below.
+// super-block is 8 chunks. Blocks of 18, 22 or 210 bytes are not word-aligned, hence the
+// byte-offset loads below; Q8_0's 34-byte blocks are regrouped at upload so that they are.
 
 const CHUNK: u32 = 32u;
 // f32 exponent bias minus f16 exponent bias, and the smallest f16 subnormal (2^-24).
 const F16_TO_F32_BIAS: u32 = 112u;
 const F16_SUBNORMAL_UNIT: f32 = 5.9604644775390625e-8;
 const BYTE_SHIFTS: vec4<u32> = vec4<u32>(0u, 8u, 16u, 24u);
-
-// The u16 at an even byte offset b (every 16-bit field of every format is 2-aligned).
-fn load_u16_at(b: u32) -> u32 {
-    return (w[b >> 2u] >> ((b & 2u) * 8u)) & 0xffffu;
-}
 
 // f16 bits (low 16 bits of h) to f32, exactly as flint_core::quant::f16_to_f32, subnormals
 // included. In integer ops rather than unpack2x16float, which naga gates behind a capability
@@ -33,6 +29,13 @@ fn f16_to_f32(h: vec4<u32>) -> vec4<f32> {
     let subnormal = bitcast<vec4<u32>>(vec4<f32>(mag) * F16_SUBNORMAL_UNIT);
     let bits = select(select(normal, subnormal, mag < vec4<u32>(0x400u)), inf_nan, mag >= vec4<u32>(0x7c00u));
     return bitcast<vec4<f32>>(sign | bits);
+}
+
+#ifndef W_VEC4
+// Word loads at byte offsets (every format but Q8_0).
+// The u16 at an even byte offset b (every 16-bit field of every format is 2-aligned).
+fn load_u16_at(b: u32) -> u32 {
+    return (w[b >> 2u] >> ((b & 2u) * 8u)) & 0xffffu;
 }
 
 fn load_f16_at(b: u32) -> f32 {
@@ -82,6 +85,7 @@ fn load_8_words_at(b: u32) -> array<u32, 8> {
         funnel(a4, a5, s), funnel(a5, a6, s), funnel(a6, a7, s), funnel(a7, a8, s),
     );
 }
+#endif
 
 // Low and high nibbles of the 4 bytes of q, in byte order.
 fn nibbles_lo(q: u32) -> vec4<u32> {
@@ -219,23 +223,33 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 #endif
 
 #ifdef Q_Q8_0
-// Block (34 B): d f16, qs[32] i8; y = q * d.
+// GPU layout (weights::layout): groups of Q8_0_GROUP blocks, each 16 bytes of f16 scales then
+// the blocks' 32 i8 quants (QS 0..31); rows start 16-aligned, and every group but a row's last
+// is full, so chunk c's group starts (c / 8) · 17 vectors in. y = q * d.
+const Q8_0_GROUP_VEC4S: u32 = 17u;
+
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
-    let base = row_base + c * BLOCK_BYTES;
-    let d = load_f16_at(base);
-    let q = load_8_words_at(base + 2u);
+    let j = c & 7u;
+    let g = (row_base >> 4u) + (c >> 3u) * Q8_0_GROUP_VEC4S;
+    let scale_pair = w[g][j >> 1u];
+    let d = f16_to_f32(vec4<u32>((scale_pair >> ((j & 1u) * 16u)) & 0xffffu)).x;
+    let q0 = w[g + 1u + 2u * j];
+    let q1 = w[g + 2u + 2u * j];
     var out: array<vec4<f32>, 8>;
-    for (var k = 0u; k < 8u; k++) {
-        out[k] = vec4<f32>(bytes_i8(q[k])) * d;
+    for (var k = 0u; k < 4u; k++) {
+        out[k] = vec4<f32>(bytes_i8(q0[k])) * d;
+        out[k + 4u] = vec4<f32>(bytes_i8(q1[k])) * d;
     }
     return out;
 }
 #endif
 
+#ifndef W_VEC4
 // Q4_K / Q5_K: the super-block's first 16 bytes (d, dmin, scales[12]) as 4 words.
 fn k_header(base: u32) -> array<u32, 4> {
     return load_4_words_at(base);
 }
+#endif
 
 // Byte n (< 12) of the scales, which are words 1..4 of the header.
 fn k_scale_byte(h: array<u32, 4>, n: u32) -> u32 {

@@ -23,8 +23,13 @@ struct Params {
 @group(0) @binding(1) var<uniform> batch: BatchInfo;
 // tokens: [max_tokens] u32 token ids
 @group(0) @binding(2) var<storage, read> tokens: array<u32>;
-// w: [part_rows, n_embd] raw blocks of the table format
+// w: [part_rows, n_embd] blocks of the table format in GPU layout (weights::layout), as
+// 16-byte vectors where the format defines W_VEC4
+#ifdef W_VEC4
+@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;
+#else
 @group(0) @binding(3) var<storage, read> w: array<u32>;
+#endif
 // x: [n_tok, n_embd] f32
 @group(0) @binding(4) var<storage, read_write> x: array<vec4<f32>>;
 

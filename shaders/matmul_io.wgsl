@@ -40,8 +40,13 @@ const FLAG_BIAS: u32 = 1u;
 const FLAG_ACCUMULATE: u32 = 2u;
 
 @group(0) @binding(0) var<uniform> p: Params;
-// w: [n_rows, n_in] raw blocks of the weight format
+// w: [n_rows, n_in] blocks of the weight format in GPU layout (weights::layout), as 16-byte
+// vectors where the format defines W_VEC4
+#ifdef W_VEC4
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+#else
 @group(0) @binding(1) var<storage, read> w: array<u32>;
+#endif
 // x: [n_tok, n_in] f32
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 // y: [n_tok, y_stride] f32

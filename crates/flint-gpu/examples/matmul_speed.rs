@@ -27,7 +27,8 @@ fn main() {
         let pos: Vec<u32> = (0..n_tok).collect();
         batch.write(&ctx, &vec![0; n_tok as usize], &pos, &vec![0; n_tok as usize], &[&[0]]);
         let mut rng = TestRng::new(7);
-        let w = storage_init(&ctx, "w", &random_quant(ty, (n_in * n_rows) as usize, &mut rng, f16_nearest)).unwrap();
+        let raw = random_quant(ty, (n_in * n_rows) as usize, &mut rng, f16_nearest);
+        let w = storage_init(&ctx, "w", &flint_gpu::weights::layout::to_gpu(ty, n_in as usize, &raw)).unwrap();
         let x = storage_init(&ctx, "x", bytemuck::cast_slice(&rng.vec((n_in * n_tok) as usize))).unwrap();
         let y = storage_init(&ctx, "y", &vec![0u8; (n_rows * n_tok * 4) as usize]).unwrap();
         let desc = MatmulDesc { label: "speed", ty, n_in, n_rows, row_offset: 0, y_stride: n_rows, max_tokens: n_tok, accumulate: false, ids: None };

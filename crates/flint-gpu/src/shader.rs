@@ -77,6 +77,10 @@ impl ShaderDefs {
         self.defs.insert(format!("Q_{}", ty.name()), "true".into());
         self.defs.insert("BLOCK_ELEMS".into(), format!("{}u", ty.block_elems()));
         self.defs.insert("BLOCK_BYTES".into(), format!("{}u", ty.block_bytes()));
+        if ty == QuantType::Q8_0 {
+            // Read as 16-byte vectors in its GPU layout (weights::layout).
+            self.defs.insert("W_VEC4".into(), "true".into());
+        }
         self
     }
 

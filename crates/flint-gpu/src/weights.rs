@@ -1,12 +1,109 @@
 //! Weight upload: tensors stream from the model file into GPU buffers in bounded chunks
 //! (host memory never holds a second copy of the model), split by rows across several
-//! buffers when larger than the device's storage binding limit.
+//! buffers when larger than the device's storage binding limit, and laid out as the kernels
+//! read them ([`layout`]).
 
 use flint_core::gguf::{GgufFile, TensorInfo};
 use flint_core::quant::{self, QuantType};
 
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
+
+/// How a weight format lies in GPU memory where that differs from the file.
+///
+/// Q8_0's 34-byte blocks are only 2-aligned, so a kernel reading them from the file layout
+/// loads two words and funnel-shifts them for every word of quants (9 loads and 8 shifts per
+/// block, plus the scale). On the GPU each Q8_0 row instead holds groups of [`Q8_0_GROUP`]
+/// blocks: their f16 scales in 16 bytes (zero-padded in a row's last, shorter group), then
+/// their quants. A full group is 272 bytes, as in the file, and every load is an aligned
+/// 16-byte vector: one for the scales, two per block of quants. On a GPU that is full-width,
+/// coalesced transactions instead of 2-byte-aligned word pairs; on CPU-type adapters, where
+/// each load with a computed address is issued lane by lane, it is 3 loads per block
+/// instead of 10. Every other format keeps the file's layout.
+pub mod layout {
+    use flint_core::quant::QuantType;
+
+    /// Q8_0 blocks per group.
+    pub const Q8_0_GROUP: usize = 8;
+    const Q8_0_BLOCK: usize = 34;
+    const Q8_0_ELEMS: usize = 32;
+    /// Bytes of a group's scales (8 f16).
+    const Q8_0_SCALES: usize = 16;
+
+    /// Whether `ty` is laid out differently on the GPU.
+    pub fn repacked(ty: QuantType) -> bool {
+        ty == QuantType::Q8_0
+    }
+
+    /// Bytes of one `n_in`-element row of `ty` on the GPU (None if `n_in` is not whole blocks).
+    pub fn row_bytes(ty: QuantType, n_in: u64) -> Option<u64> {
+        if !repacked(ty) {
+            return ty.bytes_for(n_in);
+        }
+        if n_in % Q8_0_ELEMS as u64 != 0 {
+            return None;
+        }
+        let blocks = n_in / Q8_0_ELEMS as u64;
+        Some(blocks.div_ceil(Q8_0_GROUP as u64) * Q8_0_SCALES as u64 + blocks * Q8_0_ELEMS as u64)
+    }
+
+    /// Appends whole rows `src` of `n_in` elements (file layout) to `dst` in GPU layout.
+    /// `src` must hold whole rows.
+    pub fn append_rows(ty: QuantType, n_in: usize, src: &[u8], dst: &mut Vec<u8>) {
+        if !repacked(ty) {
+            dst.extend_from_slice(src);
+            return;
+        }
+        let blocks = n_in / Q8_0_ELEMS;
+        for row in src.chunks_exact(blocks * Q8_0_BLOCK) {
+            for group in row.chunks(Q8_0_GROUP * Q8_0_BLOCK) {
+                let start = dst.len();
+                dst.resize(start + Q8_0_SCALES, 0);
+                for (i, block) in group.chunks_exact(Q8_0_BLOCK).enumerate() {
+                    dst[start + 2 * i..start + 2 * i + 2].copy_from_slice(&block[..2]);
+                }
+                for block in group.chunks_exact(Q8_0_BLOCK) {
+                    dst.extend_from_slice(&block[2..]);
+                }
+            }
+        }
+    }
+
+    /// Rows of `ty` (file layout, `n_in` elements each) in GPU layout.
+    pub fn to_gpu(ty: QuantType, n_in: usize, src: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(src.len() + src.len() / 16);
+        append_rows(ty, n_in, src, &mut out);
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn q8_0_rows_keep_every_scale_and_quant_in_16_byte_groups() {
+            // 20 blocks a row (n_in 640, gemma's): groups of 8, 8 and 4.
+            let n_in = 640;
+            let src: Vec<u8> = (0..2 * 20 * Q8_0_BLOCK).map(|i| (i * 7 + 3) as u8).collect();
+            let out = to_gpu(QuantType::Q8_0, n_in, &src);
+            let row = row_bytes(QuantType::Q8_0, n_in as u64).unwrap() as usize;
+            assert_eq!(row, 3 * 16 + 640);
+            assert_eq!(out.len(), 2 * row);
+            for r in 0..2 {
+                for b in 0..20 {
+                    let file = &src[(r * 20 + b) * Q8_0_BLOCK..][..Q8_0_BLOCK];
+                    let group = r * row + (b / 8) * (Q8_0_SCALES + 8 * 32);
+                    assert_eq!(&out[group + 2 * (b % 8)..][..2], &file[..2], "scale of row {r} block {b}");
+                    assert_eq!(&out[group + Q8_0_SCALES + 32 * (b % 8)..][..32], &file[2..], "quants of row {r} block {b}");
+                }
+                assert_eq!(&out[r * row + 2 * 272 + 8..][..8], &[0; 8], "the short group's padding");
+            }
+            // Whole groups take the file's bytes.
+            assert_eq!(row_bytes(QuantType::Q8_0, 4096), QuantType::Q8_0.bytes_for(4096));
+            assert_eq!(to_gpu(QuantType::Q4K, 256, &src[..144]), &src[..144]);
+        }
+    }
+}
 
 /// Bytes copied per `write_buffer`; the queue is flushed every [`FLUSH_BYTES`] so staging
 /// memory stays bounded too.
@@ -20,7 +117,8 @@ pub struct WeightPart {
     pub row_offset: u32,
 }
 
-/// A quantized matrix on the GPU, raw GGUF blocks, in one or more row parts.
+/// A quantized matrix on the GPU, GGUF blocks in GPU layout ([`layout`]), in one or more row
+/// parts.
 pub struct GpuMatrix {
     pub name: String,
     pub ty: QuantType,
@@ -73,10 +171,13 @@ impl<'a> Uploader<'a> {
         Ok(t)
     }
 
-    /// Uploads `t` as `n_units` equal units (rows, experts), whole units per buffer of at most
-    /// the binding limit: (buffer, units, first unit) per part.
-    async fn parts(&mut self, t: &TensorInfo, n_units: u64, unit: &'static str) -> Result<Vec<(wgpu::Buffer, u32, u32)>> {
-        let unit_bytes = t.n_bytes / n_units;
+    /// Uploads `t` as `n_units` equal units (rows, experts) of `unit_rows` rows, whole units
+    /// per buffer of at most the binding limit, in GPU layout: (buffer, units, first unit) per
+    /// part.
+    async fn parts(&mut self, t: &TensorInfo, n_units: u64, unit_rows: u64, unit: &'static str) -> Result<Vec<(wgpu::Buffer, u32, u32)>> {
+        let src_row = t.n_bytes / (n_units * unit_rows);
+        let gpu_row = layout::row_bytes(t.ty, t.dims[0]).unwrap_or(u64::MAX);
+        let unit_bytes = gpu_row.saturating_mul(unit_rows);
         let per_part = (self.max_binding / unit_bytes).min(n_units);
         if per_part == 0 {
             return Err(GpuError::Limit { what: unit, need: unit_bytes, limit: self.max_binding });
@@ -86,7 +187,12 @@ impl<'a> Uploader<'a> {
         while first < n_units {
             let n = per_part.min(n_units - first);
             let label = if n == n_units { t.name.clone() } else { format!("{}[{}]", t.name, parts.len()) };
-            let buffer = self.copy(t, first * unit_bytes, n * unit_bytes, &label).await?;
+            let rows = (first * unit_rows, n * unit_rows);
+            let buffer = if layout::repacked(t.ty) {
+                self.copy_repacked(t, rows, src_row, gpu_row, &label).await?
+            } else {
+                self.copy(t, rows.0 * src_row, rows.1 * src_row, &label).await?
+            };
             parts.push((buffer, n as u32, first as u32));
             first += n;
         }
@@ -97,7 +203,7 @@ impl<'a> Uploader<'a> {
     pub async fn matrix(&mut self, name: &str) -> Result<GpuMatrix> {
         let t = self.tensor(name, 2, "a matrix")?;
         let (n_in, n_rows) = (t.dims[0], t.dims[1]);
-        let parts = self.parts(&t, n_rows, "one weight row").await?;
+        let parts = self.parts(&t, n_rows, 1, "one weight row").await?;
         let parts = parts.into_iter().map(|(buffer, rows, row_offset)| WeightPart { buffer, rows, row_offset }).collect();
         Ok(GpuMatrix { name: name.to_string(), ty: t.ty, n_in: n_in as u32, n_rows: n_rows as u32, parts })
     }
@@ -107,7 +213,7 @@ impl<'a> Uploader<'a> {
     pub async fn experts(&mut self, name: &str) -> Result<GpuExperts> {
         let t = self.tensor(name, 3, "a stack of matrices")?;
         let (n_in, n_rows, n_expert) = (t.dims[0], t.dims[1], t.dims[2]);
-        let parts = self.parts(&t, n_expert, "one expert's weights").await?;
+        let parts = self.parts(&t, n_expert, n_rows, "one expert's weights").await?;
         let parts = parts.into_iter().map(|(buffer, experts, expert_offset)| ExpertPart { buffer, experts, expert_offset }).collect();
         Ok(GpuExperts { name: name.to_string(), ty: t.ty, n_in: n_in as u32, n_rows: n_rows as u32, n_expert: n_expert as u32, parts })
     }
@@ -149,6 +255,41 @@ impl<'a> Uploader<'a> {
             done += n as u64;
             self.pending += padded;
             self.uploaded += n as u64;
+            if self.pending >= FLUSH_BYTES {
+                self.flush()?;
+            }
+        }
+        Ok(buffer)
+    }
+
+    /// Copies rows `first..first + n` of tensor `t` (`src_row` bytes each in the file) into a
+    /// new buffer in GPU layout (`gpu_row` bytes each), whole rows at a time.
+    async fn copy_repacked(&mut self, t: &TensorInfo, (first, n): (u64, u64), src_row: u64, gpu_row: u64, label: &str) -> Result<wgpu::Buffer> {
+        let buffer = crate::buffer::storage(self.ctx, label, n * gpu_row)?;
+        let per_write = (CHUNK_BYTES as u64 / src_row).max(1);
+        let mut packed = Vec::new();
+        let mut done = 0u64;
+        while done < n {
+            let rows = per_write.min(n - done);
+            let (start, len) = ((first + done) * src_row, (rows * src_row) as usize);
+            let src: &[u8] = match self.file.tensor_bytes(t) {
+                Some(all) => &all[start as usize..start as usize + len],
+                None => {
+                    self.scratch.clear();
+                    self.scratch.resize(len, 0);
+                    self.file
+                        .read_tensor_range(t, start, &mut self.scratch)
+                        .await
+                        .map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?;
+                    &self.scratch
+                }
+            };
+            packed.clear();
+            layout::append_rows(t.ty, t.dims[0] as usize, src, &mut packed);
+            self.ctx.queue.write_buffer(&buffer, done * gpu_row, &packed);
+            done += rows;
+            self.pending += packed.len();
+            self.uploaded += len as u64;
             if self.pending >= FLUSH_BYTES {
                 self.flush()?;
             }

@@ -6,6 +6,7 @@ use std::sync::LazyLock;
 
 use flint_core::quant::{self, QuantType};
 use flint_gpu::buffer::{read_f32, storage_init};
+use flint_gpu::weights::layout;
 use flint_gpu::ops::embed::Embed;
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
@@ -48,12 +49,14 @@ async fn run(ctx: &GpuContext, ty: QuantType, n_embd: usize, vocab: usize, split
     let table = random_table(ty, vocab * n_embd, &mut rng);
     let mut want = vec![0f32; vocab * n_embd];
     quant::dequantize(ty, &table, &mut want).unwrap();
-    let row_bytes = table.len() / vocab;
+    // The table as the uploader lays it out on the GPU (weights::layout).
+    let gpu_table = layout::to_gpu(ty, n_embd, &table);
+    let row_bytes = gpu_table.len() / vocab;
     let parts = [(0, split), (split, vocab - split)];
     let x = storage_init(ctx, "x", bytemuck::cast_slice(&vec![SENTINEL; rows * n_embd])).unwrap();
     let mut ops = Vec::new();
     for &(first, count) in &parts {
-        let buf = storage_init(ctx, "table_part", &table[first * row_bytes..(first + count) * row_bytes]).unwrap();
+        let buf = storage_init(ctx, "table_part", &gpu_table[first * row_bytes..(first + count) * row_bytes]).unwrap();
         let op = Embed::new(ctx, &CACHE, &batch, ty, n_embd as u32, count as u32, first as u32, &buf, &x, scale)
             .await
             .unwrap_or_else(|e| panic!("{ty}: {e}"));

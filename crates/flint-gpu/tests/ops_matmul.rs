@@ -8,6 +8,7 @@ use std::sync::LazyLock;
 
 use flint_core::quant::{self, QuantType};
 use flint_gpu::buffer::{read_f32, storage_init};
+use flint_gpu::weights::layout;
 use flint_gpu::ops::matmul::{Matmul, MatmulDesc, TOKEN_BLOCKS};
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
@@ -91,7 +92,7 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case, seed: u64) 
         .map(|i| if inside(i / y_stride_u, i % y_stride_u) { rng.f32() } else { SENTINEL })
         .collect();
 
-    let w_buf = storage_init(ctx, "w", &w_bytes).unwrap();
+    let w_buf = storage_init(ctx, "w", &layout::to_gpu(ty, n_in, &w_bytes)).unwrap();
     let x_buf = storage_init(ctx, "x", bytemuck::cast_slice(&x)).unwrap();
     let y_buf = storage_init(ctx, "y", bytemuck::cast_slice(&y0)).unwrap();
     let b_buf = storage_init(ctx, "bias", bytemuck::cast_slice(&b)).unwrap();
@@ -276,7 +277,7 @@ fn rejects_bad_shapes() {
 async fn rows_by_step(ctx: &GpuContext, cache: &PipelineCache, ty: QuantType, n_in: u32, n_rows: u32, sizes: &[u32]) -> Vec<Vec<Vec<f32>>> {
     let max = *sizes.iter().max().unwrap();
     let mut rng = TestRng::new(77);
-    let w = storage_init(ctx, "w", &random_weights(ty, (n_rows * n_in) as usize, &mut rng)).unwrap();
+    let w = storage_init(ctx, "w", &layout::to_gpu(ty, n_in as usize, &random_weights(ty, (n_rows * n_in) as usize, &mut rng))).unwrap();
     let x = storage_init(ctx, "x", bytemuck::cast_slice(&rng.vec((max * n_in) as usize))).unwrap();
     let y = storage_init(ctx, "y", &vec![0u8; (max * n_rows * 4) as usize]).unwrap();
     let batch = Batch::new(ctx, max, 1, 1, 16).unwrap();

@@ -7,6 +7,7 @@
 use flint_core::quant::{self, QuantType};
 use flint_core::reference::ops;
 use flint_gpu::buffer::{read_f32, read_u32, storage_init};
+use flint_gpu::weights::layout;
 use flint_gpu::ops::matmul::{Matmul, MatmulDesc, MatmulIds};
 use flint_gpu::ops::moe::{MoeCombine, MoeDesc, MoeRoute, MoeRoutes};
 use flint_gpu::ops::Batch;
@@ -153,11 +154,13 @@ async fn matmul_case(ctx: &GpuContext, cache: &PipelineCache, c: Case, seed: u64
     let y_len = max_tokens * k * n_rows;
     let xb = f32s(ctx, "x", &x);
     let yb = f32s(ctx, "y", &vec![SENTINEL_F; y_len]);
-    let expert_bytes = w_bytes.len() / c.n_expert as usize;
+    // The stack as the uploader lays it out on the GPU (weights::layout).
+    let gpu_bytes = layout::to_gpu(c.ty, n_in, &w_bytes);
+    let expert_bytes = gpu_bytes.len() / c.n_expert as usize;
     let cuts = if c.split { vec![0, c.n_expert / 3, c.n_expert] } else { vec![0, c.n_expert] };
     let mut ops_ = Vec::new();
     for p in cuts.windows(2).filter(|p| p[1] > p[0]) {
-        let wb = storage_init(ctx, "w", &w_bytes[p[0] as usize * expert_bytes..p[1] as usize * expert_bytes]).unwrap();
+        let wb = storage_init(ctx, "w", &gpu_bytes[p[0] as usize * expert_bytes..p[1] as usize * expert_bytes]).unwrap();
         let ids = MatmulIds {
             n_expert: p[1] - p[0],
             expert_offset: p[0],

@@ -75,7 +75,7 @@ impl Embed {
         if batch.max_tokens > MAX_GROUPS_X {
             return Err(GpuError::Limit { what: "embed tokens per step", need: batch.max_tokens as u64, limit: MAX_GROUPS_X as u64 });
         }
-        let row_bytes = ty.bytes_for(n_embd as u64).unwrap_or(u64::MAX);
+        let row_bytes = crate::weights::layout::row_bytes(ty, n_embd as u64).unwrap_or(u64::MAX);
         let table_bytes = row_bytes.saturating_mul(part_rows as u64);
         if table_bytes > u32::MAX as u64 {
             // The shader addresses table bytes with u32.

@@ -386,7 +386,7 @@ impl Matmul {
         if d.max_tokens == 0 {
             return Err(unsupported(format!("{}: max_tokens is 0", d.label)));
         }
-        let row_bytes = d.ty.bytes_for(d.n_in as u64).unwrap_or(u64::MAX);
+        let row_bytes = crate::weights::layout::row_bytes(d.ty, d.n_in as u64).unwrap_or(u64::MAX);
         let tokens = d.max_tokens as u64;
         let n_expert = d.ids.map_or(1, |i| i.n_expert as u64);
         let w_bytes = row_bytes.saturating_mul(d.n_rows as u64).saturating_mul(n_expert);
