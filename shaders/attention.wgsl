@@ -43,7 +43,12 @@ const NEG_BIG: f32 = -3.0e38;
 @group(0) @binding(4) var<storage, read> block_table: array<u32>;       // [n_seq, max_blocks]
 @group(0) @binding(5) var<storage, read> q: array<vec4<f32>>;           // [n_tok, n_head * head_dim] f32
 @group(0) @binding(6) var<storage, read> k_cache: array<vec4<f32>>;     // [n_slots, kv_dim] f32
+#ifdef HEAD_DIM
+// The serial kernel reads V rows as vec4 (its HEAD_DIM_V and so v_dim are multiples of 4).
+@group(0) @binding(7) var<storage, read> v_cache: array<vec4<f32>>;     // [n_slots, v_dim / 4] vec4
+#else
 @group(0) @binding(7) var<storage, read> v_cache: array<f32>;           // [n_slots, v_dim] f32
+#endif
 @group(0) @binding(8) var<storage, read_write> out: array<f32>;         // [n_tok, n_head * head_dim_v] f32
 // Split partials: [part_cap, head_dim_v] unnormalized outputs, then [part_cap] (max, sum)
 // pairs; record (t * n_head + h) * split_stride + s.
@@ -141,6 +146,7 @@ fn reduce_sum(tid: u32, x: f32) -> f32 {
     return r;
 }
 
+#ifndef HEAD_DIM
 @compute @workgroup_size(WG)
 fn split(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -236,6 +242,8 @@ fn split(
     }
 }
 
+#endif
+
 @compute @workgroup_size(WG_COMBINE)
 fn combine(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -289,11 +297,6 @@ fn combine(
 const HD4: u32 = HEAD_DIM / 4u;
 const HDV4: u32 = HEAD_DIM_V / 4u;
 
-// The 4 V values at v_cache[i ..].
-fn v_quad(i: u32) -> vec4<f32> {
-    return vec4<f32>(v_cache[i], v_cache[i + 1u], v_cache[i + 2u], v_cache[i + 3u]);
-}
-
 @compute @workgroup_size(WG_ROWS)
 fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = wg.x * WG_ROWS + lid;
@@ -335,8 +338,9 @@ fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let pj = exp(sc - m_new);
         l = l * alpha + pj;
         m = m_new;
-        let vrow = slot * params.v_dim + kvh * HEAD_DIM_V;
-        // acc[k] = fma(vec4(pj), v_quad(vrow + 4k), acc[k] * alpha) for each k < HDV4.
+        let vrow = (slot * params.v_dim + kvh * HEAD_DIM_V) / 4u;
+        // acc[k] = fma(vec4(pj), v_cache[vrow + k], acc[k] * alpha) for each k < HDV4: one
+        // 16-byte load per 4 values (where loads are issued lane by lane, they bound the loop).
         ROWS_ACC
     }
 

@@ -119,7 +119,7 @@ pub fn rows_code(head_dim: u32) -> (String, String) {
     let (mut dot, mut acc) = (String::new(), String::new());
     for k in 0..head_dim / 4 {
         dot += &format!("d4 = fma(qv[{k}], k_cache[krow + {k}u], d4);\n");
-        acc += &format!("acc[{k}] = fma(vec4<f32>(pj), v_quad(vrow + {}u), acc[{k}] * alpha);\n", 4 * k);
+        acc += &format!("acc[{k}] = fma(vec4<f32>(pj), v_cache[vrow + {k}u], acc[{k}] * alpha);\n");
     }
     (dot, acc)
 }
