@@ -40,7 +40,7 @@ pub mod layout {
         if !repacked(ty) {
             return ty.bytes_for(n_in);
         }
-        if n_in % Q8_0_ELEMS as u64 != 0 {
+        if !n_in.is_multiple_of(Q8_0_ELEMS as u64) {
             return None;
         }
         let blocks = n_in / Q8_0_ELEMS as u64;
