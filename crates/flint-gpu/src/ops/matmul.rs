@@ -51,11 +51,15 @@ pub const DECODE_ROWS: u32 = 8;
 /// decode step took 575 → 432 ms (gemma-3-270m) and 1019 → 563 ms (qwen2.5-coder-0.5b);
 /// Q8_0 640 → 100000 × 4 tokens 74 → 57 ms (64 rows: 81 ms).
 pub const SMALL_STEP_ROWS: u32 = 32;
-/// Workgroup size of the CPU-adapter kernels: one 8-lane SIMD group, so even a small matrix
-/// spreads over the CPU's threads (64 measured no faster on lavapipe, and each size is one
-/// more set of slow-to-compile pipelines).
-const CPU_WGS: [u32; 1] = [8];
-const CPU_MIN_GROUPS: u64 = 1;
+/// Workgroup sizes of the CPU-adapter kernels: 64 invocations (8 SIMD groups) where that still
+/// leaves [`CPU_MIN_GROUPS`] workgroups to spread over the CPU's threads, else one 8-lane SIMD
+/// group, so a small matrix or step still spreads. On lavapipe the larger workgroup runs
+/// gemma's Q8_0 head (640 → 131072 rows per part) in 26.5 ms against 31.6 (one token) and
+/// 56.6 against 72.2 (8 tokens), and a Q5_0 896 → 4864 prompt step of 128 tokens in 57.0 against
+/// 64.3 ms; a 2048-row matrix, 1 or 2 workgroups of 64, was slower (0.77 → 1.10 ms), hence the
+/// threshold (`matmul_speed`, same run).
+const CPU_WGS: [u32; 2] = [64, 8];
+const CPU_MIN_GROUPS: u64 = 16;
 
 /// The static shape of one weight part's matmul.
 #[derive(Clone, Copy, Debug)]
