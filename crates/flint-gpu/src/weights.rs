@@ -105,6 +105,18 @@ pub mod layout {
     }
 }
 
+/// `len` bytes of tensor `t` from byte `start`, zero-padded to `padded` bytes: straight from
+/// the mapped file where it is mapped and no padding is needed, else read into `scratch`.
+async fn read_range<'s>(file: &'s GgufFile, scratch: &'s mut Vec<u8>, t: &TensorInfo, start: u64, len: usize, padded: usize) -> Result<&'s [u8]> {
+    if let Some(all) = file.tensor_bytes(t).filter(|_| padded == len) {
+        return Ok(&all[start as usize..start as usize + len]);
+    }
+    scratch.clear();
+    scratch.resize(padded, 0);
+    file.read_tensor_range(t, start, &mut scratch[..len]).await.map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?;
+    Ok(scratch)
+}
+
 /// Bytes copied per `write_buffer`; the queue is flushed every [`FLUSH_BYTES`] so staging
 /// memory stays bounded too.
 const CHUNK_BYTES: usize = 4 << 20;
@@ -239,25 +251,10 @@ impl<'a> Uploader<'a> {
             let n = (CHUNK_BYTES as u64).min(len - done) as usize;
             // write_buffer needs a multiple of 4 bytes: pad the last chunk with zeros.
             let padded = n.next_multiple_of(4);
-            let src: &[u8] = match self.file.tensor_bytes(t) {
-                Some(all) if padded == n => &all[(start + done) as usize..(start + done) as usize + n],
-                _ => {
-                    self.scratch.clear();
-                    self.scratch.resize(padded, 0);
-                    self.file
-                        .read_tensor_range(t, start + done, &mut self.scratch[..n])
-                        .await
-                        .map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?;
-                    &self.scratch
-                }
-            };
+            let src = read_range(self.file, &mut self.scratch, t, start + done, n, padded).await?;
             self.ctx.queue.write_buffer(&buffer, done, src);
             done += n as u64;
-            self.pending += padded;
-            self.uploaded += n as u64;
-            if self.pending >= FLUSH_BYTES {
-                self.flush()?;
-            }
+            self.queued(padded, n)?;
         }
         Ok(buffer)
     }
@@ -272,29 +269,25 @@ impl<'a> Uploader<'a> {
         while done < n {
             let rows = per_write.min(n - done);
             let (start, len) = ((first + done) * src_row, (rows * src_row) as usize);
-            let src: &[u8] = match self.file.tensor_bytes(t) {
-                Some(all) => &all[start as usize..start as usize + len],
-                None => {
-                    self.scratch.clear();
-                    self.scratch.resize(len, 0);
-                    self.file
-                        .read_tensor_range(t, start, &mut self.scratch)
-                        .await
-                        .map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?;
-                    &self.scratch
-                }
-            };
+            let src = read_range(self.file, &mut self.scratch, t, start, len, len).await?;
             packed.clear();
             layout::append_rows(t.ty, t.dims[0] as usize, src, &mut packed);
             self.ctx.queue.write_buffer(&buffer, done * gpu_row, &packed);
             done += rows;
-            self.pending += packed.len();
-            self.uploaded += len as u64;
-            if self.pending >= FLUSH_BYTES {
-                self.flush()?;
-            }
+            self.queued(packed.len(), len)?;
         }
         Ok(buffer)
+    }
+
+    /// Counts a queued write of `written` bytes (`read` of them from the file) and flushes the
+    /// queue once [`FLUSH_BYTES`] are pending.
+    fn queued(&mut self, written: usize, read: usize) -> Result<()> {
+        self.pending += written;
+        self.uploaded += read as u64;
+        if self.pending >= FLUSH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
     }
 
     /// Submits queued writes so their staging memory is released.
