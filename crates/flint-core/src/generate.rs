@@ -60,6 +60,9 @@ pub struct Summary {
     pub prefill_tok_s: f64,
     /// Tokens after the first per second.
     pub decode_tok_s: f64,
+    /// Speculative decoding: tokens drafted for this choice and how many the model accepted.
+    pub draft_tokens: usize,
+    pub accepted_draft_tokens: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -138,6 +141,7 @@ pub struct Generation {
     t_start: Option<f64>,
     t_first: Option<f64>,
     done: bool,
+    spec: crate::spec::SpecCounts,
 }
 
 impl Generation {
@@ -176,6 +180,7 @@ impl Generation {
             t_start: None,
             t_first: None,
             done: false,
+            spec: Default::default(),
         })
     }
 
@@ -194,6 +199,21 @@ impl Generation {
     /// Tokens generated so far.
     pub fn completion_tokens(&self) -> usize {
         self.completion
+    }
+
+    /// Tokens it may still generate (None: no `max_tokens`).
+    pub fn remaining(&self) -> Option<usize> {
+        self.max_tokens.map(|m| m.saturating_sub(self.completion))
+    }
+
+    /// The sampler draws greedily (the argmax): drafts are verified by equality.
+    pub fn is_greedy(&self) -> bool {
+        self.sampler.params().temperature <= 0.0
+    }
+
+    /// A verify step drafted `drafted` tokens for this choice and the model took `accepted`.
+    pub fn record_drafts(&mut self, drafted: usize, accepted: usize) {
+        self.spec.add(drafted, accepted);
     }
 
     /// The first step that runs this choice's prompt starts at `now`, `cached` prompt tokens
@@ -264,6 +284,8 @@ impl Generation {
             ttft_ms,
             prefill_tok_s,
             decode_tok_s,
+            draft_tokens: self.spec.drafted as usize,
+            accepted_draft_tokens: self.spec.accepted as usize,
         };
         let tail = self.decoder.finish();
         if !self.stop_hit {

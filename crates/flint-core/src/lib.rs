@@ -12,4 +12,5 @@ pub mod reference;
 pub mod sampling;
 pub mod sched;
 pub mod selftest;
+pub mod spec;
 pub mod tokenizer;

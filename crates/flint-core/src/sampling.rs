@@ -277,6 +277,8 @@ pub fn log_softmax_top(logits: &[f32], id: u32, n: usize) -> (f32, Vec<(u32, f32
 
 /// Draws tokens from logits with the configured settings and keeps what the penalties need:
 /// the tokens seen so far (feed them with [`Sampler::accept`]) and the allowed-token mask.
+/// A clone continues independently (a verify step's row after drafted tokens).
+#[derive(Clone)]
 pub struct Sampler {
     params: SamplingParams,
     rng: Rng,

@@ -60,6 +60,11 @@ struct Seq {
     /// Forks made once the prompt is computed.
     forks: Vec<SeqId>,
     state: State,
+    /// Tokens proposed for the next step (see [`Scheduler::propose`]).
+    draft: Vec<u32>,
+    /// The last `drafted` of `tokens` are drafts under verification, until
+    /// [`Scheduler::resolve`].
+    drafted: usize,
 }
 
 /// One sequence's share of a step: tokens `start..start + len` of the sequence.
@@ -72,6 +77,9 @@ pub struct PlanEntry {
     pub output: bool,
     /// Forks made at this step from this entry's last position; each wants its own output.
     pub forked: Vec<SeqId>,
+    /// The entry's last `drafted` tokens are drafts: it wants an output at each of its last
+    /// `drafted + 1` positions (a verify step; see [`crate::spec`]).
+    pub drafted: usize,
 }
 
 /// What the next forward step runs.
@@ -103,6 +111,9 @@ pub struct SchedStats {
     pub batch_seqs: Histogram,
     /// Tokens per step, over every step so far.
     pub batch_tokens: Histogram,
+    /// Speculative decoding: tokens drafted and accepted so far (the engine's run loop keeps
+    /// these).
+    pub spec: crate::spec::SpecCounts,
 }
 
 /// KV blocks summed over the block groups.
@@ -147,6 +158,8 @@ pub struct Scheduler {
     running: Vec<SeqId>,
     next_id: SeqId,
     stats: SchedStats,
+    /// Output rows a step may give drafts, beyond one per sequence.
+    draft_rows: usize,
 }
 
 impl Scheduler {
@@ -154,11 +167,76 @@ impl Scheduler {
         if cfg.max_batch_tokens == 0 || cfg.max_seqs == 0 || cfg.n_ctx == 0 {
             return Err(SchedError::Invalid("max_batch_tokens, max_seqs and n_ctx must be positive"));
         }
-        Ok(Scheduler { cfg, kv, seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), next_id: 1, stats: SchedStats::default() })
+        Ok(Scheduler {
+            cfg,
+            kv,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 1,
+            stats: SchedStats::default(),
+            draft_rows: 0,
+        })
     }
 
     pub fn config(&self) -> &SchedConfig {
         &self.cfg
+    }
+
+    /// Output rows each step may spend on drafted tokens, all sequences together (the
+    /// backend's output rows beyond one per sequence); 0, the default, turns drafting off.
+    pub fn set_draft_rows(&mut self, rows: usize) {
+        self.draft_rows = rows;
+    }
+
+    /// Proposes `draft` to follow running sequence `id`'s pending token in the next step: if
+    /// `id` is decoding and the budget, the output rows and its context allow, the step runs
+    /// the pending token and as many drafts as fit, with an output at each; otherwise (or for
+    /// what does not fit) they are dropped. Proposals last one step.
+    pub fn propose(&mut self, id: SeqId, draft: Vec<u32>) {
+        if let Some(s) = self.seqs.get_mut(&id) {
+            if s.state == State::Running && s.tokens.len() == s.computed + 1 && s.drafted == 0 {
+                s.draft = draft;
+            }
+        }
+    }
+
+    /// `id` runs and its next step would decode one token (where drafts may follow it).
+    pub fn is_decoding(&self, id: SeqId) -> bool {
+        self.seqs.get(&id).is_some_and(|s| s.state == State::Running && s.tokens.len() == s.computed + 1 && s.drafted == 0)
+    }
+
+    /// The drafts `id` is running this step (empty when none).
+    pub fn drafts(&self, id: SeqId) -> &[u32] {
+        let s = self.seq(id);
+        &s.tokens[s.tokens.len() - s.drafted..]
+    }
+
+    /// After a verify step: keeps `id`'s first `accepted` drafts and rolls its KV back past
+    /// them; only the kept tokens reach the prefix index. The token the target chose next is
+    /// then [`Scheduler::append`]ed as after any step.
+    pub fn resolve(&mut self, id: SeqId, accepted: usize) -> Result<(), crate::kv::KvError> {
+        let s = self.seqs.get_mut(&id).expect("running");
+        if s.drafted == 0 {
+            return Ok(());
+        }
+        let keep = s.tokens.len() - s.drafted + accepted.min(s.drafted);
+        s.tokens.truncate(keep);
+        s.drafted = 0;
+        s.computed = s.computed.min(keep);
+        self.kv.truncate(id, s.computed)?;
+        self.kv.commit(id, &s.tokens);
+        Ok(())
+    }
+
+    /// Drops `id`'s drafts under verification (their positions' KV is rolled back by the
+    /// caller, or the sequence's blocks go entirely).
+    fn undraft(s: &mut Seq) {
+        let keep = s.tokens.len() - s.drafted;
+        s.tokens.truncate(keep);
+        s.computed = s.computed.min(keep);
+        s.drafted = 0;
+        s.draft.clear();
     }
 
     pub fn kv(&self) -> &KvCache {
@@ -177,9 +255,9 @@ impl Scheduler {
         let ids: Vec<SeqId> = (0..=n_forks as u64).map(|i| self.next_id + i).collect();
         self.next_id += ids.len() as u64;
         for &id in &ids[1..] {
-            self.seqs.insert(id, Seq { tokens: prompt.clone(), computed: 0, cached: None, forks: Vec::new(), state: State::Pending });
+            self.seqs.insert(id, Seq { tokens: prompt.clone(), computed: 0, cached: None, forks: Vec::new(), state: State::Pending, draft: Vec::new(), drafted: 0 });
         }
-        self.seqs.insert(ids[0], Seq { tokens: prompt, computed: 0, cached: None, forks: ids[1..].to_vec(), state: State::Waiting });
+        self.seqs.insert(ids[0], Seq { tokens: prompt, computed: 0, cached: None, forks: ids[1..].to_vec(), state: State::Waiting, draft: Vec::new(), drafted: 0 });
         self.kv.open(ids[0]);
         self.waiting.push_back(ids[0]);
         Ok(ids)
@@ -223,6 +301,8 @@ impl Scheduler {
         let mut copies: Vec<(SeqId, GroupCopy)> = Vec::new();
         let mut preempted = Vec::new();
         let mut budget = self.cfg.max_batch_tokens;
+        let mut draft_rows = self.draft_rows;
+        let n_ctx = self.cfg.n_ctx;
         let pending = |s: &Seq| s.tokens.len() - s.computed;
         // Decodes first, then the chunks of prompts being prefilled; oldest first in each.
         let (decodes, chunks): (Vec<SeqId>, Vec<SeqId>) = self.running.iter().partition(|id| pending(&self.seqs[id]) <= 1);
@@ -230,18 +310,27 @@ impl Scheduler {
             if budget == 0 {
                 break;
             }
-            let s = &self.seqs[&id];
+            let s = self.seqs.get_mut(&id).expect("running");
             if s.state != State::Running || pending(s) == 0 {
                 continue;
             }
-            let n = pending(s).min(budget);
+            // A decode with a proposal takes the drafts that fit: the budget, the rows, and
+            // the context with room for the token after the last.
+            let draft = std::mem::take(&mut s.draft);
+            if pending(s) == 1 && !draft.is_empty() {
+                let k = draft.len().min(budget - 1).min(draft_rows).min(n_ctx.saturating_sub(s.tokens.len() + 1));
+                s.tokens.extend_from_slice(&draft[..k]);
+                s.drafted = k;
+                draft_rows -= k;
+            }
+            let (n, drafted) = (pending(s).min(budget), s.drafted);
             let (start, end) = (s.computed, s.computed + n);
             let output = end == s.tokens.len();
             loop {
                 if let Ok(c) = self.kv.reserve(id, end) {
                     copies.extend(c.into_iter().map(|c| (id, c)));
                     budget -= n;
-                    entries.push(PlanEntry { seq: id, start, len: n, output, forked: Vec::new() });
+                    entries.push(PlanEntry { seq: id, start, len: n, output, forked: Vec::new(), drafted });
                     break;
                 }
                 // Short of blocks: the newest running sequence goes, its plan entry with it.
@@ -249,7 +338,9 @@ impl Scheduler {
                 self.preempt(victim);
                 preempted.push(victim);
                 if let Some(at) = entries.iter().position(|e| e.seq == victim) {
-                    budget += entries.remove(at).len;
+                    let e = entries.remove(at);
+                    budget += e.len;
+                    draft_rows += e.drafted;
                 }
                 copies.retain(|(s, _)| *s != victim);
                 if victim == id {
@@ -286,7 +377,7 @@ impl Scheduler {
             self.seqs.get_mut(&id).expect("queued").state = State::Running;
             self.running.push(id);
             budget -= n;
-            entries.push(PlanEntry { seq: id, start, len: n, output: end == len, forked: Vec::new() });
+            entries.push(PlanEntry { seq: id, start, len: n, output: end == len, forked: Vec::new(), drafted: 0 });
         }
         // Prompts computed by this step fork their choices (no preemption follows).
         for e in &mut entries {
@@ -332,6 +423,10 @@ impl Scheduler {
     /// its generated tokens now part of its prompt.
     fn preempt(&mut self, id: SeqId) {
         let s = self.seqs.get_mut(&id).expect("running");
+        Self::undraft(s);
+        // Only computed positions may be indexed: this step may already have reserved more
+        // (a victim planned earlier in the same step), which hold nothing yet.
+        let _ = self.kv.truncate(id, s.computed);
         self.kv.commit(id, &s.tokens);
         self.kv.reset(id);
         s.computed = 0;
@@ -348,7 +443,10 @@ impl Scheduler {
             for &id in std::iter::once(&e.seq).chain(&e.forked) {
                 let s = self.seqs.get_mut(&id).expect("planned");
                 s.computed = e.start + e.len;
-                self.kv.commit(id, &s.tokens);
+                // Drafts reach the index only once accepted (`resolve`).
+                if e.drafted == 0 {
+                    self.kv.commit(id, &s.tokens);
+                }
                 self.kv.slide(id);
             }
         }
@@ -372,7 +470,8 @@ impl Scheduler {
     }
 
     fn end(&mut self, id: SeqId, commit: bool) {
-        let Some(s) = self.seqs.remove(&id) else { return };
+        let Some(mut s) = self.seqs.remove(&id) else { return };
+        Self::undraft(&mut s);
         match s.state {
             State::Pending => {
                 for p in self.seqs.values_mut() {
@@ -385,6 +484,7 @@ impl Scheduler {
         }
         if self.kv.is_open(id) {
             if commit {
+                let _ = self.kv.truncate(id, s.computed);
                 self.kv.commit(id, &s.tokens);
             }
             self.kv.release(id);
@@ -408,18 +508,26 @@ impl Scheduler {
     /// sequence that wants a sample (the entry's own and its forks'), drawn with its sampler
     /// from `samplers` (taken out of the map).
     pub fn batch<'a>(&'a self, plan: &'a StepPlan, samplers: &mut HashMap<SeqId, &'a mut Sampler>, logits: bool) -> StepBatch<'a> {
+        let mut rows: HashMap<SeqId, Vec<&'a mut Sampler>> = samplers.drain().map(|(id, s)| (id, vec![s])).collect();
+        self.batch_rows(plan, &mut rows, logits)
+    }
+
+    /// [`Scheduler::batch`] with one sampler per output row: a verify entry's rows in order
+    /// (row j draws the token after draft j, so its penalty history holds drafts 1..j).
+    pub fn batch_rows<'a>(&'a self, plan: &'a StepPlan, samplers: &mut HashMap<SeqId, Vec<&'a mut Sampler>>, logits: bool) -> StepBatch<'a> {
         let entries = plan
             .entries
             .iter()
             .map(|e| {
                 let outputs = if e.output {
-                    std::iter::once(&e.seq)
-                        .chain(&e.forked)
-                        .map(|id| {
-                            let sampler = samplers.remove(id).unwrap_or_else(|| panic!("no sampler for sequence {id}"));
-                            OutputRow { index: e.len - 1, sampler }
-                        })
-                        .collect()
+                    let mut rows = Vec::new();
+                    for id in std::iter::once(&e.seq).chain(&e.forked) {
+                        let list = samplers.remove(id).unwrap_or_else(|| panic!("no sampler for sequence {id}"));
+                        let first = if *id == e.seq { e.len - 1 - e.drafted } else { e.len - 1 };
+                        assert!(list.len() > e.len - 1 - first, "sequence {id} needs a sampler per output row");
+                        rows.extend(list.into_iter().enumerate().map(|(j, sampler)| OutputRow { index: first + j, sampler }));
+                    }
+                    rows
                 } else {
                     Vec::new()
                 };
@@ -434,6 +542,15 @@ impl StepPlan {
     /// Every sequence that gets an output row, in row order.
     pub fn output_seqs(&self) -> Vec<SeqId> {
         self.entries.iter().filter(|e| e.output).flat_map(|e| std::iter::once(e.seq).chain(e.forked.iter().copied())).collect()
+    }
+
+    /// Every sequence that gets output rows and how many, in row order.
+    pub fn output_rows(&self) -> Vec<(SeqId, usize)> {
+        self.entries
+            .iter()
+            .filter(|e| e.output)
+            .flat_map(|e| std::iter::once((e.seq, 1 + e.drafted)).chain(e.forked.iter().map(|&f| (f, 1))))
+            .collect()
     }
 }
 
@@ -503,7 +620,7 @@ mod tests {
         let mut s = sched(8, 4, 64, 64);
         let a = s.add(toks(1, 3), 0).unwrap()[0];
         let p = step(&mut s, 100);
-        assert_eq!(p.entries, vec![PlanEntry { seq: a, start: 0, len: 3, output: true, forked: vec![] }]);
+        assert_eq!(p.entries, vec![PlanEntry { seq: a, start: 0, len: 3, output: true, forked: vec![], drafted: 0 }]);
         let b = s.add(toks(2, 20), 0).unwrap()[0];
         // a decodes one token; b's prompt takes the other seven of the budget, then eight more.
         let p = step(&mut s, 100);
@@ -609,6 +726,74 @@ mod tests {
         let p = step(&mut s, 100);
         assert_eq!((p.entries[0].seq, p.entries[0].start, p.entries[0].len), (ids[3], 4, 2));
         assert_eq!(s.cached(ids[3]), 4);
+    }
+
+    #[test]
+    fn drafts_run_with_the_pending_token_and_only_accepted_ones_stay() {
+        let mut s = sched(8, 4, 32, 64);
+        s.set_draft_rows(4);
+        let a = s.add(toks(1, 6), 0).unwrap()[0];
+        step(&mut s, 100);
+        assert_eq!(s.tokens(a).len(), 7);
+        // Five drafted, but the budget (8) holds the pending token and four rows' worth.
+        s.propose(a, vec![11, 12, 13, 14, 15]);
+        let p = s.schedule();
+        assert_eq!(p.entries.iter().map(|e| (e.start, e.len, e.drafted)).collect::<Vec<_>>(), vec![(6, 5, 4)]);
+        assert_eq!(p.output_rows(), vec![(a, 5)]);
+        assert_eq!(s.drafts(a), &[11, 12, 13, 14]);
+        s.step_done(&p);
+        // Two accepted: positions 0..9 stay (prompt, the pending token, two drafts).
+        s.resolve(a, 2).unwrap();
+        assert_eq!(s.tokens(a)[6..], [106, 11, 12]);
+        assert_eq!(s.kv().len(a), 9);
+        // Rows are built per sequence in order.
+        s.append(a, 77);
+        let p = s.schedule();
+        assert_eq!(p.entries.iter().map(|e| (e.start, e.len, e.drafted)).collect::<Vec<_>>(), vec![(9, 1, 0)], "a proposal lasts one step");
+        s.step_done(&p);
+        s.append(a, 78);
+        // No rows for drafts, no drafts.
+        s.set_draft_rows(0);
+        s.propose(a, vec![1, 2]);
+        assert_eq!(s.schedule().entries[0].drafted, 0);
+    }
+
+    #[test]
+    fn only_accepted_drafts_reach_the_prefix_index() {
+        let mut s = sched(16, 4, 32, 64);
+        s.set_draft_rows(8);
+        let a = s.add(toks(1, 3), 0).unwrap()[0];
+        step(&mut s, 100);
+        // Pending token at position 3; drafts fill positions 4..8, completing block 1 (4..8).
+        s.propose(a, vec![20, 21, 22, 23, 24]);
+        let p = s.schedule();
+        s.step_done(&p);
+        s.resolve(a, 0).unwrap();
+        s.finish(a);
+        // A request with the drafted tokens as its prompt finds only block 0.
+        let mut with_drafts = toks(1, 3);
+        with_drafts.extend([103, 20, 21, 22, 23, 24, 5]);
+        let b = s.add(with_drafts, 0).unwrap()[0];
+        s.schedule();
+        assert_eq!(s.cached(b), 4);
+    }
+
+    #[test]
+    fn a_preempted_verify_drops_its_drafts() {
+        // 8 blocks of 4, two sequences; the older one's drafts need the blocks the newer holds.
+        let mut s = sched(64, 4, 32, 8);
+        s.set_draft_rows(16);
+        let a = s.add(toks(1, 11), 0).unwrap()[0];
+        let b = s.add(toks(2, 11), 0).unwrap()[0];
+        step(&mut s, 100);
+        s.propose(a, (0..12).collect());
+        let p = s.schedule();
+        assert_eq!(s.stats().preemptions, 1);
+        assert_eq!(p.entries.iter().map(|e| (e.seq, e.drafted)).collect::<Vec<_>>(), vec![(a, 12)]);
+        assert_eq!(s.tokens(b).len(), 12, "b keeps its tokens, drafts are a's only");
+        s.step_done(&p);
+        s.resolve(a, 12).unwrap();
+        assert_eq!(s.tokens(a).len(), 24);
     }
 
     #[test]

@@ -1,0 +1,242 @@
+//! Speculative decoding's pure logic: where drafts come from, how long they are, and which
+//! drafted tokens a verify step accepts. A sequence with k drafted tokens runs as one step
+//! entry of k + 1 tokens with an output row at every position (see [`crate::sched`]); the
+//! target's samples at those rows decide.
+//!
+//! Drafts here come from n-gram prompt lookup: the continuation of the most recent earlier
+//! occurrence of the sequence's last n tokens (prompt and generated), the longest n first, as
+//! llama.cpp's n-gram drafts and prompt-lookup decoding do. No second model.
+
+/// Where a sequence's drafts come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SpecKind {
+    #[default]
+    None,
+    /// N-gram prompt lookup in the sequence's own tokens.
+    Ngram,
+}
+
+impl std::str::FromStr for SpecKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<SpecKind, String> {
+        match s {
+            "none" => Ok(SpecKind::None),
+            "ngram" => Ok(SpecKind::Ngram),
+            _ => Err(format!("unknown speculative type {s:?} (none, ngram)")),
+        }
+    }
+}
+
+/// Speculation settings (flag names as llama.cpp's: `--spec-type`, `--draft-max`,
+/// `--draft-min`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpecConfig {
+    pub kind: SpecKind,
+    /// The most tokens drafted per step.
+    pub draft_max: usize,
+    /// Drafts shorter than this are not verified (the step decodes one token instead).
+    pub draft_min: usize,
+}
+
+/// Default `--draft-max`.
+pub const DRAFT_MAX: usize = 8;
+/// The longest n-gram looked up, and the shortest: a 1-token match predicts too little to be
+/// worth a verify step's extra tokens.
+pub const NGRAM_MAX: usize = 4;
+pub const NGRAM_MIN: usize = 2;
+/// Tokens of the sequence searched back from its end (bounds the lookup's cost per step).
+pub const NGRAM_WINDOW: usize = 4096;
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        SpecConfig { kind: SpecKind::None, draft_max: DRAFT_MAX, draft_min: 0 }
+    }
+}
+
+impl SpecConfig {
+    pub fn ngram() -> SpecConfig {
+        SpecConfig { kind: SpecKind::Ngram, ..SpecConfig::default() }
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.kind != SpecKind::None && self.draft_max > 0
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.draft_min > self.draft_max {
+            return Err(format!("--draft-min {} is above --draft-max {}", self.draft_min, self.draft_max));
+        }
+        if self.draft_max > 64 {
+            return Err(format!("--draft-max {} is above 64", self.draft_max));
+        }
+        Ok(())
+    }
+}
+
+/// Up to `k` tokens that followed the most recent earlier occurrence of the longest suffix of
+/// `tokens` (NGRAM_MAX down to NGRAM_MIN tokens) within the last NGRAM_WINDOW tokens; empty
+/// when there is none.
+pub fn ngram_draft(tokens: &[u32], k: usize) -> Vec<u32> {
+    let hay = &tokens[tokens.len().saturating_sub(NGRAM_WINDOW)..];
+    let len = hay.len();
+    if k == 0 {
+        return Vec::new();
+    }
+    for n in (NGRAM_MIN..=NGRAM_MAX).rev() {
+        if len <= n {
+            continue;
+        }
+        let suffix = &hay[len - n..];
+        // Most recent first; the match must end before the suffix starts, so that at least
+        // one token follows it.
+        for start in (0..len - n).rev() {
+            if &hay[start..start + n] == suffix {
+                let from = start + n;
+                return hay[from..(from + k).min(len)].to_vec();
+            }
+        }
+    }
+    Vec::new()
+}
+
+/// How many leading drafts the target's greedy choices confirm: draft i is accepted while it
+/// equals the target's token at row i (the row before it). `target` has one more row than
+/// `draft`; the token emitted after the accepted drafts is `target[accepted]`.
+pub fn accept_greedy(draft: &[u32], target: &[u32]) -> usize {
+    draft.iter().zip(target).take_while(|(d, t)| d == t).count()
+}
+
+/// Steps a sequence skips drafting after its acceptance falls below [`Adapt::PAUSE_BELOW`].
+const PAUSE_STEPS: u32 = 8;
+
+/// One sequence's draft length, adapted to its own recent acceptance only (never to other
+/// traffic, so that a seeded request's output does not depend on what else runs): the draft
+/// grows back while its drafts are accepted and shrinks to what was accepted when they are
+/// not; after a run of poor verify steps drafting pauses for a few steps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Adapt {
+    k: usize,
+    /// Exponentially weighted acceptance rate of recent verify steps.
+    rate: f64,
+    verified: u32,
+    paused: u32,
+}
+
+impl Adapt {
+    const PAUSE_BELOW: f64 = 0.2;
+    /// Verify steps before a pause can begin (the rate needs a few observations).
+    const WARM: u32 = 3;
+
+    pub fn new(cfg: &SpecConfig) -> Adapt {
+        Adapt { k: cfg.draft_max, rate: 1.0, verified: 0, paused: 0 }
+    }
+
+    /// The most tokens to draft this step (0 while paused); counts a paused step.
+    pub fn budget(&mut self, cfg: &SpecConfig) -> usize {
+        if self.paused > 0 {
+            self.paused -= 1;
+            return 0;
+        }
+        self.k.clamp(cfg.draft_min.max(1), cfg.draft_max)
+    }
+
+    /// Records a verify step: `drafted` tokens proposed, `accepted` of them taken.
+    pub fn record(&mut self, cfg: &SpecConfig, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        self.verified += 1;
+        self.rate = 0.7 * self.rate + 0.3 * accepted as f64 / drafted as f64;
+        self.k = if accepted == drafted { (drafted * 2).min(cfg.draft_max) } else { accepted + 1 };
+        if self.verified >= Self::WARM && self.rate < Self::PAUSE_BELOW {
+            self.paused = PAUSE_STEPS;
+            // Start over once drafting resumes.
+            (self.rate, self.verified, self.k) = (Self::PAUSE_BELOW, 0, cfg.draft_max.min(2));
+        }
+    }
+}
+
+/// Drafted and accepted tokens, summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecCounts {
+    pub drafted: u64,
+    pub accepted: u64,
+}
+
+impl SpecCounts {
+    pub fn add(&mut self, drafted: usize, accepted: usize) {
+        self.drafted += drafted as u64;
+        self.accepted += accepted as u64;
+    }
+
+    /// Accepted over drafted (0 before any draft).
+    pub fn rate(&self) -> f64 {
+        if self.drafted == 0 { 0.0 } else { self.accepted as f64 / self.drafted as f64 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ngram_takes_the_longest_most_recent_match() {
+        // "1 2 3 4" occurs twice; the last two tokens "3 4" also end both.
+        let t = [1, 2, 3, 4, 9, 9, 1, 2, 3, 4, 5, 6, 7, 0, 2, 3, 4];
+        // Suffix 4-gram "0 2 3 4" never occurred; the 3-gram "2 3 4" did, most recently at 7.
+        assert_eq!(ngram_draft(&t, 3), vec![5, 6, 7]);
+        assert_eq!(ngram_draft(&t, 10), vec![5, 6, 7, 0, 2, 3, 4]);
+        assert_eq!(ngram_draft(&t, 0), Vec::<u32>::new());
+        // No repeated bigram at the end: nothing.
+        assert!(ngram_draft(&[1, 2, 3, 4, 5], 4).is_empty());
+        // A single repeated token is below NGRAM_MIN.
+        assert!(ngram_draft(&[7, 1, 2, 7], 4).is_empty());
+        // Too short to search.
+        assert!(ngram_draft(&[5, 5], 4).is_empty());
+        // A run of one token drafts more of it.
+        assert_eq!(ngram_draft(&[5, 5, 5, 5], 4), vec![5]);
+    }
+
+    #[test]
+    fn greedy_acceptance_stops_at_the_first_mismatch() {
+        assert_eq!(accept_greedy(&[1, 2, 3], &[1, 2, 3, 4]), 3);
+        assert_eq!(accept_greedy(&[1, 2, 3], &[1, 5, 3, 4]), 1);
+        assert_eq!(accept_greedy(&[1, 2, 3], &[9, 2, 3, 4]), 0);
+        assert_eq!(accept_greedy(&[], &[9]), 0);
+    }
+
+    #[test]
+    fn draft_length_follows_the_sequence_own_acceptance() {
+        let cfg = SpecConfig { kind: SpecKind::Ngram, draft_max: 8, draft_min: 0 };
+        let mut a = Adapt::new(&cfg);
+        assert_eq!(a.budget(&cfg), 8);
+        a.record(&cfg, 8, 2);
+        assert_eq!(a.budget(&cfg), 3);
+        a.record(&cfg, 3, 3);
+        assert_eq!(a.budget(&cfg), 6);
+        // Rejections in a row pause drafting, then it resumes short.
+        let mut rejected = 0;
+        while a.paused == 0 {
+            let k = a.budget(&cfg);
+            a.record(&cfg, k, 0);
+            rejected += 1;
+            assert!(rejected < 10, "never paused");
+        }
+        let paused: Vec<usize> = (0..PAUSE_STEPS).map(|_| a.budget(&cfg)).collect();
+        assert!(paused.iter().all(|&k| k == 0), "{paused:?}");
+        assert_eq!(a.budget(&cfg), 2);
+        // draft_min raises the floor.
+        let cfg = SpecConfig { draft_min: 4, ..cfg };
+        let mut a = Adapt::new(&cfg);
+        a.record(&cfg, 8, 0);
+        assert_eq!(a.budget(&cfg), 4);
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        assert!(SpecConfig { draft_min: 5, draft_max: 4, kind: SpecKind::Ngram }.validate().is_err());
+        assert!(SpecConfig::ngram().validate().is_ok());
+        assert_eq!("ngram".parse::<SpecKind>(), Ok(SpecKind::Ngram));
+        assert!("draft".parse::<SpecKind>().is_err());
+    }
+}
