@@ -66,6 +66,33 @@ pub struct ModelArgs {
     /// the load (exit 1).
     #[arg(long = "self-test")]
     pub self_test: bool,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// Speculative decoding flags, with llama.cpp's names.
+#[derive(Args, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding: `ngram` drafts the continuation of the longest recent repeat of
+    /// the last tokens (prompt lookup) and the model verifies the draft in one step. Greedy
+    /// requests only (--temp 0); the output is exactly greedy decoding's.
+    #[arg(long = "spec-type", value_name = "TYPE", default_value = "none", value_parser = ["none", "ngram"])]
+    pub spec_type: String,
+    /// The most tokens drafted per step.
+    #[arg(long = "draft-max", visible_alias = "draft", value_name = "N", default_value_t = flint::DRAFT_MAX)]
+    pub draft_max: usize,
+    /// Drafts shorter than this are not verified.
+    #[arg(long = "draft-min", value_name = "N", default_value_t = 0)]
+    pub draft_min: usize,
+}
+
+impl SpecArgs {
+    pub fn config(&self) -> Result<flint::SpecConfig, Failure> {
+        let kind = self.spec_type.parse().map_err(Failure::usage)?;
+        let c = flint::SpecConfig { kind, draft_max: self.draft_max, draft_min: self.draft_min };
+        c.validate().map_err(Failure::usage)?;
+        Ok(c)
+    }
 }
 
 /// Sampling and stopping flags, with llama.cpp's names and defaults.
@@ -229,6 +256,7 @@ impl Opened {
             chat_template: template_file,
             compile_observer: Some(crate::progress::compile_line()),
             self_test: args.self_test,
+            spec: args.spec.config()?,
             ..LoadOptions::default()
         };
         let engine = Engine::load_path(&path, &opts).map_err(|e| match e {
@@ -343,6 +371,14 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
                         s.decode_tok_s,
                         s.ttft_ms
                     );
+                    if s.draft_tokens > 0 {
+                        eprintln!(
+                            "[speculative] drafted {} tok, accepted {} ({:.0}%)",
+                            s.draft_tokens,
+                            s.accepted_draft_tokens,
+                            100.0 * s.accepted_draft_tokens as f64 / s.draft_tokens as f64
+                        );
+                    }
                     r
                 }
                 (Format::Jsonl, Event::Done { summary: s, text, .. }) => {
@@ -361,6 +397,8 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
                             "ttft_ms": round1(s.ttft_ms),
                             "prefill_tok_s": round1(s.prefill_tok_s),
                             "decode_tok_s": round1(s.decode_tok_s),
+                            "draft_tokens": s.draft_tokens,
+                            "accepted_draft_tokens": s.accepted_draft_tokens,
                         })
                     )
                 }

@@ -41,6 +41,7 @@ use flint_core::generate::{default_clock, Clock};
 use flint_core::kv::KvCache;
 use flint_core::reference::CpuBackend;
 use flint_core::sched::{SchedConfig, Scheduler};
+pub use flint_core::spec::{SpecConfig, SpecKind, DRAFT_MAX};
 use flint_gpu::backend::GpuBackend;
 use flint_gpu::GpuContext;
 use runner::{Command, Runner};
@@ -73,6 +74,8 @@ pub enum EngineError {
     SelfTest { adapter: String, error: SelfTestError },
     #[error("the engine has stopped")]
     Closed,
+    #[error("invalid settings: {0}")]
+    Config(String),
 }
 
 impl EngineError {
@@ -137,6 +140,9 @@ pub struct LoadOptions {
     /// Runs the self-test at load (GPU backend): a short fixed input through layer 0 and the
     /// head on the GPU and on the CPU reference; a mismatch fails the load.
     pub self_test: bool,
+    /// Speculative decoding for greedy requests (`--spec-type ngram`): drafts verified in the
+    /// batched step; the output is exactly greedy decoding's.
+    pub spec: SpecConfig,
 }
 
 /// A [`CompileObserver`](flint_gpu::pipeline::CompileObserver) in [`LoadOptions`].
@@ -164,6 +170,7 @@ impl Default for LoadOptions {
             clock: None,
             compile_observer: None,
             self_test: false,
+            spec: SpecConfig::default(),
         }
     }
 }
@@ -320,14 +327,19 @@ impl Engine {
             (None, None) => None,
         };
         let max_seqs = opts.max_seqs.max(1);
-        let bopts = BackendOptions { n_ctx, max_seqs, max_batch_tokens: opts.max_batch_tokens.max(1), max_outputs: max_seqs, kv_budget_bytes };
+        opts.spec.validate().map_err(EngineError::Config)?;
+        // Every sequence may verify a full draft in one step: an output row per drafted token.
+        let draft_rows = if opts.spec.is_on() { max_seqs * opts.spec.draft_max } else { 0 };
+        let max_outputs = max_seqs + draft_rows;
+        let bopts = BackendOptions { n_ctx, max_seqs, max_batch_tokens: opts.max_batch_tokens.max(1), max_outputs, kv_budget_bytes };
         let file = Arc::new(file);
         let clock = opts.clock.unwrap_or(default_clock);
         let maker = BackendMaker { file: file.clone(), config: config.clone(), bopts: bopts.clone(), opts: opts.clone(), clock };
         let Made { backend, gpu, self_test } = maker.make().await?;
         let adapter_name = gpu.as_ref().map_or_else(|| "cpu".to_string(), |g: &Arc<GpuContext>| g.adapter_name());
         let sched_cfg = SchedConfig { max_batch_tokens: bopts.max_batch_tokens, max_seqs, n_ctx };
-        let sched = Scheduler::new(sched_cfg, KvCache::new(backend.kv_layout().clone()))?;
+        let mut sched = Scheduler::new(sched_cfg, KvCache::new(backend.kv_layout().clone()))?;
+        sched.set_draft_rows(draft_rows);
         let info = EngineInfo {
             tokenizer: tokenizer.clone(),
             template,
@@ -351,7 +363,7 @@ impl Engine {
             let maker = maker.clone();
             Box::pin(async move { maker.make().await.map(|m| (m.backend, m.gpu)) })
         });
-        let runner = Runner::new(backend, info.gpu.clone(), rebuild, sched, tokenizer, info.clock, n_ctx);
+        let runner = Runner::new(backend, info.gpu.clone(), rebuild, sched, tokenizer, info.clock, n_ctx, opts.spec);
         let run: RunLoop = Box::pin(async move {
             let _file = file;
             runner.run(rx).await;

@@ -16,6 +16,7 @@ use flint_core::generate::{Clock, Event, FinishReason, Generation};
 use flint_core::kv::SeqId;
 use flint_core::sampling::{Sampler, SamplingParams, NON_FINITE};
 use flint_core::sched::{SchedStats, Scheduler};
+use flint_core::spec::{accept_greedy, ngram_draft, Adapt, SpecConfig, SpecCounts};
 use flint_core::tokenizer::Tokenizer;
 
 use flint_gpu::GpuContext;
@@ -56,6 +57,8 @@ pub(crate) type Rebuild = Box<dyn FnMut() -> LocalBoxFuture<'static, Result<(Box
 struct Choice {
     seq: SeqId,
     gen: Generation,
+    /// Its draft length, adapted to its own acceptance.
+    adapt: Adapt,
 }
 
 struct RequestState {
@@ -80,6 +83,9 @@ pub(crate) struct Runner {
     owner: HashMap<SeqId, (u64, usize)>,
     /// Profiles and waits for the engine to be idle.
     profiles: Vec<Command>,
+    /// Speculative decoding (greedy requests draft by n-gram lookup when on).
+    spec: SpecConfig,
+    spec_counts: SpecCounts,
 }
 
 impl Runner {
@@ -91,9 +97,11 @@ impl Runner {
         tokenizer: Arc<Tokenizer>,
         clock: Clock,
         n_ctx: usize,
+        spec: SpecConfig,
     ) -> Runner {
         let (requests, owner, profiles) = (HashMap::new(), HashMap::new(), Vec::new());
-        Runner { backend, gpu, rebuild, lost: false, sched, tokenizer, clock, n_ctx, requests, owner, profiles }
+        let spec_counts = SpecCounts::default();
+        Runner { backend, gpu, rebuild, lost: false, sched, tokenizer, clock, n_ctx, requests, owner, profiles, spec, spec_counts }
     }
 
     /// Runs until every engine handle is gone.
@@ -140,7 +148,7 @@ impl Runner {
             }
             Command::ClearCache => self.sched.clear_cache(),
             Command::Stats(reply) => {
-                let _ = reply.send(self.sched.stats());
+                let _ = reply.send(SchedStats { spec: self.spec_counts, ..self.sched.stats() });
             }
             c @ (Command::Profile { .. } | Command::WhenIdle(_) | Command::WarmUp(_) | Command::Reload(_)) => self.profiles.push(c),
             Command::LoseDevice => {
@@ -193,7 +201,7 @@ impl Runner {
                 return;
             }
         };
-        let choices: Vec<Choice> = seqs.iter().zip(choices).map(|(&seq, gen)| Choice { seq, gen }).collect();
+        let choices: Vec<Choice> = seqs.iter().zip(choices).map(|(&seq, gen)| Choice { seq, gen, adapt: Adapt::new(&self.spec) }).collect();
         for (i, c) in choices.iter().enumerate() {
             self.owner.insert(c.seq, (id, i));
         }
@@ -242,7 +250,29 @@ impl Runner {
         }
     }
 
+    /// Drafts for every greedy choice about to decode (n-gram lookup in its own tokens), as
+    /// long as its adapted length and its remaining tokens allow.
+    fn propose_drafts(&mut self) {
+        for req in self.requests.values_mut() {
+            for c in req.choices.iter_mut() {
+                if c.gen.is_done() || !c.gen.is_greedy() || !self.sched.is_decoding(c.seq) {
+                    continue;
+                }
+                // The token the pending one brings is emitted anyway: drafts only past it.
+                let room = c.gen.remaining().map_or(usize::MAX, |r| r.saturating_sub(2));
+                let k = c.adapt.budget(&self.spec).min(room);
+                let draft = ngram_draft(self.sched.tokens(c.seq), k);
+                if !draft.is_empty() && draft.len() >= self.spec.draft_min {
+                    self.sched.propose(c.seq, draft);
+                }
+            }
+        }
+    }
+
     async fn step(&mut self) -> Result<(), BackendError> {
+        if self.spec.is_on() {
+            self.propose_drafts();
+        }
         let plan = self.sched.schedule();
         if plan.is_empty() {
             return Ok(());
@@ -258,40 +288,90 @@ impl Runner {
                 }
             }
         }
-        let outputs = plan.output_seqs();
-        let want_logits = outputs.iter().any(|s| self.owner.get(s).and_then(|(r, _)| self.requests.get(r)).is_some_and(|r| r.logits));
+        let rows = plan.output_rows();
+        let want_logits = rows.iter().any(|(s, _)| self.owner.get(s).and_then(|(r, _)| self.requests.get(r)).is_some_and(|r| r.logits));
+        // A verify entry's row j draws after drafts 1..j: its sampler is a copy of the choice's
+        // whose penalty history holds them.
+        let mut copies: Vec<(SeqId, Vec<Sampler>)> = Vec::new();
+        for &(seq, n) in rows.iter().filter(|(_, n)| *n > 1) {
+            let Some(&(rid, ci)) = self.owner.get(&seq) else { continue };
+            let Some(req) = self.requests.get_mut(&rid) else { continue };
+            let drafts = self.sched.drafts(seq);
+            let base = req.choices[ci].gen.sampler_mut();
+            copies.push((seq, (1..n).map(|j| {
+                let mut s = base.clone();
+                s.accept_all(&drafts[..j]);
+                s
+            }).collect()));
+        }
         let result = {
-            let mut samplers: HashMap<SeqId, &mut Sampler> = HashMap::new();
+            let mut samplers: HashMap<SeqId, Vec<&mut Sampler>> = HashMap::new();
             for req in self.requests.values_mut() {
-                for c in req.choices.iter_mut().filter(|c| outputs.contains(&c.seq)) {
-                    samplers.insert(c.seq, c.gen.sampler_mut());
+                for c in req.choices.iter_mut().filter(|c| rows.iter().any(|(s, _)| *s == c.seq)) {
+                    samplers.insert(c.seq, vec![c.gen.sampler_mut()]);
                 }
             }
-            let batch = self.sched.batch(&plan, &mut samplers, want_logits);
+            for (seq, list) in &mut copies {
+                if let Some(v) = samplers.get_mut(seq) {
+                    v.extend(list.iter_mut());
+                }
+            }
+            let batch = self.sched.batch_rows(&plan, &mut samplers, want_logits);
             self.backend.step(batch).await?
         };
         self.sched.step_done(&plan);
         let now = (self.clock)();
-        for (k, &seq) in outputs.iter().enumerate() {
+        let mut k = 0;
+        for &(seq, n) in &rows {
+            let at = k;
+            k += n;
             let Some(&(rid, ci)) = self.owner.get(&seq) else { continue };
             let Some(req) = self.requests.get_mut(&rid) else { continue };
-            let room = self.sched.tokens(seq).len() < self.n_ctx;
-            let sampled = result.sampled[k].clone();
-            let id = sampled.id;
-            if id == NON_FINITE {
-                let token = req.choices[ci].gen.completion_tokens() + 1;
+            let drafts = self.sched.drafts(seq).to_vec();
+            let sampled = &result.sampled[at..at + n];
+            let target: Vec<u32> = sampled.iter().map(|s| s.id).collect();
+            let accepted = accept_greedy(&drafts, &target);
+            if !drafts.is_empty() {
+                req.choices[ci].adapt.record(&self.spec, drafts.len(), accepted);
+                req.choices[ci].gen.record_drafts(drafts.len(), accepted);
+                self.spec_counts.add(drafts.len(), accepted);
+            }
+            // Rows up to the first mismatch are the tokens plain decoding would have drawn,
+            // one per step; each goes through the request as if it had.
+            let base = self.sched.tokens(seq).len() - drafts.len();
+            let (mut go_on, mut delivered, mut last, mut broken) = (true, true, 0, None);
+            for (j, s) in sampled[..=accepted].iter().enumerate() {
+                last = j;
+                if s.id == NON_FINITE {
+                    broken = Some(req.choices[ci].gen.completion_tokens() + 1);
+                    break;
+                }
+                let room = base + j < self.n_ctx;
+                let (mut events, on) = req.choices[ci].gen.on_sampled(&self.tokenizer, s.clone(), now, room);
+                if req.logits {
+                    if let Some(Event::Token { logits, .. }) = events.first_mut() {
+                        *logits = result.logits.get(at + j).cloned();
+                    }
+                }
+                delivered = events.into_iter().all(|e| req.events.unbounded_send(Ok(e)).is_ok());
+                go_on = on;
+                if !(go_on && delivered) {
+                    break;
+                }
+            }
+            // The drafts before the last row handled stay; that row's token is appended.
+            let resolved = self.sched.resolve(seq, last.min(accepted));
+            if let Some(token) = broken {
                 self.fail(rid, BackendError::NonFiniteLogits { token, backend: self.backend.name() });
                 continue;
             }
-            let (mut events, go_on) = req.choices[ci].gen.on_sampled(&self.tokenizer, sampled, now, room);
-            if req.logits {
-                if let Some(Event::Token { logits, .. }) = events.first_mut() {
-                    *logits = result.logits.get(k).cloned();
-                }
+            if let Err(e) = resolved {
+                self.fail(rid, BackendError::Kv(e));
+                continue;
             }
-            let delivered = events.into_iter().all(|e| req.events.unbounded_send(Ok(e)).is_ok());
+            let Some(req) = self.requests.get_mut(&rid) else { continue };
             if go_on && delivered {
-                self.sched.append(seq, id);
+                self.sched.append(seq, target[last]);
             } else {
                 self.sched.finish(seq);
                 self.owner.remove(&seq);

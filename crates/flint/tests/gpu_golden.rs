@@ -7,17 +7,30 @@
 //! Every request's every logit must equal its solo run's bit for bit (the kernels are
 //! batch-invariant). And gemma once more with its weights split at 64 MB (two prompts); and
 //! forced preemption.
+//!
+//! Speculative decoding with n-gram drafts rides on the same runs (the kernels are compiled
+//! already): greedy requests that draft from their own tokens must give the tokens and logits
+//! of greedy decoding without speculation, bit for bit (a verify entry's rows equal one-token
+//! steps), alone and sharing steps with sampled requests that do not speculate; and drafts
+//! must have been both accepted and rejected, so the verify path really ran.
 
 mod common;
 
 use common::{assert_same, check_golden, golden_prompt, solo, together, Job, Output};
-use flint::{BackendKind, Engine, LoadOptions, SamplingParams};
+use flint::{BackendKind, Engine, LoadOptions, SamplingParams, SpecConfig};
 
 fn gpu(name: &str, max_binding_mb: Option<u64>) -> Option<Engine> {
+    gpu_with(name, LoadOptions { max_binding_mb, ..LoadOptions::default() })
+}
+
+fn gpu_with(name: &str, opts: LoadOptions) -> Option<Engine> {
     flint_gpu::testing::context()?;
-    let opts = LoadOptions { backend: BackendKind::Gpu, max_binding_mb, ..LoadOptions::default() };
+    let opts = LoadOptions { backend: BackendKind::Gpu, ..opts };
     Some(Engine::load_path(&common::model_path(name), &opts).unwrap())
 }
+
+/// Greedy tokens each speculative request runs alone.
+const SPECULATIVE: usize = 8;
 
 const GREEDY: usize = 16;
 /// Tokens each request generates in the batched run (short: the prompts are the point).
@@ -35,8 +48,9 @@ fn first(out: &Output, n: usize) -> Output {
 }
 
 /// `long`: the golden prompt whose copy joins later (its index, 1-based); `prompts`: the
-/// golden prompts of the batched run.
-fn batched_equals_alone(name: &str, golden: &str, prompts: &[usize], long: usize) {
+/// golden prompts of the batched run; `spec_alone`: those that also run alone with n-gram
+/// drafts.
+fn batched_equals_alone(name: &str, golden: &str, prompts: &[usize], long: usize, spec_alone: &[usize]) {
     let Some(engine) = gpu(name, None) else { return };
     let t0 = std::time::Instant::now();
     let mut jobs = golden_jobs(&engine, golden);
@@ -75,16 +89,40 @@ fn batched_equals_alone(name: &str, golden: &str, prompts: &[usize], long: usize
     let len = jobs[long - 1].prompt.len();
     assert_eq!(copy.cached_prompt_tokens, (len - 1) / 16 * 16, "{name}: the copy of prompt {long} must start from the first's full blocks");
     assert_eq!(got[at].summary.as_ref().unwrap().cached_prompt_tokens, 0, "{name}: the first copy runs cold");
+    drop(engine);
+
+    // With n-gram drafts: alone, then the batched run again (its sampled requests never draft).
+    let spec = gpu_with(name, LoadOptions { spec: SpecConfig::ngram(), ..LoadOptions::default() }).expect("the adapter was found above");
+    let t2 = std::time::Instant::now();
+    let solo_jobs: Vec<Job> = spec_alone.iter().map(|&p| Job { n_gen: SPECULATIVE, ..jobs[p - 1].clone() }).collect();
+    let spec_solo = solo(&spec, &solo_jobs);
+    let spec_want: Vec<Output> = spec_alone.iter().map(|&p| first(&alone[p - 1], SPECULATIVE)).collect();
+    assert_same(&format!("{name} speculative alone"), &spec_want, &spec_solo);
+    let spec_got = together(&spec, &batched);
+    assert_same(&format!("{name} speculative batched"), &want, &spec_got);
+    eprintln!("{name}: speculative, alone and batched, in {:.1}s", t2.elapsed().as_secs_f64());
+    let (drafted, accepted) = spec_solo
+        .iter()
+        .chain(&spec_got)
+        .map(|o| o.summary.as_ref().unwrap())
+        .fold((0, 0), |(d, a), s| (d + s.draft_tokens, a + s.accepted_draft_tokens));
+    eprintln!("{name}: drafted {drafted}, accepted {accepted}");
+    assert!(accepted > 0, "{name}: no draft was accepted ({drafted} drafted)");
+    assert!(accepted < drafted, "{name}: no draft was rejected ({drafted} drafted)");
+    let n = prompts.len();
+    assert!(spec_got[n..n + 2].iter().all(|o| o.summary.as_ref().unwrap().draft_tokens == 0), "sampled requests do not draft");
+    let stats = futures::executor::block_on(spec.stats()).unwrap();
+    assert_eq!(stats.spec.accepted as usize, accepted, "the engine's counters sum the requests'");
 }
 
 #[test]
 fn gemma_3_270m_gpu_batched_equals_alone_and_the_f32_reference() {
-    batched_equals_alone("gemma-3-270m", "gemma", &[7, 1, 3, 2, 5, 4, 6], 7);
+    batched_equals_alone("gemma-3-270m", "gemma", &[7, 1, 3, 2, 5, 4, 6], 7, &[7, 3, 1]);
 }
 
 #[test]
 fn qwen2_5_coder_0_5b_gpu_batched_equals_alone_and_the_f32_reference() {
-    batched_equals_alone("qwen2.5-coder-0.5b", "qwen", &[5, 1, 3, 2, 4, 6], 5);
+    batched_equals_alone("qwen2.5-coder-0.5b", "qwen", &[5, 1, 3, 2, 4, 6], 5, &[5, 3, 1]);
 }
 
 /// Golden prompts the split-weights run checks: a short one and one of a few hundred tokens

@@ -101,6 +101,9 @@ pub struct ServeArgs {
     no_self_test: bool,
     #[command(flatten)]
     sampling: SamplingDefaults,
+    /// Speculative decoding for every greedy request (temperature 0).
+    #[command(flatten)]
+    spec: crate::run::SpecArgs,
 }
 
 /// `flint run`'s sampling flags, here as the server's defaults for requests that do not set
@@ -213,6 +216,7 @@ pub fn serve(args: ServeArgs) -> Result<(), Failure> {
         chat_template,
         compile_observer: Some(crate::progress::compile_line()),
         self_test: !args.no_self_test,
+        spec: args.spec.config()?,
         ..LoadOptions::default()
     };
     let app = Arc::new(App {
