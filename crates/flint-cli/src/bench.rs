@@ -41,6 +41,19 @@ pub struct BenchArgs {
     /// Streams submitted at once, e.g. 1,4,8 (1 always runs): aggregate decode speed per level.
     #[arg(long, value_delimiter = ',', value_name = "N,...")]
     concurrency: Vec<usize>,
+    /// With --spec-type: the prompt, read from FILE (a user message through the chat template
+    /// unless --raw). Required there: the synthetic prompt repeats one sentence, which would
+    /// inflate acceptance.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    file: Option<std::path::PathBuf>,
+    /// With -f: tokenize the file as is, no chat template.
+    #[arg(long, requires = "file")]
+    raw: bool,
+    /// `--spec-type ngram` runs the -f prompt with and without speculation in one run
+    /// (interleaved) and reports both decode speeds, their ratio, the acceptance rate and the
+    /// mean tokens per decode step.
+    #[command(flatten)]
+    spec: crate::run::SpecArgs,
 }
 
 /// Decode step sizes `--profile` times.
@@ -211,6 +224,13 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     if args.concurrency.contains(&0) {
         return Err(Failure::usage("--concurrency levels must be at least 1"));
     }
+    let spec = args.spec.config()?;
+    if spec.is_on() {
+        return bench_spec(&args, spec);
+    }
+    if args.file.is_some() {
+        return Err(Failure::usage("-f is for --spec-type runs; plain runs use the synthetic -p prompt"));
+    }
     let mut levels: Vec<usize> = std::iter::once(1).chain(args.concurrency.iter().copied()).collect();
     levels.sort_unstable();
     levels.dedup();
@@ -345,6 +365,100 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Positions a `--spec-type` bench engine holds per sequence: room for a prompt of a few
+/// thousand tokens, the generated ones and a draft.
+const SPEC_CTX: usize = 4096;
+
+/// `flint bench --spec-type`: the file's prompt, `-n` greedy tokens, with and without drafts,
+/// alternating, `--reps` times each after one untimed warm-up of each (kernels compile at
+/// first use).
+fn bench_spec(args: &BenchArgs, spec: flint::SpecConfig) -> Result<(), Failure> {
+    if !args.concurrency.is_empty() || args.profile {
+        return Err(Failure::usage("--spec-type runs one stream: no --concurrency or --profile"));
+    }
+    let Some(file) = &args.file else {
+        return Err(Failure::usage("--spec-type needs -f FILE: the synthetic bench prompt repeats one sentence, which would inflate acceptance"));
+    };
+    let text = std::fs::read_to_string(file).map_err(|e| Failure::usage(format!("{}: {e}", file.display())))?;
+    let path = crate::resolve(&args.model)?;
+    let opts = LoadOptions {
+        backend: args.backend.kind(),
+        n_ctx: SPEC_CTX,
+        max_seqs: 1,
+        kv_budget_positions: Some(SPEC_CTX + 16),
+        compile_observer: Some(crate::progress::compile_line()),
+        spec,
+        ..LoadOptions::default()
+    };
+    let engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+    let prompt = if args.raw {
+        engine.tokenize_raw(&text)
+    } else {
+        engine.tokenize_chat(&[json!({"role": "user", "content": text})])
+    }
+    .map_err(|e| Failure::usage(format!("{}: {e}", file.display())))?;
+    if prompt.len() + args.gen_tokens + spec.draft_max + 2 > engine.n_ctx() {
+        return Err(Failure::usage(format!("the prompt ({} tokens) and -n {} do not fit the bench's {}-token context", prompt.len(), args.gen_tokens, engine.n_ctx())));
+    }
+    let prefill_steps = prompt.len().div_ceil(flint::DEFAULT_MAX_BATCH_TOKENS) as u64;
+    let once = |speculative: bool, n: usize| futures::executor::block_on(engine.bench_spec_once(&prompt, n, speculative, prefill_steps)).map_err(Failure::runtime);
+    once(false, args.gen_tokens.min(16))?;
+    once(true, args.gen_tokens.min(16))?;
+    let (mut plain, mut drafted) = (Vec::new(), Vec::new());
+    for _ in 0..args.reps {
+        plain.push(once(false, args.gen_tokens)?);
+        drafted.push(once(true, args.gen_tokens)?);
+    }
+    let same = drafted.iter().chain(&plain).all(|r| r.ids == plain[0].ids);
+    let decode = |runs: &[flint::SpecRun]| stats(runs.iter().map(|r| r.run.decode_tok_s).collect());
+    let (p, d) = (decode(&plain), decode(&drafted));
+    let ratio = if p.median > 0.0 { d.median / p.median } else { 0.0 };
+    let (n_drafted, n_accepted, steps): (usize, usize, u64) = drafted.iter().fold((0, 0, 0), |(a, b, c), r| (a + r.drafted, b + r.accepted, c + r.decode_steps));
+    let rate = if n_drafted > 0 { n_accepted as f64 / n_drafted as f64 } else { 0.0 };
+    let per_step = if steps > 0 { (args.gen_tokens * args.reps) as f64 / steps as f64 } else { 0.0 };
+    let report = json!({
+        "model": args.model,
+        "backend": engine.backend_name(),
+        "adapter": engine.adapter_name(),
+        "file": file.display().to_string(),
+        "chat_template": !args.raw,
+        "prompt_tokens": prompt.len(),
+        "gen_tokens": args.gen_tokens,
+        "reps": args.reps,
+        "spec_type": args.spec.spec_type,
+        "draft_max": spec.draft_max,
+        "plain_decode_tok_s": stats_json(&p),
+        "spec_decode_tok_s": stats_json(&d),
+        "ratio": round2(ratio),
+        "drafted": n_drafted,
+        "accepted": n_accepted,
+        "acceptance": round2(rate),
+        "tokens_per_step": round2(per_step),
+        "outputs_identical": same,
+    });
+    match args.format {
+        BenchFormat::Json => println!("{report}"),
+        BenchFormat::Text => {
+            println!("model      {} on {} ({})", args.model, engine.backend_name(), engine.adapter_name());
+            println!("prompt     {} tokens from {}{}", prompt.len(), file.display(), if args.raw { " (raw)" } else { " (chat template)" });
+            println!("plain      decode {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens", p.median, p.min, p.max, args.gen_tokens);
+            println!(
+                "{:<10} decode {:.2} tok/s (min {:.2}, max {:.2}) | {ratio:.2}x plain | accepted {n_accepted} of {n_drafted} drafted ({:.0}%) | {per_step:.2} tokens per step",
+                args.spec.spec_type,
+                d.median,
+                d.min,
+                d.max,
+                100.0 * rate
+            );
+            println!("outputs    {}", if same { "identical" } else { "DIFFER (a bug: speculation must not change greedy output)" });
+        }
+    }
+    if !same {
+        return Err(Failure::runtime("speculative and plain runs generated different tokens"));
     }
     Ok(())
 }

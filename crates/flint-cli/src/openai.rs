@@ -369,6 +369,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &Defaults) -> Result<Par
         sampling,
         stop: stops(&obj)?.unwrap_or_else(|| defaults.stop.clone()),
         ignore_eos: boolean(&obj, "ignore_eos")?.unwrap_or(false),
+        speculative: None,
     };
     params.validate().map_err(|e| from_generate(&e, endpoint.prompt_param()))?;
     Ok(Parsed { endpoint, model, inputs, params, n, stream, include_usage, top_logprobs, echo })

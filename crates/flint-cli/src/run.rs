@@ -209,7 +209,7 @@ impl SamplingArgs {
         if self.stop.iter().any(String::is_empty) {
             return Err(Failure::usage("--stop: a stop string may not be empty"));
         }
-        let params = GenerateParams { max_tokens, sampling, stop: self.stop.clone(), ignore_eos: false };
+        let params = GenerateParams { max_tokens, sampling, stop: self.stop.clone(), ignore_eos: false, speculative: None };
         params.validate().map_err(Failure::usage)?;
         Ok(params)
     }

@@ -92,6 +92,9 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// End-of-generation tokens are generated like any other (benchmarks).
     pub ignore_eos: bool,
+    /// Speculative decoding for this request where the engine has it on (greedy requests):
+    /// None = the engine's setting, Some(false) = never.
+    pub speculative: Option<bool>,
 }
 
 impl GenerateParams {
@@ -142,6 +145,7 @@ pub struct Generation {
     t_first: Option<f64>,
     done: bool,
     spec: crate::spec::SpecCounts,
+    speculate: bool,
 }
 
 impl Generation {
@@ -181,6 +185,7 @@ impl Generation {
             t_first: None,
             done: false,
             spec: Default::default(),
+            speculate: params.speculative.unwrap_or(true),
         })
     }
 
@@ -206,9 +211,10 @@ impl Generation {
         self.max_tokens.map(|m| m.saturating_sub(self.completion))
     }
 
-    /// The sampler draws greedily (the argmax): drafts are verified by equality.
-    pub fn is_greedy(&self) -> bool {
-        self.sampler.params().temperature <= 0.0
+    /// It may draft where the engine speculates: it samples greedily (drafts are verified by
+    /// equality) and did not opt out.
+    pub fn speculates(&self) -> bool {
+        self.speculate && self.sampler.params().temperature <= 0.0
     }
 
     /// A verify step drafted `drafted` tokens for this choice and the model took `accepted`.

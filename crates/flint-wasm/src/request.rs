@@ -72,7 +72,7 @@ impl Request {
             logit_bias,
             n_logprobs,
         };
-        let params = GenerateParams { max_tokens, sampling, stop: self.stop.clone().unwrap_or_default(), ignore_eos: false };
+        let params = GenerateParams { max_tokens, sampling, stop: self.stop.clone().unwrap_or_default(), ignore_eos: false, speculative: None };
         params.validate().map_err(|e| e.to_string())?;
         Ok(params)
     }

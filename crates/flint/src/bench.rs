@@ -12,6 +12,7 @@ const BENCH_TEXT: &str =
     "The history of the printing press begins in the fifteenth century, when movable type spread across Europe. ";
 
 /// Timings of one benchmark repetition, in seconds.
+#[derive(Clone, Debug)]
 pub struct BenchRun {
     pub ttft_s: f64,
     pub prefill_s: f64,
@@ -51,6 +52,18 @@ pub(crate) fn host_copy_bandwidth_gbs(clock: Clock) -> f64 {
     if ms > 0.0 { 2.0 * BYTES as f64 / (ms * 1e6) } else { 0.0 }
 }
 
+/// One run of `flint bench --spec-type`: a prompt and greedy tokens, with or without drafts.
+#[derive(Clone, Debug)]
+pub struct SpecRun {
+    pub run: BenchRun,
+    /// The tokens generated (with and without drafts they must be the same).
+    pub ids: Vec<u32>,
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Forward steps after the one that gave the first token.
+    pub decode_steps: u64,
+}
+
 fn bench_request(prompt: Vec<u32>, n_tokens: usize) -> Request {
     let params = GenerateParams { max_tokens: Some(n_tokens), sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() };
     Request::new(Input::Tokens(prompt), params)
@@ -77,6 +90,49 @@ impl Engine {
         let (prefill_s, decode_s) = (r.first_ms / 1e3, (r.last_ms - r.first_ms) / 1e3);
         let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
         Ok(BenchRun { ttft_s: prefill_s, prefill_s, decode_s, prefill_tok_s: per_s(prompt.len(), prefill_s), decode_tok_s: per_s(n_gen, decode_s) })
+    }
+
+    /// One greedy run of `n_gen` tokens after the first (end-of-generation ignored) from an
+    /// empty prefix cache, alone on the engine, drafting or not (the engine must have been
+    /// loaded with speculation on for `speculative` to draft). `prefill_steps`: the steps the
+    /// prompt takes (its length over the step's token budget, rounded up).
+    pub async fn bench_spec_once(&self, prompt: &[u32], n_gen: usize, speculative: bool, prefill_steps: u64) -> Result<SpecRun, EngineError> {
+        self.clear_cache();
+        let steps0 = self.stats().await?.steps;
+        let clock = self.info.clock;
+        let params = GenerateParams {
+            max_tokens: Some(n_gen + 1),
+            sampling: SamplingParams::greedy(),
+            ignore_eos: true,
+            speculative: Some(speculative),
+            ..Default::default()
+        };
+        let t0 = clock();
+        let mut events = self.submit(Request::new(Input::Tokens(prompt.to_vec()), params))?;
+        let (mut first, mut last, mut ids, mut summary) = (0.0, 0.0, Vec::with_capacity(n_gen + 1), None);
+        while let Some(ev) = events.next().await {
+            match ev? {
+                Event::Token { id, .. } => {
+                    last = clock() - t0;
+                    if ids.is_empty() {
+                        first = last;
+                    }
+                    ids.push(id);
+                }
+                Event::Done { summary: s, .. } => summary = Some(s),
+            }
+        }
+        let steps = self.stats().await?.steps - steps0;
+        let s = summary.ok_or(EngineError::Closed)?;
+        let per_s = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+        let run = BenchRun {
+            ttft_s: first / 1e3,
+            prefill_s: first / 1e3,
+            decode_s: (last - first) / 1e3,
+            prefill_tok_s: per_s(prompt.len(), first),
+            decode_tok_s: per_s(ids.len().saturating_sub(1), last - first),
+        };
+        Ok(SpecRun { run, ids, drafted: s.draft_tokens, accepted: s.accepted_draft_tokens, decode_steps: steps.saturating_sub(prefill_steps) })
     }
 
     /// Submits one request per prompt at once (from an empty prefix cache), each generating

@@ -19,7 +19,7 @@ use futures::channel::{mpsc, oneshot};
 use futures::Stream;
 use thiserror::Error;
 
-pub use bench::{BenchRun, StreamRun};
+pub use bench::{BenchRun, SpecRun, StreamRun};
 pub use flint_core::arch::{ArchError, ModelConfig};
 pub use flint_gpu::pipeline::CompileEvent;
 pub use flint_gpu::GpuError;
@@ -408,6 +408,13 @@ impl Engine {
     pub fn tokenize_raw(&self, text: &str) -> Result<Vec<u32>, EngineError> {
         let t = &self.info.tokenizer;
         Ok(t.encode(text, t.add_bos_default(), true)?)
+    }
+
+    /// Renders chat messages with the chat template (ending with the assistant's turn) and
+    /// tokenizes them, as a chat request would.
+    pub fn tokenize_chat(&self, messages: &[serde_json::Value]) -> Result<Vec<u32>, EngineError> {
+        let text = request::render(self.info.template.as_ref(), messages, true)?;
+        flint_core::chat::tokenize_rendered(&self.info.tokenizer, &text).map_err(|e| EngineError::Chat(ChatError::Render(e.to_string())))
     }
 
     /// Renders chat messages with the chat template, as a request would.

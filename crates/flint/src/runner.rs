@@ -255,7 +255,7 @@ impl Runner {
     fn propose_drafts(&mut self) {
         for req in self.requests.values_mut() {
             for c in req.choices.iter_mut() {
-                if c.gen.is_done() || !c.gen.is_greedy() || !self.sched.is_decoding(c.seq) {
+                if c.gen.is_done() || !c.gen.speculates() || !self.sched.is_decoding(c.seq) {
                     continue;
                 }
                 // The token the pending one brings is emitted anyway: drafts only past it.

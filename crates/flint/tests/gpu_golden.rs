@@ -17,7 +17,8 @@
 mod common;
 
 use common::{assert_same, check_golden, golden_prompt, solo, together, Job, Output};
-use flint::{BackendKind, Engine, LoadOptions, SamplingParams, SpecConfig};
+use flint::{BackendKind, Engine, Event, FinishReason, GenerateParams, Input, LoadOptions, Request, SamplingParams, SpecConfig};
+use futures::StreamExt;
 
 fn gpu(name: &str, max_binding_mb: Option<u64>) -> Option<Engine> {
     gpu_with(name, LoadOptions { max_binding_mb, ..LoadOptions::default() })
@@ -113,6 +114,48 @@ fn batched_equals_alone(name: &str, golden: &str, prompts: &[usize], long: usize
     assert!(spec_got[n..n + 2].iter().all(|o| o.summary.as_ref().unwrap().draft_tokens == 0), "sampled requests do not draft");
     let stats = futures::executor::block_on(spec.stats()).unwrap();
     assert_eq!(stats.spec.accepted as usize, accepted, "the engine's counters sum the requests'");
+    if name.starts_with("gemma") {
+        stop_inside_an_accepted_run(&spec);
+    }
+}
+
+/// Text, finish reason and drafts of one greedy request.
+fn complete(engine: &Engine, prompt: &str, n: usize, stop: &[&str], speculative: bool) -> (String, FinishReason, usize) {
+    let params = GenerateParams {
+        max_tokens: Some(n),
+        sampling: SamplingParams::greedy(),
+        stop: stop.iter().map(|s| s.to_string()).collect(),
+        speculative: Some(speculative),
+        ..Default::default()
+    };
+    futures::executor::block_on(async {
+        let mut events = engine.submit(Request::new(Input::Text(prompt.into()), params)).unwrap();
+        let mut text = String::new();
+        while let Some(ev) = events.next().await {
+            match ev.unwrap() {
+                Event::Token { text: t, .. } => text.push_str(&t),
+                Event::Done { summary, text: t, .. } => {
+                    text.push_str(&t);
+                    return (text, summary.finish_reason, summary.accepted_draft_tokens);
+                }
+            }
+        }
+        panic!("the request ended without Done")
+    })
+}
+
+/// A stop string met inside a run of accepted drafts ends the reply there, as plain decoding
+/// would: nothing after it is emitted. The list repeats, so the drafts run through the stop.
+fn stop_inside_an_accepted_run(engine: &Engine) {
+    let list = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu.";
+    let prompt = format!("Repeat this list exactly: {list} Again: {list} Again:");
+    let (plain, reason, _) = complete(engine, &prompt, 24, &[], false);
+    assert_eq!(reason, FinishReason::Length);
+    let stop = "theta";
+    let at = plain.find(stop).expect("the plain reply reaches the stop string");
+    let (text, reason, accepted) = complete(engine, &prompt, 24, &[stop], true);
+    assert_eq!((text.as_str(), reason), (&plain[..at], FinishReason::Stop), "speculative reply with a stop string");
+    assert!(accepted > 0, "the drafts were accepted up to the stop");
 }
 
 #[test]
