@@ -141,6 +141,13 @@ pub trait Backend {
     }
     /// A short name for reports: `cpu`, `gpu (llvmpipe)`.
     fn name(&self) -> String;
+    /// Entry sizes a verify step should round down to (speculative decoding; see
+    /// [`crate::spec::fit_draft`]): where a step's cost grows with the token block its size
+    /// falls in, as on CPU-type adapters, drafts that spill into a larger block cost more than
+    /// they are likely to return. Empty: any size.
+    fn verify_sizes(&self) -> &'static [usize] {
+        &[]
+    }
 }
 
 /// Checks a step against the limits, the layout and the vocabulary before any work is done:

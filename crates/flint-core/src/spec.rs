@@ -99,6 +99,17 @@ pub fn ngram_draft(tokens: &[u32], k: usize) -> Vec<u32> {
     Vec::new()
 }
 
+/// How many of `n` drafts to verify so that the entry (the pending token and the drafts) ends
+/// at the largest of `sizes` it reaches: a 9-token entry becomes 8, a 6-token one 4; entries
+/// below the smallest size, and every entry when `sizes` is empty, keep all drafts. Depends on
+/// the sequence's own draft only, never on other traffic.
+pub fn fit_draft(n: usize, sizes: &[usize]) -> usize {
+    match sizes.iter().copied().filter(|&s| s <= n + 1).max() {
+        Some(s) => s - 1,
+        None => n,
+    }
+}
+
 /// How many leading drafts the target's greedy choices confirm: draft i is accepted while it
 /// equals the target's token at row i (the row before it). `target` has one more row than
 /// `draft`; the token emitted after the accepted drafts is `target[accepted]`.
@@ -195,6 +206,14 @@ mod tests {
         assert!(ngram_draft(&[5, 5], 4).is_empty());
         // A run of one token drafts more of it.
         assert_eq!(ngram_draft(&[5, 5, 5, 5], 4), vec![5]);
+    }
+
+    #[test]
+    fn drafts_fit_the_verify_sizes() {
+        let sizes = [4, 8, 16];
+        let fitted: Vec<usize> = (0..=16).map(|n| fit_draft(n, &sizes)).collect();
+        assert_eq!(fitted, [0, 1, 2, 3, 3, 3, 3, 7, 7, 7, 7, 7, 7, 7, 7, 15, 15]);
+        assert_eq!(fit_draft(8, &[]), 8);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use flint_core::generate::{Clock, Event, FinishReason, Generation};
 use flint_core::kv::SeqId;
 use flint_core::sampling::{Sampler, SamplingParams, NON_FINITE};
 use flint_core::sched::{SchedStats, Scheduler};
-use flint_core::spec::{accept_greedy, ngram_draft, Adapt, SpecConfig, SpecCounts};
+use flint_core::spec::{accept_greedy, fit_draft, ngram_draft, Adapt, SpecConfig, SpecCounts};
 use flint_core::tokenizer::Tokenizer;
 
 use flint_gpu::GpuContext;
@@ -253,6 +253,7 @@ impl Runner {
     /// Drafts for every greedy choice about to decode (n-gram lookup in its own tokens), as
     /// long as its adapted length and its remaining tokens allow.
     fn propose_drafts(&mut self) {
+        let sizes = self.backend.verify_sizes();
         for req in self.requests.values_mut() {
             for c in req.choices.iter_mut() {
                 if c.gen.is_done() || !c.gen.speculates() || !self.sched.is_decoding(c.seq) {
@@ -261,7 +262,8 @@ impl Runner {
                 // The token the pending one brings is emitted anyway: drafts only past it.
                 let room = c.gen.remaining().map_or(usize::MAX, |r| r.saturating_sub(2));
                 let k = c.adapt.budget(&self.spec).min(room);
-                let draft = ngram_draft(self.sched.tokens(c.seq), k);
+                let mut draft = ngram_draft(self.sched.tokens(c.seq), k);
+                draft.truncate(fit_draft(draft.len(), sizes));
                 if !draft.is_empty() && draft.len() >= self.spec.draft_min {
                     self.sched.propose(c.seq, draft);
                 }
