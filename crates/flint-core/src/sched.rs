@@ -194,16 +194,18 @@ impl Scheduler {
     /// the pending token and as many drafts as fit, with an output at each; otherwise (or for
     /// what does not fit) they are dropped. Proposals last one step.
     pub fn propose(&mut self, id: SeqId, draft: Vec<u32>) {
-        if let Some(s) = self.seqs.get_mut(&id) {
-            if s.state == State::Running && s.tokens.len() == s.computed + 1 && s.drafted == 0 {
-                s.draft = draft;
-            }
+        if let Some(s) = self.seqs.get_mut(&id).filter(|s| Self::decoding(s)) {
+            s.draft = draft;
         }
     }
 
     /// `id` runs and its next step would decode one token (where drafts may follow it).
     pub fn is_decoding(&self, id: SeqId) -> bool {
-        self.seqs.get(&id).is_some_and(|s| s.state == State::Running && s.tokens.len() == s.computed + 1 && s.drafted == 0)
+        self.seqs.get(&id).is_some_and(Self::decoding)
+    }
+
+    fn decoding(s: &Seq) -> bool {
+        s.state == State::Running && s.tokens.len() == s.computed + 1 && s.drafted == 0
     }
 
     /// The drafts `id` is running this step (empty when none).
@@ -220,19 +222,16 @@ impl Scheduler {
         if s.drafted == 0 {
             return Ok(());
         }
-        let keep = s.tokens.len() - s.drafted + accepted.min(s.drafted);
-        s.tokens.truncate(keep);
-        s.drafted = 0;
-        s.computed = s.computed.min(keep);
+        Self::undraft(s, accepted);
         self.kv.truncate(id, s.computed)?;
         self.kv.commit(id, &s.tokens);
         Ok(())
     }
 
-    /// Drops `id`'s drafts under verification (their positions' KV is rolled back by the
-    /// caller, or the sequence's blocks go entirely).
-    fn undraft(s: &mut Seq) {
-        let keep = s.tokens.len() - s.drafted;
+    /// Drops the drafts under verification but the first `kept` (their positions' KV is
+    /// rolled back by the caller, or the sequence's blocks go entirely).
+    fn undraft(s: &mut Seq, kept: usize) {
+        let keep = s.tokens.len() - s.drafted + kept.min(s.drafted);
         s.tokens.truncate(keep);
         s.computed = s.computed.min(keep);
         s.drafted = 0;
@@ -423,11 +422,10 @@ impl Scheduler {
     /// its generated tokens now part of its prompt.
     fn preempt(&mut self, id: SeqId) {
         let s = self.seqs.get_mut(&id).expect("running");
-        Self::undraft(s);
+        Self::undraft(s, 0);
         // Only computed positions may be indexed: this step may already have reserved more
         // (a victim planned earlier in the same step), which hold nothing yet.
-        let _ = self.kv.truncate(id, s.computed);
-        self.kv.commit(id, &s.tokens);
+        self.kv.commit(id, &s.tokens[..s.computed]);
         self.kv.reset(id);
         s.computed = 0;
         s.state = State::Waiting;
@@ -471,7 +469,7 @@ impl Scheduler {
 
     fn end(&mut self, id: SeqId, commit: bool) {
         let Some(mut s) = self.seqs.remove(&id) else { return };
-        Self::undraft(&mut s);
+        Self::undraft(&mut s, 0);
         match s.state {
             State::Pending => {
                 for p in self.seqs.values_mut() {
@@ -484,8 +482,7 @@ impl Scheduler {
         }
         if self.kv.is_open(id) {
             if commit {
-                let _ = self.kv.truncate(id, s.computed);
-                self.kv.commit(id, &s.tokens);
+                self.kv.commit(id, &s.tokens[..s.computed]);
             }
             self.kv.release(id);
         }

@@ -180,10 +180,6 @@ impl SpecCounts {
         self.accepted += accepted as u64;
     }
 
-    /// Accepted over drafted (0 before any draft).
-    pub fn rate(&self) -> f64 {
-        if self.drafted == 0 { 0.0 } else { self.accepted as f64 / self.drafted as f64 }
-    }
 }
 
 #[cfg(test)]

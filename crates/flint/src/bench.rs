@@ -34,6 +34,27 @@ pub struct StreamRun {
 }
 
 impl StreamRun {
+    fn new(n_tokens: usize) -> StreamRun {
+        StreamRun { first_ms: 0.0, last_ms: 0.0, tokens: 0, token_ms: Vec::with_capacity(n_tokens) }
+    }
+
+    /// A token arrived `now` ms after the submission.
+    fn arrive(&mut self, now: f64) {
+        if self.tokens == 0 {
+            self.first_ms = now;
+        }
+        self.last_ms = now;
+        self.tokens += 1;
+        self.token_ms.push(now);
+    }
+
+    /// One stream's repetition figures, for a prompt of `prompt_tokens`.
+    fn bench_run(&self, prompt_tokens: usize) -> BenchRun {
+        let (prefill_s, decode_s) = (self.first_ms / 1e3, (self.last_ms - self.first_ms) / 1e3);
+        let prefill_tok_s = if prefill_s > 0.0 { prompt_tokens as f64 / prefill_s } else { 0.0 };
+        BenchRun { ttft_s: prefill_s, prefill_s, decode_s, prefill_tok_s, decode_tok_s: self.decode_tok_s() }
+    }
+
     /// Tokens after the first per second.
     pub fn decode_tok_s(&self) -> f64 {
         let ms = self.last_ms - self.first_ms;
@@ -86,10 +107,7 @@ impl Engine {
     /// work).
     pub async fn bench_once(&self, prompt: &[u32], n_gen: usize) -> Result<BenchRun, EngineError> {
         let runs = self.bench_streams(&[prompt.to_vec()], n_gen + 1).await?;
-        let r = &runs[0];
-        let (prefill_s, decode_s) = (r.first_ms / 1e3, (r.last_ms - r.first_ms) / 1e3);
-        let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
-        Ok(BenchRun { ttft_s: prefill_s, prefill_s, decode_s, prefill_tok_s: per_s(prompt.len(), prefill_s), decode_tok_s: per_s(n_gen, decode_s) })
+        Ok(runs[0].bench_run(prompt.len()))
     }
 
     /// One greedy run of `n_gen` tokens after the first (end-of-generation ignored) from an
@@ -109,14 +127,11 @@ impl Engine {
         };
         let t0 = clock();
         let mut events = self.submit(Request::new(Input::Tokens(prompt.to_vec()), params))?;
-        let (mut first, mut last, mut ids, mut summary) = (0.0, 0.0, Vec::with_capacity(n_gen + 1), None);
+        let (mut stream, mut ids, mut summary) = (StreamRun::new(n_gen + 1), Vec::with_capacity(n_gen + 1), None);
         while let Some(ev) = events.next().await {
             match ev? {
                 Event::Token { id, .. } => {
-                    last = clock() - t0;
-                    if ids.is_empty() {
-                        first = last;
-                    }
+                    stream.arrive(clock() - t0);
                     ids.push(id);
                 }
                 Event::Done { summary: s, .. } => summary = Some(s),
@@ -124,14 +139,7 @@ impl Engine {
         }
         let steps = self.stats().await?.steps - steps0;
         let s = summary.ok_or(EngineError::Closed)?;
-        let per_s = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
-        let run = BenchRun {
-            ttft_s: first / 1e3,
-            prefill_s: first / 1e3,
-            decode_s: (last - first) / 1e3,
-            prefill_tok_s: per_s(prompt.len(), first),
-            decode_tok_s: per_s(ids.len().saturating_sub(1), last - first),
-        };
+        let run = stream.bench_run(prompt.len());
         Ok(SpecRun { run, ids, drafted: s.draft_tokens, accepted: s.accepted_draft_tokens, decode_steps: steps.saturating_sub(prefill_steps) })
     }
 
@@ -144,17 +152,10 @@ impl Engine {
         let t0 = clock();
         let handles = prompts.iter().map(|p| self.submit(bench_request(p.clone(), n_tokens))).collect::<Result<Vec<_>, _>>()?;
         let mut events = futures::stream::select_all(handles.into_iter().enumerate().map(|(i, h)| h.map(move |e| (i, e))));
-        let mut runs = vec![StreamRun { first_ms: 0.0, last_ms: 0.0, tokens: 0, token_ms: Vec::with_capacity(n_tokens) }; prompts.len()];
+        let mut runs = vec![StreamRun::new(n_tokens); prompts.len()];
         while let Some((i, ev)) = events.next().await {
             if let Event::Token { .. } = ev? {
-                let now = clock() - t0;
-                let r = &mut runs[i];
-                if r.tokens == 0 {
-                    r.first_ms = now;
-                }
-                r.last_ms = now;
-                r.tokens += 1;
-                r.token_ms.push(now);
+                runs[i].arrive(clock() - t0);
             }
         }
         Ok(runs)

@@ -413,8 +413,7 @@ impl Engine {
     /// Renders chat messages with the chat template (ending with the assistant's turn) and
     /// tokenizes them, as a chat request would.
     pub fn tokenize_chat(&self, messages: &[serde_json::Value]) -> Result<Vec<u32>, EngineError> {
-        let text = request::render(self.info.template.as_ref(), messages, true)?;
-        flint_core::chat::tokenize_rendered(&self.info.tokenizer, &text).map_err(|e| EngineError::Chat(ChatError::Render(e.to_string())))
+        request::chat_tokens(&self.info.tokenizer, self.info.template.as_ref(), messages, true)
     }
 
     /// Renders chat messages with the chat template, as a request would.

@@ -56,6 +56,17 @@ pub(crate) fn render(template: Option<&ChatTemplate>, messages: &[serde_json::Va
     template.render_json(messages, None, add_generation_prompt).map_err(EngineError::Chat)
 }
 
+/// Renders chat `messages` with `template` and tokenizes the result as a chat prompt.
+pub(crate) fn chat_tokens(
+    tokenizer: &Tokenizer,
+    template: Option<&ChatTemplate>,
+    messages: &[serde_json::Value],
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>, EngineError> {
+    let text = render(template, messages, add_generation_prompt)?;
+    tokenize_rendered(tokenizer, &text).map_err(|e| EngineError::Chat(ChatError::Render(e.to_string())))
+}
+
 /// Checks `req` against the model and turns it into ids and choices.
 pub(crate) fn prepare(
     req: Request,
@@ -72,10 +83,7 @@ pub(crate) fn prepare(
     let prompt = match req.input {
         Input::Text(t) => tokenizer.encode(&t, tokenizer.add_bos_default(), true)?,
         Input::Tokens(ids) => ids,
-        Input::Chat(messages) => {
-            let text = render(template, &messages, req.add_generation_prompt)?;
-            tokenize_rendered(tokenizer, &text).map_err(|e| EngineError::Chat(ChatError::Render(e.to_string())))?
-        }
+        Input::Chat(messages) => chat_tokens(tokenizer, template, &messages, req.add_generation_prompt)?,
     };
     if prompt.is_empty() {
         return Err(GenerateError::EmptyPrompt.into());

@@ -329,7 +329,7 @@ impl Runner {
             k += n;
             let Some(&(rid, ci)) = self.owner.get(&seq) else { continue };
             let Some(req) = self.requests.get_mut(&rid) else { continue };
-            let drafts = self.sched.drafts(seq).to_vec();
+            let drafts = self.sched.drafts(seq);
             let sampled = &result.sampled[at..at + n];
             let target: Vec<u32> = sampled.iter().map(|s| s.id).collect();
             let accepted = accept_greedy(&drafts, &target);
@@ -362,7 +362,7 @@ impl Runner {
                 }
             }
             // The drafts before the last row handled stay; that row's token is appended.
-            let resolved = self.sched.resolve(seq, last.min(accepted));
+            let resolved = self.sched.resolve(seq, last);
             if let Some(token) = broken {
                 self.fail(rid, BackendError::NonFiniteLogits { token, backend: self.backend.name() });
                 continue;
