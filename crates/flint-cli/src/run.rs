@@ -74,8 +74,8 @@ pub struct ModelArgs {
 #[derive(Args, Clone)]
 pub struct SpecArgs {
     /// Speculative decoding: `ngram` drafts the continuation of the longest recent repeat of
-    /// the last tokens (prompt lookup) and the model verifies the draft in one step. Greedy
-    /// requests only (--temp 0); the output is exactly greedy decoding's.
+    /// the last tokens (prompt lookup) and the model verifies the draft in one step. The
+    /// output is exactly that of decoding without it, greedy or seeded; only the speed changes.
     #[arg(long = "spec-type", value_name = "TYPE", default_value = "none", value_parser = ["none", "ngram"])]
     pub spec_type: String,
     /// The most tokens drafted per step.

@@ -92,8 +92,8 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// End-of-generation tokens are generated like any other (benchmarks).
     pub ignore_eos: bool,
-    /// Speculative decoding for this request where the engine has it on (greedy requests):
-    /// None = the engine's setting, Some(false) = never.
+    /// Speculative decoding for this request where the engine has it on: None = the engine's
+    /// setting, Some(false) = never. It changes speed only, never the tokens.
     pub speculative: Option<bool>,
 }
 
@@ -211,10 +211,11 @@ impl Generation {
         self.max_tokens.map(|m| m.saturating_sub(self.completion))
     }
 
-    /// It may draft where the engine speculates: it samples greedily (drafts are verified by
-    /// equality) and did not opt out.
+    /// It may draft where the engine speculates (it did not opt out). Greedy and sampled
+    /// choices alike: drafts are verified by equality with the token the target draws at
+    /// each row ([`crate::spec::accepted_prefix`]).
     pub fn speculates(&self) -> bool {
-        self.speculate && self.sampler.params().temperature <= 0.0
+        self.speculate
     }
 
     /// A verify step drafted `drafted` tokens for this choice and the model took `accepted`.

@@ -338,6 +338,30 @@ impl Sampler {
         s
     }
 
+    /// Skips the next `n` draws (counters and CPU generator alike), as if `n` tokens had been
+    /// sampled; greedy settings draw nothing, so nothing moves.
+    pub fn advance(&mut self, n: u32) {
+        if self.params.temperature <= 0.0 {
+            return;
+        }
+        self.steps = self.steps.wrapping_add(n);
+        for _ in 0..n {
+            self.rng.next_u64();
+        }
+    }
+
+    /// The sampler as it will be once `drafts` have been sampled and accepted: their penalty
+    /// history, and the random draws of their positions skipped. Row j of a verify entry
+    /// draws with `after(&drafts[..j])`, so it uses the very draw plain decoding would use at
+    /// that position: with drafts that are a point mass (n-gram, predicted outputs) the step
+    /// then gives exactly plain decoding's tokens, seeded or not.
+    pub fn after(&self, drafts: &[u32]) -> Sampler {
+        let mut s = self.clone();
+        s.accept_all(drafts);
+        s.advance(drafts.len() as u32);
+        s
+    }
+
     /// Records a token of the context (prompt or generated) for the penalties.
     pub fn accept(&mut self, id: u32) {
         if !self.params.penalties_on() {
@@ -594,6 +618,32 @@ mod tests {
             (0..50).map(|_| s.sample(&logits)).collect::<Vec<_>>()
         };
         assert_eq!(draw(), draw());
+    }
+
+    #[test]
+    fn a_verify_row_draws_what_plain_decoding_draws_there() {
+        // Plain decoding: draw, accept, draw... Verify rows: row j draws with after(first j).
+        let logits: Vec<Vec<f32>> = (0..6).map(|t| (0..40).map(|i| ((i * 7 + t * 13) % 17) as f32 * 0.25).collect()).collect();
+        let params = SamplingParams { temperature: 1.0, top_k: 20, top_p: 0.9, repeat_penalty: 1.5, seed: Some(3), ..Default::default() };
+        let base = Sampler::new(params).unwrap();
+        let mut plain = base.clone();
+        let mut ids = Vec::new();
+        for l in &logits {
+            let id = plain.sample(l);
+            plain.accept(id);
+            ids.push(id);
+        }
+        for (j, l) in logits.iter().enumerate() {
+            let mut row = base.after(&ids[..j]);
+            assert_eq!(row.sample(l), ids[j], "row {j}");
+            assert_eq!(row.next_step(), base.clone().next_step() + j as u32, "row {j}'s device counter");
+        }
+        let mut resumed = base.clone();
+        resumed.sample(&logits[0]);
+        resumed.accept(ids[0]);
+        resumed.accept_all(&ids[1..3]);
+        resumed.advance(2);
+        assert_eq!(resumed.sample(&logits[3]), ids[3], "the choice's sampler after two accepted drafts");
     }
 
     #[test]

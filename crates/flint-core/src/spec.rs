@@ -110,10 +110,18 @@ pub fn fit_draft(n: usize, sizes: &[usize]) -> usize {
     }
 }
 
-/// How many leading drafts the target's greedy choices confirm: draft i is accepted while it
-/// equals the target's token at row i (the row before it). `target` has one more row than
+/// How many leading drafts the target's samples confirm: draft i is accepted while it equals
+/// the token the target drew at row i (the row before it). `target` has one more row than
 /// `draft`; the token emitted after the accepted drafts is `target[accepted]`.
-pub fn accept_greedy(draft: &[u32], target: &[u32]) -> usize {
+///
+/// For greedy requests this is the longest prefix equal to the target's argmax. For sampled
+/// requests it is the rule of Leviathan et al. and Chen et al. (2023) for a draft that is a
+/// point mass q = δ(x) (n-gram lookup, predicted outputs): the row draws y from p; y = x has
+/// probability p(x) = min(1, p(x)/q(x)), the acceptance probability, and a y ≠ x is
+/// distributed as p with x removed and renormalized, which is norm(max(0, p − q)). Row j
+/// draws with the random number plain decoding would use at its position
+/// ([`crate::sampling::Sampler::after`]), so the tokens are exactly plain decoding's.
+pub fn accepted_prefix(draft: &[u32], target: &[u32]) -> usize {
     draft.iter().zip(target).take_while(|(d, t)| d == t).count()
 }
 
@@ -214,10 +222,10 @@ mod tests {
 
     #[test]
     fn greedy_acceptance_stops_at_the_first_mismatch() {
-        assert_eq!(accept_greedy(&[1, 2, 3], &[1, 2, 3, 4]), 3);
-        assert_eq!(accept_greedy(&[1, 2, 3], &[1, 5, 3, 4]), 1);
-        assert_eq!(accept_greedy(&[1, 2, 3], &[9, 2, 3, 4]), 0);
-        assert_eq!(accept_greedy(&[], &[9]), 0);
+        assert_eq!(accepted_prefix(&[1, 2, 3], &[1, 2, 3, 4]), 3);
+        assert_eq!(accepted_prefix(&[1, 2, 3], &[1, 5, 3, 4]), 1);
+        assert_eq!(accepted_prefix(&[1, 2, 3], &[9, 2, 3, 4]), 0);
+        assert_eq!(accepted_prefix(&[], &[9]), 0);
     }
 
     #[test]

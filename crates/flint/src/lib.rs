@@ -140,8 +140,8 @@ pub struct LoadOptions {
     /// Runs the self-test at load (GPU backend): a short fixed input through layer 0 and the
     /// head on the GPU and on the CPU reference; a mismatch fails the load.
     pub self_test: bool,
-    /// Speculative decoding for greedy requests (`--spec-type ngram`): drafts verified in the
-    /// batched step; the output is exactly greedy decoding's.
+    /// Speculative decoding (`--spec-type ngram`): drafts verified in the batched step; the
+    /// tokens are exactly those of decoding without it, greedy or seeded.
     pub spec: SpecConfig,
 }
 

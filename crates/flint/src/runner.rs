@@ -16,7 +16,7 @@ use flint_core::generate::{Clock, Event, FinishReason, Generation};
 use flint_core::kv::SeqId;
 use flint_core::sampling::{Sampler, SamplingParams, NON_FINITE};
 use flint_core::sched::{SchedStats, Scheduler};
-use flint_core::spec::{accept_greedy, fit_draft, ngram_draft, Adapt, SpecConfig, SpecCounts};
+use flint_core::spec::{accepted_prefix, fit_draft, ngram_draft, Adapt, SpecConfig, SpecCounts};
 use flint_core::tokenizer::Tokenizer;
 
 use flint_gpu::GpuContext;
@@ -83,7 +83,7 @@ pub(crate) struct Runner {
     owner: HashMap<SeqId, (u64, usize)>,
     /// Profiles and waits for the engine to be idle.
     profiles: Vec<Command>,
-    /// Speculative decoding (greedy requests draft by n-gram lookup when on).
+    /// Speculative decoding (choices draft by n-gram lookup when on).
     spec: SpecConfig,
     spec_counts: SpecCounts,
 }
@@ -250,7 +250,7 @@ impl Runner {
         }
     }
 
-    /// Drafts for every greedy choice about to decode (n-gram lookup in its own tokens), as
+    /// Drafts for every choice about to decode (n-gram lookup in its own tokens), as
     /// long as its adapted length and its remaining tokens allow.
     fn propose_drafts(&mut self) {
         let sizes = self.backend.verify_sizes();
@@ -300,11 +300,7 @@ impl Runner {
             let Some(req) = self.requests.get_mut(&rid) else { continue };
             let drafts = self.sched.drafts(seq);
             let base = req.choices[ci].gen.sampler_mut();
-            copies.push((seq, (1..n).map(|j| {
-                let mut s = base.clone();
-                s.accept_all(&drafts[..j]);
-                s
-            }).collect()));
+            copies.push((seq, (1..n).map(|j| base.after(&drafts[..j])).collect()));
         }
         let result = {
             let mut samplers: HashMap<SeqId, Vec<&mut Sampler>> = HashMap::new();
@@ -332,7 +328,7 @@ impl Runner {
             let drafts = self.sched.drafts(seq);
             let sampled = &result.sampled[at..at + n];
             let target: Vec<u32> = sampled.iter().map(|s| s.id).collect();
-            let accepted = accept_greedy(&drafts, &target);
+            let accepted = accepted_prefix(&drafts, &target);
             if !drafts.is_empty() {
                 req.choices[ci].adapt.record(&self.spec, drafts.len(), accepted);
                 req.choices[ci].gen.record_drafts(drafts.len(), accepted);
@@ -361,6 +357,8 @@ impl Runner {
                     break;
                 }
             }
+            // Rows 1..=last drew on the choice's behalf (row 0 with its own sampler).
+            req.choices[ci].gen.sampler_mut().advance(last as u32);
             // The drafts before the last row handled stay; that row's token is appended.
             let resolved = self.sched.resolve(seq, last);
             if let Some(token) = broken {

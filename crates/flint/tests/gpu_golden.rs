@@ -11,8 +11,9 @@
 //! Speculative decoding with n-gram drafts rides on the same runs (the kernels are compiled
 //! already): greedy requests that draft from their own tokens must give the tokens and logits
 //! of greedy decoding without speculation, bit for bit (a verify entry's rows equal one-token
-//! steps), alone and sharing steps with sampled requests that do not speculate; and drafts
-//! must have been both accepted and rejected, so the verify path really ran.
+//! steps), alone and sharing steps with seeded sampled requests, which speculate too and must
+//! draw their solo tokens; and drafts must have been both accepted and rejected, so the
+//! verify path really ran.
 
 mod common;
 
@@ -92,7 +93,7 @@ fn batched_equals_alone(name: &str, golden: &str, prompts: &[usize], long: usize
     assert_eq!(got[at].summary.as_ref().unwrap().cached_prompt_tokens, 0, "{name}: the first copy runs cold");
     drop(engine);
 
-    // With n-gram drafts: alone, then the batched run again (its sampled requests never draft).
+    // With n-gram drafts: alone, then the batched run again (its seeded requests draft too).
     let spec = gpu_with(name, LoadOptions { spec: SpecConfig::ngram(), ..LoadOptions::default() }).expect("the adapter was found above");
     let t2 = std::time::Instant::now();
     let solo_jobs: Vec<Job> = spec_alone.iter().map(|&p| Job { n_gen: SPECULATIVE, ..jobs[p - 1].clone() }).collect();
@@ -110,8 +111,6 @@ fn batched_equals_alone(name: &str, golden: &str, prompts: &[usize], long: usize
     eprintln!("{name}: drafted {drafted}, accepted {accepted}");
     assert!(accepted > 0, "{name}: no draft was accepted ({drafted} drafted)");
     assert!(accepted < drafted, "{name}: no draft was rejected ({drafted} drafted)");
-    let n = prompts.len();
-    assert!(spec_got[n..n + 2].iter().all(|o| o.summary.as_ref().unwrap().draft_tokens == 0), "sampled requests do not draft");
     let stats = futures::executor::block_on(spec.stats()).unwrap();
     assert_eq!(stats.spec.accepted as usize, accepted, "the engine's counters sum the requests'");
     if name.starts_with("gemma") {
