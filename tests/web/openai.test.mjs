@@ -7,7 +7,10 @@ import assert from "node:assert/strict";
 import { openaiApi } from "../../web/src/openai.js";
 import { InvalidRequestError, ContextWindowExceededError } from "../../web/src/errors.js";
 
-const SUMMARY = { prompt_tokens: 3, cached_prompt_tokens: 1, completion_tokens: 2, ttft_ms: 5, prefill_tok_s: 60, decode_tok_s: 20 };
+const SUMMARY = {
+  prompt_tokens: 3, cached_prompt_tokens: 1, completion_tokens: 2, ttft_ms: 5, prefill_tok_s: 60, decode_tok_s: 20,
+  draft_tokens: 4, accepted_draft_tokens: 1,
+};
 const tick = () => new Promise((r) => setTimeout(r, 1));
 
 /** A core that runs requests concurrently, emitting `tokens` (per choice) one per macrotask. */
@@ -60,7 +63,8 @@ function scriptedCore(tokens = ["Hel", "lo"], { tail = "", fail = null, submitEr
 test("completions.create returns a text_completion with usage; request fields pass through", async () => {
   const core = scriptedCore(["Hel", "lo"], { tail: "!" });
   const api = openaiApi(core, () => "m");
-  const r = await api.completions.create({ prompt: "Say", max_tokens: 2, temperature: 0, stop: "x", top_k: 5, ignored: 1 });
+  const prediction = { type: "content", content: "Hello" };
+  const r = await api.completions.create({ prompt: "Say", max_tokens: 2, temperature: 0, stop: "x", top_k: 5, ignored: 1, speculative: false, prediction });
   assert.equal(r.object, "text_completion");
   assert.equal(r.model, "m");
   assert.equal(r.choices.length, 1);
@@ -70,8 +74,9 @@ test("completions.create returns a text_completion with usage; request fields pa
   assert.deepEqual(r.usage, {
     prompt_tokens: 3, completion_tokens: 2, total_tokens: 5, cached_prompt_tokens: 1,
     prompt_tokens_details: { cached_tokens: 1 }, ttft_ms: 5, prefill_tok_s: 60, decode_tok_s: 20,
+    completion_tokens_details: { accepted_prediction_tokens: 1, rejected_prediction_tokens: 3 },
   });
-  assert.deepEqual(core.requests[0], { prompt: "Say", max_tokens: 2, temperature: 0, stop: ["x"], top_k: 5 });
+  assert.deepEqual(core.requests[0], { prompt: "Say", max_tokens: 2, temperature: 0, stop: ["x"], top_k: 5, speculative: false, prediction });
 });
 
 test("streamed chat: role first, one chunk per delta, then finish_reason and usage", async () => {

@@ -1,5 +1,7 @@
 // The chat page (web/app) driven as a user would in headless Chromium: without WebGPU it says
-// so; on gemma-3-270m (no chat template) it loads, streams, stops and streams again.
+// so; on gemma-3-270m (no chat template) it loads, streams, stops and streams again; with the
+// speculative toggle on, a text that repeats itself gets the same reply as with it off, and the
+// stats show the drafts the model accepted.
 
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
@@ -140,6 +142,23 @@ test(`chat page on ${MODEL}: load, stream, stop, send again`, { timeout: 15 * 60
     assert.ok(updates >= 3, `the second reply arrived in ${updates} updates, expected at least 3`);
     assert.match(secondStats, /TTFT \d+ ms · prefill [\d.]+ tok\/s · decode [\d.]+ tok\/s/);
     assert.equal(await page.locator("#messages .assistant").count(), 2);
+
+    // The speculative toggle: the same greedy reply with n-gram drafts and without.
+    const reply = async (speculative) => {
+      await page.setChecked("#speculative", speculative);
+      await page.fill("#input", "The cat sat on the mat. The cat sat on the mat. The cat");
+      await page.click("#send");
+      await page.waitForFunction(() => { failOnPageError(); return $id("send").disabled === false; }, null,
+        { timeout: GENERATE_MS, polling: 250 });
+      return [await lastReply(), await page.textContent("#stats")];
+    };
+    t0 = performance.now();
+    const [drafted, draftedStats] = await reply(true);
+    const [plain, plainStats] = await reply(false);
+    process.stderr.write(`[chat] speculative and plain replies in ${secondsSince(t0)} s: ${JSON.stringify(drafted)}; ${draftedStats}\n`);
+    assert.equal(drafted, plain, "the speculative toggle changed the reply");
+    assert.match(draftedStats, /drafts accepted: [1-9]\d* of \d+/, "drafts were accepted");
+    assert.doesNotMatch(plainStats, /drafts/, "no drafts with the toggle off");
 
     mkdirSync(join(REPO, "target/web"), { recursive: true });
     await page.screenshot({ path: SCREENSHOT, fullPage: true });

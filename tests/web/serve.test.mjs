@@ -85,6 +85,19 @@ test("greedy chat, streamed with usage, reproduces the f32 reference for the gol
   assert.equal(usage.usage.total_tokens, want.prompt_token_ids.length + 16);
 });
 
+test("a predicted output (prediction) drafts: the same reply, with the accepted and rejected tokens in usage", async () => {
+  const messages = golden("prompts/chat_messages_qwen6.json");
+  const want = golden("f32/qwen/6.json").greedy_text_16;
+  const ask = (content) => client.chat.completions.create({
+    model: MODEL, messages, max_tokens: 16, temperature: 0, prediction: { type: "content", content },
+  });
+  const [right, wrong] = await Promise.all([ask(want), ask(want.replace("Python", "Rust"))]);
+  for (const r of [right, wrong]) assert.equal(r.choices[0].message.content, want);
+  const details = (r) => r.usage.completion_tokens_details;
+  assert.ok(details(right).accepted_prediction_tokens >= 8, JSON.stringify(right.usage));
+  assert.ok(details(wrong).rejected_prediction_tokens > 0, JSON.stringify(wrong.usage));
+});
+
 test("a plain completion of a golden raw prompt is the f32 reference's greedy text", async () => {
   const prompt = readFileSync(join(SHARED, "golden/prompts/p1.txt"), "utf8");
   const r = await client.completions.create({ model: MODEL, prompt, max_tokens: 16, temperature: 0 });

@@ -19,7 +19,7 @@ const el = {
   select: $("model-select"), apiKey: $("api-key"), url: $("model-url"), file: $("model-file"), drop: $("drop-zone"),
   load: $("load"), progress: $("progress"), progressText: $("progress-text"),
   system: $("system"), temperature: $("temperature"), topP: $("top-p"), topK: $("top-k"),
-  maxTokens: $("max-tokens"), seed: $("seed"),
+  maxTokens: $("max-tokens"), seed: $("seed"), speculative: $("speculative"),
   modeNote: $("mode-note"), error: $("error"), messages: $("messages"), form: $("composer"),
   input: $("input"), send: $("send"), stop: $("stop"), newChat: $("new-chat"), stats: $("stats"),
 };
@@ -115,7 +115,8 @@ async function loadModel() {
     } else {
       const { createWebWorkerEngine } = await import("./pkg/index.js");
       state.worker = new Worker(new URL("./pkg/worker.js", import.meta.url), { type: "module" });
-      state.engine = await createWebWorkerEngine(state.worker, { model, initProgressCallback: onProgress });
+      // N-gram drafting is on in the engine; each request says whether it uses it (the toggle).
+      state.engine = await createWebWorkerEngine(state.worker, { model, initProgressCallback: onProgress, speculative: "ngram" });
     }
     const info = state.engine.info;
     state.chatMode = info.has_chat_template;
@@ -164,7 +165,7 @@ function samplingSettings() {
   const num = (input) => (input.value === "" ? undefined : Number(input.value));
   return {
     temperature: num(el.temperature), top_p: num(el.topP), top_k: num(el.topK),
-    max_tokens: num(el.maxTokens), seed: num(el.seed),
+    max_tokens: num(el.maxTokens), seed: num(el.seed), speculative: el.speculative.checked,
   };
 }
 
@@ -176,6 +177,9 @@ function formatStats(u, finish) {
     `${u.prompt_tokens} prompt + ${u.completion_tokens} generated tokens`,
   ];
   if (u.cached_prompt_tokens) parts.push(`cached prompt tokens: ${u.cached_prompt_tokens}`);
+  const d = u.completion_tokens_details;
+  const drafted = d ? d.accepted_prediction_tokens + d.rejected_prediction_tokens : 0;
+  if (drafted) parts.push(`drafts accepted: ${d.accepted_prediction_tokens} of ${drafted} (${Math.round((100 * d.accepted_prediction_tokens) / drafted)}%)`);
   if (finish) parts.push(`finish: ${finish}`);
   return parts.join(" · ");
 }

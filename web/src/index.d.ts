@@ -40,6 +40,15 @@ export interface EngineOptions {
    * bound makes the request fail with `ChatTemplateError`.
    */
   chatTemplate?: string;
+  /**
+   * Speculative decoding (default "none"): with "ngram" each request drafts the continuation
+   * of the latest earlier repeat of its last tokens, and the model verifies the draft in one
+   * step. The tokens are exactly those without it (greedy or seeded); only the speed changes,
+   * and it pays on text that repeats the prompt or itself (code edits, quoting).
+   */
+  speculative?: "none" | "ngram";
+  /** The most tokens drafted per step (default 8). */
+  draftMax?: number;
 }
 
 export interface SamplingOptions {
@@ -60,6 +69,13 @@ export interface SamplingOptions {
   top_logprobs?: number;
   /** Choices from the same prompt (1..128); choice i draws from the random stream (seed, i). */
   n?: number;
+  /** false: no speculative drafts for this request, whatever the engine's `speculative`. */
+  speculative?: boolean;
+  /**
+   * OpenAI's predicted output: text the reply is expected to repeat largely (a file being
+   * edited). Drafts come from it; the reply is the same, only faster where it matches.
+   */
+  prediction?: string | { type: "content"; content: string };
 }
 
 export type FinishReason = "stop" | "length" | "abort";
@@ -70,6 +86,8 @@ export interface Usage {
   total_tokens: number;
   cached_prompt_tokens: number;
   prompt_tokens_details: { cached_tokens: number };
+  /** Drafted tokens (a prediction's or n-gram lookup's) the model accepted and rejected. */
+  completion_tokens_details: { accepted_prediction_tokens: number; rejected_prediction_tokens: number };
   ttft_ms: number;
   prefill_tok_s: number;
   decode_tok_s: number;

@@ -54,7 +54,7 @@ export class LocalCore {
   #engine;
   info;
 
-  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, useCache = true }) {
+  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, useCache = true }) {
     if (typeof navigator === "undefined" || !navigator.gpu) {
       throw new WebGPUNotAvailableError("WebGPU is not available in this browser (navigator.gpu is missing)");
     }
@@ -75,6 +75,8 @@ export class LocalCore {
       if (maxSeqs) opts.max_seqs = maxSeqs;
       if (selfTest) opts.self_test = true;
       if (typeof chatTemplate === "string") opts.chat_template = chatTemplate;
+      if (speculative != null) opts.spec_type = speculative;
+      if (draftMax != null) opts.draft_max = draftMax;
       const onCompile = (n) => report("compile", n, 0, `compiling GPU kernels: ${n}`);
       core.#engine = await loadEngine(reader, JSON.stringify(opts), onCompile);
     } catch (e) {

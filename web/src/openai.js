@@ -8,6 +8,7 @@ import { fromWire, InvalidRequestError } from "./errors.js";
 const REQUEST_FIELDS = [
   "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
   "frequency_penalty", "repetition_penalty", "repeat_last_n", "logit_bias", "logprobs", "top_logprobs", "n",
+  "speculative", "prediction",
 ];
 /** Most choices one request may ask for (OpenAI's limit). */
 const MAX_N = 128;
@@ -27,13 +28,16 @@ function engineRequest(params, input) {
 /** Usage of a request from its choices' summaries: the prompt once, every choice's tokens. */
 function usage(summaries) {
   const first = summaries[0];
-  const completion = summaries.reduce((n, s) => n + (s?.completion_tokens ?? 0), 0);
+  const sum = (k) => summaries.reduce((n, s) => n + (s?.[k] ?? 0), 0);
+  const completion = sum("completion_tokens");
+  const accepted = sum("accepted_draft_tokens");
   return {
     prompt_tokens: first.prompt_tokens,
     completion_tokens: completion,
     total_tokens: first.prompt_tokens + completion,
     cached_prompt_tokens: first.cached_prompt_tokens,
     prompt_tokens_details: { cached_tokens: first.cached_prompt_tokens },
+    completion_tokens_details: { accepted_prediction_tokens: accepted, rejected_prediction_tokens: sum("draft_tokens") - accepted },
     ttft_ms: first.ttft_ms,
     prefill_tok_s: first.prefill_tok_s,
     decode_tok_s: first.decode_tok_s,

@@ -51,12 +51,12 @@ export class WorkerCore {
     });
   }
 
-  async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, useCache }) {
+  async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, useCache }) {
     // Blobs and Files cross by structured clone (no copy of the data); URLs are resolved here,
     // where the page's base URL is known.
     const m = typeof model === "string" || model instanceof URL ? new URL(model, location.href).href : model;
     const w = wasmUrl ? new URL(wasmUrl, location.href).href : undefined;
-    this.info = await this.#call("load", { model: m, wasmUrl: w, nCtx, maxSeqs, selfTest, chatTemplate, useCache }, { onProgress: initProgressCallback });
+    this.info = await this.#call("load", { model: m, wasmUrl: w, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, useCache }, { onProgress: initProgressCallback });
     return this;
   }
   /** Queues `request` in the worker; `onEvent` gets its events. Resolves to its id. */

@@ -146,6 +146,32 @@ pub struct Parsed {
     /// Alternatives per token to report, when log-probabilities are asked for.
     pub top_logprobs: Option<usize>,
     pub echo: bool,
+    /// `prediction: {"type": "content", "content": ...}`: a predicted output, drafted from.
+    pub prediction: Option<String>,
+}
+
+/// OpenAI's predicted outputs: `{"type": "content", "content": string or text parts}`.
+fn prediction(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    let bad = || ApiError::invalid("prediction", "`prediction` must be {\"type\": \"content\", \"content\": a string or an array of text parts}");
+    let p = match obj.get("prediction") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(p)) => p,
+        Some(_) => return Err(bad()),
+    };
+    if p.get("type").and_then(Value::as_str) != Some("content") {
+        return Err(bad());
+    }
+    match p.get("content") {
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Array(parts)) => {
+            let text = |v: &Value| match (v.get("type").and_then(Value::as_str), v.get("text").and_then(Value::as_str)) {
+                (Some("text"), Some(t)) => Ok(t.to_string()),
+                _ => Err(bad()),
+            };
+            parts.iter().map(text).collect::<Result<String, _>>().map(Some)
+        }
+        _ => Err(bad()),
+    }
 }
 
 /// Fields OpenAI defines that this server does not implement: a 400 naming them, never a
@@ -163,8 +189,8 @@ fn unsupported(obj: &Map<String, Value>, endpoint: Endpoint) -> Result<(), ApiEr
         }
     };
     let names: &[&str] = match endpoint {
-        Endpoint::Chat => &["response_format", "tools", "tool_choice", "functions", "function_call", "audio", "prediction", "modalities"],
-        Endpoint::Completions => &["suffix", "best_of", "response_format", "prediction"],
+        Endpoint::Chat => &["response_format", "tools", "tool_choice", "functions", "function_call", "audio", "modalities"],
+        Endpoint::Completions => &["suffix", "best_of", "response_format"],
     };
     for &name in names {
         if let Some(v) = obj.get(name).filter(|v| !v.is_null()) {
@@ -372,7 +398,8 @@ pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &Defaults) -> Result<Par
         speculative: None,
     };
     params.validate().map_err(|e| from_generate(&e, endpoint.prompt_param()))?;
-    Ok(Parsed { endpoint, model, inputs, params, n, stream, include_usage, top_logprobs, echo })
+    let prediction = prediction(&obj)?;
+    Ok(Parsed { endpoint, model, inputs, params, n, stream, include_usage, top_logprobs, echo, prediction })
 }
 
 #[cfg(test)]
@@ -395,6 +422,11 @@ mod tests {
         assert_eq!((p.params.sampling.temperature, p.params.sampling.top_p, p.params.sampling.top_k), (1.0, 1.0, 0));
         assert_eq!((p.params.max_tokens, p.n, p.top_logprobs, p.params.sampling.seed), (Some(5), 2, Some(2), Some(3)));
         assert_eq!(p.params.stop, vec!["x".to_string()]);
+        assert_eq!(p.prediction, None);
+        let parts = json!({"type": "content", "content": [{"type": "text", "text": "fn a"}, {"type": "text", "text": "() {}"}]});
+        assert_eq!(chat(json!({"messages": msgs, "prediction": parts})).unwrap().prediction.as_deref(), Some("fn a() {}"));
+        let text = json!({"type": "content", "content": "x = 1"});
+        assert_eq!(chat(json!({"messages": msgs, "prediction": text})).unwrap().prediction.as_deref(), Some("x = 1"));
         let Input::Chat(m) = &p.inputs[0] else { panic!("chat input") };
         assert_eq!(m[0]["content"], "ab");
     }
@@ -417,6 +449,9 @@ mod tests {
             ("logit_bias", json!({"x": 1})),
             ("tools", json!([{"type": "function"}])),
             ("response_format", json!({"type": "json_object"})),
+            ("prediction", json!({"type": "text", "content": "x"})),
+            ("prediction", json!({"type": "content", "content": [{"type": "image_url"}]})),
+            ("prediction", json!("x")),
             ("temperature", json!("hot")),
         ] {
             let mut body = json!({"messages": m});

@@ -89,7 +89,7 @@ pub struct SpecArgs {
 impl SpecArgs {
     pub fn config(&self) -> Result<flint::SpecConfig, Failure> {
         let kind = self.spec_type.parse().map_err(Failure::usage)?;
-        let c = flint::SpecConfig { kind, draft_max: self.draft_max, draft_min: self.draft_min };
+        let c = flint::SpecConfig { kind, draft_max: self.draft_max, draft_min: self.draft_min, predictions: false };
         c.validate().map_err(Failure::usage)?;
         Ok(c)
     }

@@ -300,12 +300,33 @@ fn flint_serve_over_http() {
         assert_eq!(usage["prompt_tokens"].as_u64().unwrap() as usize, reference["prompt_token_ids"].as_array().unwrap().len());
         assert_eq!(usage["completion_tokens"], 16);
         assert!(usage["prompt_tokens_details"]["cached_tokens"].is_u64());
+        assert_eq!(usage["completion_tokens_details"], json!({"accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}));
     }
     let steps = server.metric("flint_steps_total") - steps_before;
     let single = server.metric("flint_batch_sequences_bucket{le=\"1\"}");
     let all = server.metric("flint_batch_sequences_count");
     assert!(all > single, "no step ran more than one sequence ({all} steps, {single} of one)");
     assert!(steps < 6.0 * 17.0, "{steps} steps for 6 requests of 16 tokens: they did not share steps");
+
+    // Predicted outputs draft from the prediction: the reply is the same, right or wrong, and
+    // usage and /metrics count what the model accepted and rejected.
+    let want = json_file("golden/f32/gemma/2.json")["greedy_text_16"].as_str().unwrap().to_string();
+    let drafted_before = server.metric("flint_spec_draft_tokens_total");
+    let predicted = |prediction: &str| {
+        let body = json!({"prompt": golden_prompt(2), "max_tokens": 16, "temperature": 0, "prediction": {"type": "content", "content": prediction}});
+        let v = server.post("/v1/completions", &body).json();
+        assert_eq!(v["choices"][0]["text"], want.as_str(), "prediction {prediction:?}: {v}");
+        let d = &v["usage"]["completion_tokens_details"];
+        (d["accepted_prediction_tokens"].as_u64().unwrap(), d["rejected_prediction_tokens"].as_u64().unwrap())
+    };
+    let (right, _) = predicted(&want);
+    assert!(right >= 8, "a correct prediction of 16 tokens had {right} accepted");
+    let wrong = want.replace("return", "yield");
+    let (_, rejected) = predicted(&wrong);
+    assert!(rejected > 0, "a wrong prediction had nothing rejected");
+    eprintln!("predictions: {right} tokens of the right one accepted, {rejected} of the wrong one rejected");
+    assert!(server.metric("flint_spec_draft_tokens_total") > drafted_before, "/metrics counts drafts");
+    assert!(server.metric("flint_spec_accepted_tokens_total") >= right as f64);
 
     // SSE as OpenAI sends it: data lines, one id, the finish chunk, usage, [DONE].
     let r = server.post("/v1/completions", &json!({"prompt": golden_prompt(1), "max_tokens": 4, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}));

@@ -36,6 +36,9 @@ pub struct SpecConfig {
     pub draft_max: usize,
     /// Drafts shorter than this are not verified (the step decodes one token instead).
     pub draft_min: usize,
+    /// Requests may bring drafts of their own (OpenAI's predicted outputs): the engine keeps
+    /// room to verify them even when `kind` is `None`.
+    pub predictions: bool,
 }
 
 /// Default `--draft-max`.
@@ -44,12 +47,15 @@ pub const DRAFT_MAX: usize = 8;
 /// worth a verify step's extra tokens.
 pub const NGRAM_MAX: usize = 4;
 pub const NGRAM_MIN: usize = 2;
+/// Sequences a step verifies full drafts for when only predictions draft (see
+/// [`SpecConfig::draft_rows`]); more wait for a later step's rows.
+pub const PREDICTION_SEQS: usize = 4;
 /// Tokens of the sequence searched back from its end (bounds the lookup's cost per step).
 pub const NGRAM_WINDOW: usize = 4096;
 
 impl Default for SpecConfig {
     fn default() -> Self {
-        SpecConfig { kind: SpecKind::None, draft_max: DRAFT_MAX, draft_min: 0 }
+        SpecConfig { kind: SpecKind::None, draft_max: DRAFT_MAX, draft_min: 0, predictions: false }
     }
 }
 
@@ -60,6 +66,23 @@ impl SpecConfig {
 
     pub fn is_on(&self) -> bool {
         self.kind != SpecKind::None && self.draft_max > 0
+    }
+
+    /// Whether any sequence may verify drafts (the engine reserves output rows for them).
+    pub fn drafts(&self) -> bool {
+        (self.kind != SpecKind::None || self.predictions) && self.draft_max > 0
+    }
+
+    /// Output rows an engine of `max_seqs` sequences reserves for drafts: a full draft for
+    /// each sequence when every sequence drafts (`kind`); with predictions alone, full drafts
+    /// for [`PREDICTION_SEQS`] sequences a step, so that a server that merely accepts
+    /// predictions does not grow its logits buffer with its sequence count.
+    pub fn draft_rows(&self, max_seqs: usize) -> usize {
+        match (self.drafts(), self.kind) {
+            (false, _) => 0,
+            (true, SpecKind::None) => max_seqs.min(PREDICTION_SEQS) * self.draft_max,
+            (true, _) => max_seqs * self.draft_max,
+        }
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -94,6 +117,29 @@ pub fn ngram_draft(tokens: &[u32], k: usize) -> Vec<u32> {
                 let from = start + n;
                 return hay[from..(from + k).min(len)].to_vec();
             }
+        }
+    }
+    Vec::new()
+}
+
+/// Up to `k` tokens of a request's predicted output (`prediction`) that follow where the end
+/// of its generated tokens (`generated`, at least one) matches it: the longest tail, NGRAM_MAX
+/// tokens down to 1, and among its occurrences the one ending nearest position
+/// `generated.len()`, where an output that follows the prediction token for token would be (a
+/// repeated line of the prediction is then taken at the copy the output has reached). Empty
+/// when no tail occurs.
+pub fn prediction_draft(prediction: &[u32], generated: &[u32], k: usize) -> Vec<u32> {
+    let (len, at) = (prediction.len(), generated.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    for n in (1..=NGRAM_MAX.min(at)).rev() {
+        let tail = &generated[at - n..];
+        let end = (n..len)
+            .filter(|&e| &prediction[e - n..e] == tail)
+            .min_by_key(|&e| e.abs_diff(at));
+        if let Some(e) = end {
+            return prediction[e..(e + k).min(len)].to_vec();
         }
     }
     Vec::new()
@@ -195,6 +241,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn predictions_draft_from_where_the_output_is() {
+        let pred = [10, 11, 12, 13, 10, 11, 12, 13, 14];
+        // One token out, following the prediction: its continuation.
+        assert_eq!(prediction_draft(&pred, &[10], 3), vec![11, 12, 13]);
+        // "12 13" occurs twice; five tokens out, the second copy is the nearer.
+        assert_eq!(prediction_draft(&pred, &[10, 11, 12, 13, 10, 11, 12, 13], 4), vec![14]);
+        assert_eq!(prediction_draft(&pred, &[10, 11, 12, 13], 4), vec![10, 11, 12, 13]);
+        // An edit: the output left the prediction; the longest tail that matches realigns it.
+        assert_eq!(prediction_draft(&pred, &[10, 99, 12], 2), vec![13, 10]);
+        // Nothing matches, or the match ends the prediction: nothing.
+        assert!(prediction_draft(&pred, &[7], 4).is_empty());
+        assert!(prediction_draft(&pred, &[14], 4).is_empty());
+        assert!(prediction_draft(&pred, &[10], 0).is_empty());
+        assert!(prediction_draft(&[], &[10], 4).is_empty());
+    }
+
+    #[test]
     fn ngram_takes_the_longest_most_recent_match() {
         // "1 2 3 4" occurs twice; the last two tokens "3 4" also end both.
         let t = [1, 2, 3, 4, 9, 9, 1, 2, 3, 4, 5, 6, 7, 0, 2, 3, 4];
@@ -230,7 +293,7 @@ mod tests {
 
     #[test]
     fn draft_length_follows_the_sequence_own_acceptance() {
-        let cfg = SpecConfig { kind: SpecKind::Ngram, draft_max: 8, draft_min: 0 };
+        let cfg = SpecConfig { kind: SpecKind::Ngram, draft_max: 8, draft_min: 0, predictions: false };
         let mut a = Adapt::new(&cfg);
         assert_eq!(a.budget(&cfg), 8);
         a.record(&cfg, 8, 2);
@@ -257,7 +320,10 @@ mod tests {
 
     #[test]
     fn settings_are_checked() {
-        assert!(SpecConfig { draft_min: 5, draft_max: 4, kind: SpecKind::Ngram }.validate().is_err());
+        assert!(SpecConfig { draft_min: 5, draft_max: 4, kind: SpecKind::Ngram, predictions: false }.validate().is_err());
+        let predictions = SpecConfig { predictions: true, ..SpecConfig::default() };
+        assert_eq!((SpecConfig::default().draft_rows(8), SpecConfig::ngram().draft_rows(8)), (0, 64));
+        assert_eq!((predictions.draft_rows(8), predictions.draft_rows(2)), (PREDICTION_SEQS * 8, 16));
         assert!(SpecConfig::ngram().validate().is_ok());
         assert_eq!("ngram".parse::<SpecKind>(), Ok(SpecKind::Ngram));
         assert!("draft".parse::<SpecKind>().is_err());

@@ -180,7 +180,8 @@ fn compile_progress() -> flint::CompileProgress {
 }
 
 /// Loads a model from `source` (see the module docs) with options JSON
-/// `{"n_ctx": N, "max_seqs": N, "self_test": bool, "chat_template": "..."}`; resolves to a `WasmEngine` whose run loop is started.
+/// `{"n_ctx": N, "max_seqs": N, "self_test": bool, "chat_template": "...", "spec_type":
+/// "none" | "ngram", "draft_max": N}`; resolves to a `WasmEngine` whose run loop is started.
 /// `on_compile(n, label)`, when a function, is called after each GPU kernel compile of the
 /// load.
 #[wasm_bindgen(js_name = loadEngine)]
@@ -204,6 +205,19 @@ pub fn load_engine(source: JsValue, options: String, on_compile: JsValue) -> Pro
             load.max_seqs = n as usize;
         }
         load.self_test = opts.get("self_test").and_then(|v| v.as_bool()).unwrap_or(false);
+        // Requests may bring predictions; n-gram drafts when asked for (`speculative: "ngram"`).
+        load.spec.predictions = true;
+        if let Some(kind) = opts.get("spec_type") {
+            let kind = kind
+                .as_str()
+                .and_then(|k| k.parse::<flint::SpecKind>().ok())
+                .ok_or_else(|| js_error("InvalidRequestError", format!("speculative must be \"none\" or \"ngram\", got {kind}")))?;
+            load.spec.kind = kind;
+        }
+        if let Some(n) = opts.get("draft_max") {
+            let n = n.as_u64().filter(|&n| (1..=64).contains(&n)).ok_or_else(|| js_error("InvalidRequestError", format!("draftMax must be an integer in 1..=64, got {n}")))?;
+            load.spec.draft_max = n as usize;
+        }
         load.chat_template = opts.get("chat_template").and_then(|v| v.as_str()).map(str::to_string);
         let file = flint::GgufFile::from_source(Box::new(source))
             .await
@@ -259,6 +273,8 @@ fn event_json(tok: &Tokenizer, ev: &Event, logprobs: bool) -> serde_json::Value 
                 "ttft_ms": summary.ttft_ms,
                 "prefill_tok_s": summary.prefill_tok_s,
                 "decode_tok_s": summary.decode_tok_s,
+                "draft_tokens": summary.draft_tokens,
+                "accepted_draft_tokens": summary.accepted_draft_tokens,
             },
         }),
     }

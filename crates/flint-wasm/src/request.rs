@@ -34,6 +34,11 @@ pub struct Request {
     pub top_logprobs: Option<usize>,
     /// Choices from the same prompt (sharing its KV blocks), each its own random stream.
     pub n: Option<usize>,
+    /// false: no speculative drafts for this request (the engine's setting otherwise).
+    pub speculative: Option<bool>,
+    /// A predicted output, OpenAI's `{"type": "content", "content": "..."}` or the text alone:
+    /// drafts come from it. Speed only; the tokens are the same.
+    pub prediction: Option<serde_json::Value>,
 }
 
 impl Request {
@@ -72,7 +77,7 @@ impl Request {
             logit_bias,
             n_logprobs,
         };
-        let params = GenerateParams { max_tokens, sampling, stop: self.stop.clone().unwrap_or_default(), ignore_eos: false, speculative: None };
+        let params = GenerateParams { max_tokens, sampling, stop: self.stop.clone().unwrap_or_default(), ignore_eos: false, speculative: self.speculative };
         params.validate().map_err(|e| e.to_string())?;
         Ok(params)
     }
@@ -80,6 +85,15 @@ impl Request {
     /// The engine's request: exactly one of `prompt` and `messages`, and the settings.
     pub fn into_request(self) -> Result<flint::Request, String> {
         let params = self.params()?;
+        let prediction = match &self.prediction {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(p) if p.get("type").and_then(|t| t.as_str()) == Some("content") => match p.get("content").and_then(|c| c.as_str()) {
+                Some(c) => Some(c.to_string()),
+                None => return Err("prediction.content must be a string".into()),
+            },
+            Some(_) => return Err("prediction must be a string or {\"type\": \"content\", \"content\": string}".into()),
+        };
         let input = match (self.prompt, self.messages) {
             (Some(p), None) => Input::Text(p),
             (None, Some(m)) => Input::Chat(m),
@@ -88,6 +102,7 @@ impl Request {
         let mut req = flint::Request::new(input, params);
         req.n = self.n.unwrap_or(1);
         req.add_generation_prompt = self.add_generation_prompt.unwrap_or(true);
+        req.prediction = prediction;
         Ok(req)
     }
 }

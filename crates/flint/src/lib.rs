@@ -197,6 +197,8 @@ pub struct EngineInfo {
     pub kv_bytes_per_position: u64,
     /// The load-time self-test's result, when it ran.
     pub self_test: Option<SelfTestReport>,
+    /// The speculation settings it was loaded with.
+    pub spec: SpecConfig,
     /// The device's copy bandwidth (GB/s), natively measured on request.
     gpu: Option<Arc<GpuContext>>,
     clock: Clock,
@@ -328,8 +330,8 @@ impl Engine {
         };
         let max_seqs = opts.max_seqs.max(1);
         opts.spec.validate().map_err(EngineError::Config)?;
-        // Every sequence may verify a full draft in one step: an output row per drafted token.
-        let draft_rows = if opts.spec.is_on() { max_seqs * opts.spec.draft_max } else { 0 };
+        // An output row per drafted token a step may verify.
+        let draft_rows = opts.spec.draft_rows(max_seqs);
         let max_outputs = max_seqs + draft_rows;
         let bopts = BackendOptions { n_ctx, max_seqs, max_batch_tokens: opts.max_batch_tokens.max(1), max_outputs, kv_budget_bytes };
         let file = Arc::new(file);
@@ -355,6 +357,7 @@ impl Engine {
             self_test,
             gpu,
             clock,
+            spec: opts.spec,
         };
         let (tx, rx) = mpsc::unbounded();
         // The loop keeps the file (and its memory map) alive with the backend.
@@ -425,7 +428,8 @@ impl Engine {
     /// ends it). Dropping the handle cancels the request.
     pub fn submit(&self, req: Request) -> Result<RequestHandle, EngineError> {
         let now = (self.info.clock)();
-        let prepared = request::prepare(req, &self.info.tokenizer, self.info.template.as_ref(), self.info.n_ctx, self.info.config.n_vocab, now)?;
+        let sizes = (self.info.n_ctx, self.info.config.n_vocab);
+        let prepared = request::prepare(req, &self.info.tokenizer, self.info.template.as_ref(), sizes, self.info.spec.drafts(), now)?;
         let n_choices = prepared.choices.len();
         let prompt_tokens = prepared.prompt.len();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);

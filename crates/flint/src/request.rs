@@ -35,11 +35,14 @@ pub struct Request {
     /// Every generated token's event carries the logits it was drawn from (tests and tools:
     /// a full readback per token).
     pub logits: bool,
+    /// A predicted output (OpenAI's `prediction`): text the reply is expected to repeat
+    /// largely, used as a source of drafts. It changes speed only, never the tokens.
+    pub prediction: Option<String>,
 }
 
 impl Request {
     pub fn new(input: Input, params: GenerateParams) -> Request {
-        Request { input, params, n: 1, add_generation_prompt: true, logits: false }
+        Request { input, params, n: 1, add_generation_prompt: true, logits: false, prediction: None }
     }
 }
 
@@ -48,6 +51,8 @@ pub(crate) struct Prepared {
     pub prompt: Vec<u32>,
     pub choices: Vec<Generation>,
     pub logits: bool,
+    /// The predicted output's tokens (empty: none), at most the context's length.
+    pub prediction: Vec<u32>,
 }
 
 /// Renders chat `messages` with `template`; a template's refusal is a typed error.
@@ -67,18 +72,30 @@ pub(crate) fn chat_tokens(
     tokenize_rendered(tokenizer, &text).map_err(|e| EngineError::Chat(ChatError::Render(e.to_string())))
 }
 
-/// Checks `req` against the model and turns it into ids and choices.
+/// Checks `req` against the model and turns it into ids and choices. `drafts`: whether the
+/// engine can verify drafts (a prediction needs it).
 pub(crate) fn prepare(
     req: Request,
     tokenizer: &Tokenizer,
     template: Option<&ChatTemplate>,
-    n_ctx: usize,
-    n_vocab: usize,
+    (n_ctx, n_vocab): (usize, usize),
+    drafts: bool,
     now: f64,
 ) -> Result<Prepared, EngineError> {
     if !(1..=MAX_N).contains(&req.n) {
         return Err(GenerateError::BadN { n: req.n, max: MAX_N }.into());
     }
+    let prediction = match &req.prediction {
+        Some(_) if !drafts => return Err(EngineError::Config("a prediction needs an engine that verifies drafts (load it with speculation or predictions on)".into())),
+        // Plain text: no BOS, special tokens not parsed. The reply fits the context, so the
+        // prediction is of use only that far.
+        Some(text) => {
+            let mut ids = tokenizer.encode(text, false, false)?;
+            ids.truncate(n_ctx);
+            ids
+        }
+        None => Vec::new(),
+    };
     req.params.validate()?;
     let prompt = match req.input {
         Input::Text(t) => tokenizer.encode(&t, tokenizer.add_bos_default(), true)?,
@@ -99,5 +116,5 @@ pub(crate) fn prepare(
     let choices = (0..req.n)
         .map(|i| Generation::new(&prompt, &req.params, seed, i, n_vocab, now))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Prepared { prompt, choices, logits: req.logits })
+    Ok(Prepared { prompt, choices, logits: req.logits, prediction })
 }

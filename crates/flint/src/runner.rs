@@ -16,7 +16,7 @@ use flint_core::generate::{Clock, Event, FinishReason, Generation};
 use flint_core::kv::SeqId;
 use flint_core::sampling::{Sampler, SamplingParams, NON_FINITE};
 use flint_core::sched::{SchedStats, Scheduler};
-use flint_core::spec::{accepted_prefix, fit_draft, ngram_draft, Adapt, SpecConfig, SpecCounts};
+use flint_core::spec::{accepted_prefix, fit_draft, ngram_draft, prediction_draft, Adapt, SpecConfig, SpecCounts};
 use flint_core::tokenizer::Tokenizer;
 
 use flint_gpu::GpuContext;
@@ -65,6 +65,8 @@ struct RequestState {
     events: mpsc::UnboundedSender<EventResult>,
     choices: Vec<Choice>,
     logits: bool,
+    /// Its predicted output's tokens, a draft source for every choice (empty: none).
+    prediction: Vec<u32>,
 }
 
 pub(crate) struct Runner {
@@ -193,7 +195,7 @@ impl Runner {
     }
 
     fn submit(&mut self, id: u64, prepared: Prepared, events: mpsc::UnboundedSender<EventResult>) {
-        let Prepared { prompt, choices, logits } = prepared;
+        let Prepared { prompt, choices, logits, prediction } = prepared;
         let seqs = match self.sched.add(prompt, choices.len() - 1) {
             Ok(s) => s,
             Err(e) => {
@@ -205,7 +207,7 @@ impl Runner {
         for (i, c) in choices.iter().enumerate() {
             self.owner.insert(c.seq, (id, i));
         }
-        self.requests.insert(id, RequestState { events, choices, logits });
+        self.requests.insert(id, RequestState { events, choices, logits, prediction });
     }
 
     /// Ends every unfinished choice of request `id` with `abort` and frees its sequences.
@@ -250,19 +252,30 @@ impl Runner {
         }
     }
 
-    /// Drafts for every choice about to decode (n-gram lookup in its own tokens), as
-    /// long as its adapted length and its remaining tokens allow.
+    /// Drafts for every choice about to decode, as long as its adapted length and its
+    /// remaining tokens allow: from the request's predicted output where it has one and it
+    /// matches, else by n-gram lookup in the choice's own tokens where the engine has it on.
     fn propose_drafts(&mut self) {
         let sizes = self.backend.verify_sizes();
+        let ngram = self.spec.is_on();
         for req in self.requests.values_mut() {
+            if !ngram && req.prediction.is_empty() {
+                continue;
+            }
             for c in req.choices.iter_mut() {
                 if c.gen.is_done() || !c.gen.speculates() || !self.sched.is_decoding(c.seq) {
                     continue;
                 }
-                // The token the pending one brings is emitted anyway: drafts only past it.
-                let room = c.gen.remaining().map_or(usize::MAX, |r| r.saturating_sub(2));
+                // k drafts yield up to k + 1 tokens (the model's own after them): no more
+                // than the choice may still generate.
+                let room = c.gen.remaining().map_or(usize::MAX, |r| r.saturating_sub(1));
                 let k = c.adapt.budget(&self.spec).min(room);
-                let mut draft = ngram_draft(self.sched.tokens(c.seq), k);
+                let tokens = self.sched.tokens(c.seq);
+                let generated = &tokens[tokens.len().saturating_sub(c.gen.completion_tokens())..];
+                let mut draft = if req.prediction.is_empty() { Vec::new() } else { prediction_draft(&req.prediction, generated, k) };
+                if draft.is_empty() && ngram {
+                    draft = ngram_draft(tokens, k);
+                }
                 draft.truncate(fit_draft(draft.len(), sizes));
                 if !draft.is_empty() && draft.len() >= self.spec.draft_min {
                     self.sched.propose(c.seq, draft);
@@ -272,7 +285,7 @@ impl Runner {
     }
 
     async fn step(&mut self) -> Result<(), BackendError> {
-        if self.spec.is_on() {
+        if self.spec.drafts() {
             self.propose_drafts();
         }
         let plan = self.sched.schedule();
@@ -331,8 +344,7 @@ impl Runner {
             let accepted = accepted_prefix(&drafts, &target);
             if !drafts.is_empty() {
                 req.choices[ci].adapt.record(&self.spec, drafts.len(), accepted);
-                req.choices[ci].gen.record_drafts(drafts.len(), accepted);
-                self.spec_counts.add(drafts.len(), accepted);
+                req.choices[ci].gen.record_drafts(drafts.len(), 0);
             }
             // Rows up to the first mismatch are the tokens plain decoding would have drawn,
             // one per step; each goes through the request as if it had.
@@ -343,6 +355,11 @@ impl Runner {
                 if s.id == NON_FINITE {
                     broken = Some(req.choices[ci].gen.completion_tokens() + 1);
                     break;
+                }
+                // Counted as accepted: the drafts the reply takes. A stop or an end-of-generation
+                // token may end it inside the run; that token counts, what follows does not.
+                if j < accepted {
+                    req.choices[ci].gen.record_drafts(0, 1);
                 }
                 let room = base + j < self.n_ctx;
                 let (mut events, on) = req.choices[ci].gen.on_sampled(&self.tokenizer, s.clone(), now, room);
@@ -359,6 +376,7 @@ impl Runner {
             }
             // Rows 1..=last drew on the choice's behalf (row 0 with its own sampler).
             req.choices[ci].gen.sampler_mut().advance(last as u32);
+            self.spec_counts.add(drafts.len(), accepted.min(last + 1));
             // The drafts before the last row handled stay; that row's token is appended.
             let resolved = self.sched.resolve(seq, last);
             if let Some(token) = broken {

@@ -13,7 +13,8 @@
 //! of greedy decoding without speculation, bit for bit (a verify entry's rows equal one-token
 //! steps), alone and sharing steps with seeded sampled requests, which speculate too and must
 //! draw their solo tokens; and drafts must have been both accepted and rejected, so the
-//! verify path really ran.
+//! verify path really ran; and a stop string (gemma) and an end-of-generation token (qwen)
+//! inside a run of accepted drafts end the reply where plain decoding ends it.
 
 mod common;
 
@@ -115,11 +116,19 @@ fn batched_equals_alone(name: &str, golden: &str, prompts: &[usize], long: usize
     assert_eq!(stats.spec.accepted as usize, accepted, "the engine's counters sum the requests'");
     if name.starts_with("gemma") {
         stop_inside_an_accepted_run(&spec);
+    } else {
+        eog_inside_an_accepted_run(&spec);
     }
 }
 
-/// Text, finish reason and drafts of one greedy request.
+/// Text, finish reason and accepted drafts of one greedy request.
 fn complete(engine: &Engine, prompt: &str, n: usize, stop: &[&str], speculative: bool) -> (String, FinishReason, usize) {
+    let (text, reason, accepted, _) = complete_counted(engine, prompt, n, stop, speculative);
+    (text, reason, accepted)
+}
+
+/// [`complete`], and the tokens generated.
+fn complete_counted(engine: &Engine, prompt: &str, n: usize, stop: &[&str], speculative: bool) -> (String, FinishReason, usize, usize) {
     let params = GenerateParams {
         max_tokens: Some(n),
         sampling: SamplingParams::greedy(),
@@ -135,7 +144,7 @@ fn complete(engine: &Engine, prompt: &str, n: usize, stop: &[&str], speculative:
                 Event::Token { text: t, .. } => text.push_str(&t),
                 Event::Done { summary, text: t, .. } => {
                     text.push_str(&t);
-                    return (text, summary.finish_reason, summary.accepted_draft_tokens);
+                    return (text, summary.finish_reason, summary.accepted_draft_tokens, summary.completion_tokens);
                 }
             }
         }
@@ -155,6 +164,20 @@ fn stop_inside_an_accepted_run(engine: &Engine) {
     let (text, reason, accepted) = complete(engine, &prompt, 24, &[stop], true);
     assert_eq!((text.as_str(), reason), (&plain[..at], FinishReason::Stop), "speculative reply with a stop string");
     assert!(accepted > 0, "the drafts were accepted up to the stop");
+}
+
+/// An end-of-generation token met inside a run of accepted drafts ends the reply there, as
+/// plain decoding would. The earlier turn gives the reply and its end as a draft: after the
+/// first token, the rest of the reply and `<|im_end|>` (and more) are drafted at once.
+fn eog_inside_an_accepted_run(engine: &Engine) {
+    let turn = "<|im_start|>user\nSay the word yes.<|im_end|>\n<|im_start|>assistant\n";
+    let prompt = format!("{turn}The word is yes.<|im_end|>\n{turn}");
+    let plain = complete_counted(engine, &prompt, 16, &[], false);
+    assert_eq!((plain.0.as_str(), plain.1), ("The word is yes.", FinishReason::Stop), "the plain reply");
+    let (text, reason, accepted, n) = complete_counted(engine, &prompt, 16, &[], true);
+    assert_eq!((text, reason, n), (plain.0, plain.1, plain.3), "speculative reply ending on end-of-generation");
+    // Every token after the first, and the end-of-generation token, were accepted drafts.
+    assert_eq!(accepted, n, "the end-of-generation token was not inside an accepted run");
 }
 
 #[test]

@@ -93,6 +93,8 @@ impl Metrics {
             gauge(&mut out, "flint_kv_blocks_total", "KV blocks in the pool, every group.", s.kv.total);
             gauge(&mut out, "flint_kv_blocks_used", "KV blocks held by live sequences.", s.kv.used);
             gauge(&mut out, "flint_kv_blocks_cached", "KV blocks held only by the prefix index.", s.kv.cached);
+            counter(&mut out, "flint_spec_draft_tokens_total", "Draft tokens verified (speculative decoding).", s.spec.drafted);
+            counter(&mut out, "flint_spec_accepted_tokens_total", "Draft tokens the model accepted.", s.spec.accepted);
             steps_histogram(&mut out, "flint_batch_sequences", "Sequences per step.", &s.batch_seqs);
             steps_histogram(&mut out, "flint_batch_tokens", "Tokens per step.", &s.batch_tokens);
         }
@@ -139,6 +141,7 @@ mod tests {
         let mut s = SchedStats::default();
         s.batch_seqs.observe(1);
         s.batch_seqs.observe(3);
+        s.spec.add(5, 3);
         let text = m.render(Some(&s));
         for line in [
             "flint_prompt_tokens_total 10",
@@ -151,6 +154,8 @@ mod tests {
             "flint_ttft_seconds_bucket{le=\"0.5\"} 1",
             "flint_ttft_seconds_bucket{le=\"10\"} 2",
             "flint_ttft_seconds_count 2",
+            "flint_spec_draft_tokens_total 5",
+            "flint_spec_accepted_tokens_total 3",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }

@@ -216,7 +216,8 @@ pub fn serve(args: ServeArgs) -> Result<(), Failure> {
         chat_template,
         compile_observer: Some(crate::progress::compile_line()),
         self_test: !args.no_self_test,
-        spec: args.spec.config()?,
+        // Requests' `prediction` drafts whatever --spec-type says.
+        spec: flint::SpecConfig { predictions: true, ..args.spec.config()? },
         ..LoadOptions::default()
     };
     let app = Arc::new(App {

@@ -68,6 +68,9 @@ struct Choice {
     last_token: Option<Instant>,
     /// Tokens generated.
     count: usize,
+    /// Drafted tokens (a prediction's or n-gram lookup's) and those the model accepted.
+    drafted: usize,
+    accepted: usize,
 }
 
 type Events = SelectAll<stream::Map<RequestHandle, Box<dyn FnMut(EventResult) -> (usize, EventResult) + Send>>>;
@@ -113,6 +116,7 @@ pub fn start(engine: &Engine, model: &str, p: Parsed, metrics: Arc<Metrics>, slo
         });
         let mut req = Request::new(input, p.params.clone());
         req.n = p.n;
+        req.prediction = p.prediction.clone();
         let h = engine.submit(req).map_err(|e| ApiError::from_engine(&e, param))?;
         if let Some(m) = p.params.max_tokens {
             if h.prompt_tokens() + m > engine.n_ctx() {
@@ -212,6 +216,7 @@ impl Running {
                 let c = &mut self.choices[index];
                 c.text.push_str(&text);
                 c.finish = Some(summary.finish_reason);
+                (c.drafted, c.accepted) = (summary.draft_tokens, summary.accepted_draft_tokens);
                 let m = &self.meta.metrics;
                 m.generated(summary.completion_tokens);
                 m.finished(Some(summary.finish_reason));
@@ -235,11 +240,15 @@ impl Running {
         let prompt: usize = self.prompt_tokens.iter().sum();
         let cached: usize = self.cached_tokens.iter().map(|c| c.unwrap_or(0)).sum();
         let completion: usize = self.choices.iter().map(|c| c.count).sum();
+        let drafted: usize = self.choices.iter().map(|c| c.drafted).sum();
+        let accepted: usize = self.choices.iter().map(|c| c.accepted).sum();
         json!({
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached},
+            // Every draft verified (the request's prediction or the server's n-gram lookup).
+            "completion_tokens_details": {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted},
         })
     }
 
