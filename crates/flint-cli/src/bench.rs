@@ -225,7 +225,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         return Err(Failure::usage("--concurrency levels must be at least 1"));
     }
     let spec = args.spec.config()?;
-    if spec.is_on() {
+    if args.spec.is_on() {
         return bench_spec(&args, spec);
     }
     if args.file.is_some() {
@@ -378,13 +378,14 @@ const SPEC_CTX: usize = 4096;
 /// first use).
 fn bench_spec(args: &BenchArgs, spec: flint::SpecConfig) -> Result<(), Failure> {
     if !args.concurrency.is_empty() || args.profile {
-        return Err(Failure::usage("--spec-type runs one stream: no --concurrency or --profile"));
+        return Err(Failure::usage("--spec-type and --model-draft runs are one stream: no --concurrency or --profile"));
     }
     let Some(file) = &args.file else {
-        return Err(Failure::usage("--spec-type needs -f FILE: the synthetic bench prompt repeats one sentence, which would inflate acceptance"));
+        return Err(Failure::usage("--spec-type and --model-draft need -f FILE: the synthetic bench prompt repeats one sentence, which would inflate acceptance"));
     };
     let text = std::fs::read_to_string(file).map_err(|e| Failure::usage(format!("{}: {e}", file.display())))?;
     let path = crate::resolve(&args.model)?;
+    let (draft_model, draft_p_min) = args.spec.draft_model()?;
     let opts = LoadOptions {
         backend: args.backend.kind(),
         n_ctx: SPEC_CTX,
@@ -392,6 +393,8 @@ fn bench_spec(args: &BenchArgs, spec: flint::SpecConfig) -> Result<(), Failure> 
         kv_budget_positions: Some(SPEC_CTX + 16),
         compile_observer: Some(crate::progress::compile_line()),
         spec,
+        draft_model,
+        draft_p_min,
         ..LoadOptions::default()
     };
     let engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
@@ -429,7 +432,7 @@ fn bench_spec(args: &BenchArgs, spec: flint::SpecConfig) -> Result<(), Failure> 
         "prompt_tokens": prompt.len(),
         "gen_tokens": args.gen_tokens,
         "reps": args.reps,
-        "spec_type": args.spec.spec_type,
+        "spec_type": args.spec.label(),
         "draft_max": spec.draft_max,
         "plain_decode_tok_s": stats_json(&p),
         "spec_decode_tok_s": stats_json(&d),
@@ -448,7 +451,7 @@ fn bench_spec(args: &BenchArgs, spec: flint::SpecConfig) -> Result<(), Failure> 
             println!("plain      decode {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens", p.median, p.min, p.max, args.gen_tokens);
             println!(
                 "{:<10} decode {:.2} tok/s (min {:.2}, max {:.2}) | {ratio:.2}x plain | accepted {n_accepted} of {n_drafted} drafted ({:.0}%) | {per_step:.2} tokens per step",
-                args.spec.spec_type,
+                args.spec.label(),
                 d.median,
                 d.min,
                 d.max,

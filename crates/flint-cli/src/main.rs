@@ -102,10 +102,21 @@ fn private_runtime_dir() {
 #[cfg(not(unix))]
 fn private_runtime_dir() {}
 
+/// llama.cpp's multi-letter short flags, which clap cannot declare (it would read `-md` as
+/// `-m d`), as their long forms.
+fn llama_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    const LONG: [(&str, &str); 1] = [("-md", "--model-draft")];
+    args.map(|a| match LONG.iter().find(|(short, _)| a == *short) {
+        Some((_, long)) => long.into(),
+        None => a,
+    })
+    .collect()
+}
+
 fn main() -> ExitCode {
     // First, while the process has one thread.
     private_runtime_dir();
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(llama_flags(std::env::args_os())) {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;

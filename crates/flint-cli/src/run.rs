@@ -84,6 +84,13 @@ pub struct SpecArgs {
     /// Drafts shorter than this are not verified.
     #[arg(long = "draft-min", value_name = "N", default_value_t = 0)]
     pub draft_min: usize,
+    /// A draft model (a path, a catalog name or a URL; also -md) with this model's vocabulary:
+    /// it drafts greedily for every request, on the same device. Same output, other speed.
+    #[arg(long = "model-draft", value_name = "MODEL")]
+    pub model_draft: Option<String>,
+    /// A draft model stops drafting where its top token's probability falls below this.
+    #[arg(long = "draft-p-min", value_name = "P", default_value_t = flint::DRAFT_P_MIN)]
+    pub draft_p_min: f32,
 }
 
 impl SpecArgs {
@@ -92,6 +99,28 @@ impl SpecArgs {
         let c = flint::SpecConfig { kind, draft_max: self.draft_max, draft_min: self.draft_min, predictions: false };
         c.validate().map_err(Failure::usage)?;
         Ok(c)
+    }
+
+    /// `--model-draft`, resolved to a file, and `--draft-p-min`, checked.
+    pub fn draft_model(&self) -> Result<(Option<PathBuf>, f32), Failure> {
+        if !(0.0..=1.0).contains(&self.draft_p_min) {
+            return Err(Failure::usage(format!("--draft-p-min must be in [0, 1], got {}", self.draft_p_min)));
+        }
+        let path = self.model_draft.as_deref().map(crate::resolve).transpose()?;
+        Ok((path, self.draft_p_min))
+    }
+
+    /// Whether any drafter is asked for.
+    pub fn is_on(&self) -> bool {
+        self.spec_type != "none" || self.model_draft.is_some()
+    }
+
+    /// The drafter, in words (bench reports).
+    pub fn label(&self) -> String {
+        match &self.model_draft {
+            Some(m) => format!("draft model {m}"),
+            None => self.spec_type.clone(),
+        }
     }
 }
 
@@ -249,6 +278,7 @@ impl Opened {
     pub fn load(self, args: &ModelArgs) -> Result<Engine, Failure> {
         let Opened { path, file, template_file } = self;
         drop(file);
+        let (draft_model, draft_p_min) = args.spec.draft_model()?;
         let opts = LoadOptions {
             backend: args.backend.kind(),
             n_ctx: args.ctx_size,
@@ -257,6 +287,8 @@ impl Opened {
             compile_observer: Some(crate::progress::compile_line()),
             self_test: args.self_test,
             spec: args.spec.config()?,
+            draft_model,
+            draft_p_min,
             ..LoadOptions::default()
         };
         let engine = Engine::load_path(&path, &opts).map_err(|e| match e {

@@ -95,6 +95,12 @@ fn bad_values_exit_2_with_one_line() {
     assert_usage_error(&["run", "-m", &m, "--spec-type", "ngram", "--draft-min", "9", "hi"], "--draft-min 9");
     assert_usage_error(&["bench", "-m", &m, "--spec-type", "ngram"], "-f FILE");
     assert_usage_error(&["bench", "-m", &m, "-f", "/nonexistent/prompt.txt"], "-f is for --spec-type");
+    // A draft model needs this model's vocabulary: refused before any weight is loaded.
+    let q = model_path("qwen2.5-coder-0.5b");
+    assert_usage_error(&["run", "-m", &m, "-md", &q, "hi"], "vocabulary");
+    assert_usage_error(&["run", "-m", &m, "--model-draft", &m, "--spec-type", "ngram", "hi"], "choose one");
+    assert_usage_error(&["run", "-m", &m, "-md", &m, "--draft-p-min", "2", "hi"], "--draft-p-min");
+    assert_usage_error(&["bench", "-m", &m, "-md", &m], "-f FILE");
 }
 
 #[test]

@@ -455,6 +455,24 @@ impl Scheduler {
         self.seqs.get_mut(&id).expect("running").tokens.push(token);
     }
 
+    /// Tokens join `id` (computed by later steps, in chunks as a prompt is).
+    pub fn extend(&mut self, id: SeqId, tokens: &[u32]) {
+        self.seqs.get_mut(&id).expect("known").tokens.extend_from_slice(tokens);
+    }
+
+    /// Cuts `id` back to its first `len` tokens (at least one), rolling its KV back with them:
+    /// a draft model's sequence follows its target's, which kept only some of the drafts.
+    pub fn truncate(&mut self, id: SeqId, len: usize) -> Result<(), crate::kv::KvError> {
+        let s = self.seqs.get_mut(&id).expect("known");
+        Self::undraft(s, 0);
+        s.tokens.truncate(len.max(1));
+        s.computed = s.computed.min(s.tokens.len());
+        if s.state == State::Running {
+            self.kv.truncate(id, s.computed)?;
+        }
+        Ok(())
+    }
+
     /// Ends `id` whatever its state: full blocks stay indexed for later requests, the rest
     /// go back to the pool; a fork not yet made is dropped.
     pub fn finish(&mut self, id: SeqId) {
@@ -773,6 +791,30 @@ mod tests {
         let b = s.add(with_drafts, 0).unwrap()[0];
         s.schedule();
         assert_eq!(s.cached(b), 4);
+    }
+
+    #[test]
+    fn a_truncated_sequence_recomputes_from_where_it_was_cut() {
+        // A draft model's sequence: it ran three of its own tokens past 6 prompt tokens; the
+        // target kept one of them and chose its own next.
+        let mut s = sched(16, 4, 32, 64);
+        let a = s.add(toks(1, 6), 0).unwrap()[0];
+        step(&mut s, 100);
+        step(&mut s, 100);
+        step(&mut s, 100);
+        assert_eq!(s.tokens(a).len(), 9);
+        s.truncate(a, 7).unwrap();
+        assert_eq!(s.tables(a)[0].len(), 2, "positions 0..7 keep two blocks of 4");
+        s.extend(a, &[77, 78]);
+        let p = s.schedule();
+        assert_eq!(p.entries, vec![PlanEntry { seq: a, start: 7, len: 2, output: true, forked: vec![], drafted: 0 }]);
+        s.step_done(&p);
+        assert_eq!(&s.tokens(a)[6..], &[106, 77, 78]);
+        assert_eq!(s.tables(a)[0].len(), 3);
+        // Cut into the first block: the others go.
+        s.truncate(a, 3).unwrap();
+        assert_eq!(s.tables(a)[0].len(), 1);
+        assert_eq!(s.schedule().entries, vec![], "nothing is pending after a cut");
     }
 
     #[test]

@@ -14,6 +14,8 @@ pub enum SpecKind {
     None,
     /// N-gram prompt lookup in the sequence's own tokens.
     Ngram,
+    /// A draft model (`--model-draft`) with the target's vocabulary drafts greedily.
+    Draft,
 }
 
 impl std::str::FromStr for SpecKind {

@@ -506,3 +506,30 @@ fn malformed_vocabularies_are_refused() {
     let tok = Tokenizer::from_metadata(&md(tiny_gpt2("qwen2"))).unwrap();
     assert!(matches!(tok.encode("ab", true, false), Err(TokenizerError::NoBosToken)));
 }
+
+#[test]
+fn draft_vocabularies_must_agree() {
+    // A model drafts for itself; qwen's vocabulary is not gemma's.
+    let (g, q) = (&gemma().tok, &qwen().tok);
+    assert_eq!(g.draft_compatible(g), Ok(()));
+    let e = g.draft_compatible(q).unwrap_err();
+    assert!(e.contains("262144") && e.contains("151936"), "{e}");
+    // Tiny vocabularies: a few extra tokens are allowed, another text or BOS is not.
+    let base = Tokenizer::from_metadata(&md(tiny_gpt2("default"))).unwrap();
+    let with = |tokens: &[&str], extra: Vec<(&'static str, Value)>| {
+        let mut pairs = tiny_gpt2("default");
+        pairs.retain(|(k, _)| !["tokenizer.ggml.tokens", "tokenizer.ggml.token_type"].contains(k) && !extra.iter().any(|(e, _)| e == k));
+        pairs.push(("tokenizer.ggml.tokens", strs(tokens)));
+        pairs.push(("tokenizer.ggml.token_type", Value::Array(Array::I32(vec![1; tokens.len()]))));
+        pairs.extend(extra);
+        Tokenizer::from_metadata(&md(pairs)).unwrap()
+    };
+    assert_eq!(base.draft_compatible(&with(&["a", "b", "Ġ", "ab", "Ġab", "<|end|>", "x"], vec![])), Ok(()));
+    let e = base.draft_compatible(&with(&["a", "b", "Ġ", "ba", "Ġab", "<|end|>"], vec![])).unwrap_err();
+    assert!(e.contains("token 3"), "{e}");
+    let e = base.draft_compatible(&with(&["a", "b", "Ġ", "ab", "Ġab", "<|end|>"], vec![("tokenizer.ggml.bos_token_id", Value::U32(0))])).unwrap_err();
+    assert!(e.contains("special tokens"), "{e}");
+    let long: Vec<String> = (0..6 + 129).map(|i| ["a", "b", "Ġ", "ab", "Ġab", "<|end|>"].get(i).map_or(format!("t{i}"), |s| s.to_string())).collect();
+    let long: Vec<&str> = long.iter().map(String::as_str).collect();
+    assert!(base.draft_compatible(&with(&long, vec![])).unwrap_err().contains("at most 128 apart"));
+}

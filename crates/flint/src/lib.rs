@@ -6,6 +6,7 @@
 //! bindings use this API and nothing below it.
 
 mod bench;
+mod draft;
 mod request;
 mod runner;
 mod selftest;
@@ -42,6 +43,9 @@ use flint_core::kv::KvCache;
 use flint_core::reference::CpuBackend;
 use flint_core::sched::{SchedConfig, Scheduler};
 pub use flint_core::spec::{SpecConfig, SpecKind, DRAFT_MAX};
+
+/// Default `--draft-p-min` (llama.cpp's).
+pub const DRAFT_P_MIN: f32 = 0.75;
 use flint_gpu::backend::GpuBackend;
 use flint_gpu::GpuContext;
 use runner::{Command, Runner};
@@ -143,6 +147,11 @@ pub struct LoadOptions {
     /// Speculative decoding (`--spec-type ngram`): drafts verified in the batched step; the
     /// tokens are exactly those of decoding without it, greedy or seeded.
     pub spec: SpecConfig,
+    /// A draft model (`--model-draft`, native): a smaller model with this one's vocabulary,
+    /// loaded on the same device, drafts for every request (speculation kind `Draft`).
+    pub draft_model: Option<std::path::PathBuf>,
+    /// The draft model stops drafting where its top probability falls below this.
+    pub draft_p_min: f32,
 }
 
 /// A [`CompileObserver`](flint_gpu::pipeline::CompileObserver) in [`LoadOptions`].
@@ -171,6 +180,8 @@ impl Default for LoadOptions {
             compile_observer: None,
             self_test: false,
             spec: SpecConfig::default(),
+            draft_model: None,
+            draft_p_min: DRAFT_P_MIN,
         }
     }
 }
@@ -270,6 +281,30 @@ fn file_text(file: &GgufFile, key: &str) -> Option<String> {
     file.metadata.opt_str(key).ok().flatten().map(str::to_string)
 }
 
+/// Opens the draft model at `path` and checks that it may draft for a model of `tokenizer`:
+/// its file, its architecture and its vocabulary (llama.cpp's rules), before any weight is
+/// loaded. Speculation becomes the draft model's.
+fn open_draft(path: &std::path::Path, tokenizer: &Tokenizer, spec: &mut SpecConfig) -> Result<(GgufFile, ModelConfig), EngineError> {
+    if spec.kind == SpecKind::Ngram {
+        return Err(EngineError::Config("--spec-type ngram and a draft model: choose one drafter".into()));
+    }
+    spec.kind = SpecKind::Draft;
+    let bad = |e: String| EngineError::Config(format!("draft model {}: {e}", path.display()));
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = tokenizer;
+        Err(bad("draft models are native only for now".into()))
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let mut file = GgufFile::open(path).map_err(|e| bad(e.to_string()))?;
+        let config = ModelConfig::from_gguf(&file).and_then(|c| c.unfuse(&mut file)).map_err(|e| bad(e.to_string()))?;
+        let draft = Tokenizer::from_metadata(&file.metadata).map_err(|e| bad(e.to_string()))?;
+        tokenizer.draft_compatible(&draft).map_err(|e| bad(format!("its vocabulary is not this model's: {e}")))?;
+        Ok((file, config))
+    }
+}
+
 fn weight_bytes(file: &GgufFile, cfg: &ModelConfig) -> u64 {
     file.tensors.iter().filter(|t| !(t.name == "token_embd.weight" && !cfg.tied_output)).map(|t| t.n_bytes).sum()
 }
@@ -329,17 +364,40 @@ impl Engine {
             (None, None) => None,
         };
         let max_seqs = opts.max_seqs.max(1);
-        opts.spec.validate().map_err(EngineError::Config)?;
+        let mut spec = opts.spec;
+        spec.validate().map_err(EngineError::Config)?;
+        // A draft model's file and vocabulary are checked before any weight is loaded.
+        let draft_file = match &opts.draft_model {
+            Some(path) => Some(open_draft(path, &tokenizer, &mut spec)?),
+            None => None,
+        };
         // An output row per drafted token a step may verify.
-        let draft_rows = opts.spec.draft_rows(max_seqs);
+        let draft_rows = spec.draft_rows(max_seqs);
         let max_outputs = max_seqs + draft_rows;
         let bopts = BackendOptions { n_ctx, max_seqs, max_batch_tokens: opts.max_batch_tokens.max(1), max_outputs, kv_budget_bytes };
         let file = Arc::new(file);
         let clock = opts.clock.unwrap_or(default_clock);
         let maker = BackendMaker { file: file.clone(), config: config.clone(), bopts: bopts.clone(), opts: opts.clone(), clock };
         let Made { backend, gpu, self_test } = maker.make().await?;
-        let adapter_name = gpu.as_ref().map_or_else(|| "cpu".to_string(), |g: &Arc<GpuContext>| g.adapter_name());
         let sched_cfg = SchedConfig { max_batch_tokens: bopts.max_batch_tokens, max_seqs, n_ctx };
+        let draft = match draft_file {
+            Some((draft_file, draft_config)) => {
+                // Its KV pool holds as many positions as the target's.
+                let per_position = (draft_config.n_layer * (draft_config.kv_dim() + draft_config.v_dim()) * 4) as u64;
+                let kv_budget_bytes = kv_budget_bytes.map(|b| b / kv_bytes_per_position.max(1) * per_position);
+                let bopts = BackendOptions { max_outputs: max_seqs, kv_budget_bytes, ..bopts.clone() };
+                let draft_opts = LoadOptions { self_test: false, ..opts.clone() };
+                let maker = BackendMaker { file: Arc::new(draft_file), config: draft_config, bopts, opts: draft_opts, clock };
+                let backend = maker.make().await?.backend;
+                let rebuild: draft::RebuildDraft = Box::new(move || {
+                    let maker = maker.clone();
+                    Box::pin(async move { maker.make().await.map(|m| m.backend) })
+                });
+                Some(draft::DraftModel::new(backend, sched_cfg, config.n_vocab, opts.draft_p_min, rebuild)?)
+            }
+            None => None,
+        };
+        let adapter_name = gpu.as_ref().map_or_else(|| "cpu".to_string(), |g: &Arc<GpuContext>| g.adapter_name());
         let mut sched = Scheduler::new(sched_cfg, KvCache::new(backend.kv_layout().clone()))?;
         sched.set_draft_rows(draft_rows);
         let info = EngineInfo {
@@ -357,7 +415,7 @@ impl Engine {
             self_test,
             gpu,
             clock,
-            spec: opts.spec,
+            spec,
         };
         let (tx, rx) = mpsc::unbounded();
         // The loop keeps the file (and its memory map) alive with the backend.
@@ -366,7 +424,7 @@ impl Engine {
             let maker = maker.clone();
             Box::pin(async move { maker.make().await.map(|m| (m.backend, m.gpu)) })
         });
-        let runner = Runner::new(backend, info.gpu.clone(), rebuild, sched, tokenizer, info.clock, n_ctx, opts.spec);
+        let runner = Runner::new(backend, info.gpu.clone(), rebuild, sched, tokenizer, info.clock, n_ctx, spec, draft);
         let run: RunLoop = Box::pin(async move {
             let _file = file;
             runner.run(rx).await;

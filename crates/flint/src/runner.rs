@@ -16,11 +16,12 @@ use flint_core::generate::{Clock, Event, FinishReason, Generation};
 use flint_core::kv::SeqId;
 use flint_core::sampling::{Sampler, SamplingParams, NON_FINITE};
 use flint_core::sched::{SchedStats, Scheduler};
-use flint_core::spec::{accepted_prefix, fit_draft, ngram_draft, prediction_draft, Adapt, SpecConfig, SpecCounts};
+use flint_core::spec::{accepted_prefix, fit_draft, ngram_draft, prediction_draft, Adapt, SpecConfig, SpecCounts, SpecKind};
 use flint_core::tokenizer::Tokenizer;
 
 use flint_gpu::GpuContext;
 
+use crate::draft::DraftModel;
 use crate::request::Prepared;
 use crate::EngineError;
 
@@ -88,6 +89,8 @@ pub(crate) struct Runner {
     /// Speculative decoding (choices draft by n-gram lookup when on).
     spec: SpecConfig,
     spec_counts: SpecCounts,
+    /// The draft model (`--model-draft`), when speculation drafts with one.
+    draft: Option<DraftModel>,
 }
 
 impl Runner {
@@ -100,10 +103,11 @@ impl Runner {
         clock: Clock,
         n_ctx: usize,
         spec: SpecConfig,
+        draft: Option<DraftModel>,
     ) -> Runner {
         let (requests, owner, profiles) = (HashMap::new(), HashMap::new(), Vec::new());
         let spec_counts = SpecCounts::default();
-        Runner { backend, gpu, rebuild, lost: false, sched, tokenizer, clock, n_ctx, requests, owner, profiles, spec, spec_counts }
+        Runner { backend, gpu, rebuild, lost: false, sched, tokenizer, clock, n_ctx, requests, owner, profiles, spec, spec_counts, draft }
     }
 
     /// Runs until every engine handle is gone.
@@ -191,6 +195,9 @@ impl Runner {
             return Err(failed("the new backend lays out the KV cache differently".into()));
         }
         (self.backend, self.gpu, self.lost) = (backend, gpu, false);
+        if let Some(d) = &mut self.draft {
+            d.rebuild().await.map_err(|e| failed(format!("loading the draft model again failed: {e}")))?;
+        }
         Ok(())
     }
 
@@ -246,6 +253,9 @@ impl Runner {
             let _ = req.events.unbounded_send(Err(EngineError::Step(e.clone())));
         }
         self.owner.clear();
+        if let Some(d) = &mut self.draft {
+            d.reset();
+        }
         if lost {
             self.sched.clear_cache();
             self.lost = true;
@@ -255,11 +265,13 @@ impl Runner {
     /// Drafts for every choice about to decode, as long as its adapted length and its
     /// remaining tokens allow: from the request's predicted output where it has one and it
     /// matches, else by n-gram lookup in the choice's own tokens where the engine has it on.
-    fn propose_drafts(&mut self) {
+    async fn propose_drafts(&mut self) -> Result<(), BackendError> {
         let sizes = self.backend.verify_sizes();
-        let ngram = self.spec.is_on();
+        let ngram = self.spec.kind == SpecKind::Ngram;
+        // Choices the draft model drafts for, with their most tokens.
+        let mut wants: Vec<(SeqId, usize)> = Vec::new();
         for req in self.requests.values_mut() {
-            if !ngram && req.prediction.is_empty() {
+            if !ngram && self.draft.is_none() && req.prediction.is_empty() {
                 continue;
             }
             for c in req.choices.iter_mut() {
@@ -276,17 +288,32 @@ impl Runner {
                 if draft.is_empty() && ngram {
                     draft = ngram_draft(tokens, k);
                 }
+                if draft.is_empty() && self.draft.is_some() {
+                    // Draft no more than the entry keeps.
+                    wants.push((c.seq, fit_draft(k, sizes)));
+                    continue;
+                }
                 draft.truncate(fit_draft(draft.len(), sizes));
                 if !draft.is_empty() && draft.len() >= self.spec.draft_min {
                     self.sched.propose(c.seq, draft);
                 }
             }
         }
+        if let Some(model) = self.draft.as_mut().filter(|_| !wants.is_empty()) {
+            for (seq, mut draft) in model.draft(&self.sched, &wants).await? {
+                // It may have stopped early (p_min): cut again.
+                draft.truncate(fit_draft(draft.len(), sizes));
+                if !draft.is_empty() && draft.len() >= self.spec.draft_min {
+                    self.sched.propose(seq, draft);
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn step(&mut self) -> Result<(), BackendError> {
         if self.spec.drafts() {
-            self.propose_drafts();
+            self.propose_drafts().await?;
         }
         let plan = self.sched.schedule();
         if plan.is_empty() {

@@ -194,6 +194,34 @@ fn qwen2_5_coder_0_5b_gpu_batched_equals_alone_and_the_f32_reference() {
 /// (the split is in the weights, which every token reads; the batched tests cover the rest).
 const SPLIT_PROMPTS: [usize; 2] = [1, 5];
 
+/// gemma-3-270m drafting for itself (the same file as target and draft): greedy requests
+/// get plain decoding's tokens and logits bit for bit, and every greedy draft is accepted
+/// (the draft's one-token steps and the target's verify rows compute the same logits); a
+/// seeded request draws plain decoding's tokens. Checks the draft model's plumbing: its own
+/// KV, prefill, catching up and rollback.
+#[test]
+fn gemma_3_270m_drafts_for_itself() {
+    let Some(plain) = gpu("gemma-3-270m", None) else { return };
+    let path = common::model_path("gemma-3-270m");
+    let mut jobs: Vec<Job> = [1, 3, 5].iter().map(|&i| Job::greedy(golden_prompt(&plain, "gemma", i), SPECULATIVE)).collect();
+    jobs.push(Job { n_gen: SEEDED, sampling: SamplingParams { temperature: 1.0, top_k: 40, top_p: 0.9, min_p: 0.0, seed: Some(5), ..Default::default() }, ..jobs[0].clone() });
+    let t0 = std::time::Instant::now();
+    let want = solo(&plain, &jobs);
+    drop(plain);
+    // Every step drafts (no confidence cut), so the draft runs long and is cut back often.
+    let opts = LoadOptions { draft_model: Some(path), draft_p_min: 0.0, ..LoadOptions::default() };
+    let drafting = gpu_with("gemma-3-270m", opts).expect("the adapter was found above");
+    let alone = solo(&drafting, &jobs);
+    assert_same("gemma drafting for itself, alone", &want, &alone);
+    let got = together(&drafting, &jobs);
+    assert_same("gemma drafting for itself, batched", &want, &got);
+    let counts = |outs: &[Output]| outs.iter().map(|o| o.summary.as_ref().unwrap()).fold((0, 0), |(d, a), s| (d + s.draft_tokens, a + s.accepted_draft_tokens));
+    let (greedy, sampled) = (counts(&[&alone[..3], &got[..3]].concat()), counts(&[alone[3].clone(), got[3].clone()]));
+    eprintln!("gemma drafting for itself in {:.1}s: greedy {greedy:?}, sampled {sampled:?} (drafted, accepted)", t0.elapsed().as_secs_f64());
+    assert!(greedy.0 > 0, "nothing was drafted");
+    assert_eq!(greedy.1, greedy.0, "a greedy draft of the same model was rejected");
+}
+
 #[test]
 fn gemma_3_270m_gpu_split_at_64mb_matches_f32_reference() {
     let Some(engine) = gpu("gemma-3-270m", Some(64)) else { return };

@@ -206,6 +206,7 @@ pub fn serve(args: ServeArgs) -> Result<(), Failure> {
     let path = crate::resolve(&args.model)?;
     let model_id = args.alias.clone().unwrap_or_else(|| model_id(&args.model, &path));
     let kv_budget_positions = (args.ctx_size > 0).then(|| args.parallel.saturating_mul(args.ctx_size));
+    let (draft_model, draft_p_min) = args.spec.draft_model()?;
     let opts = LoadOptions {
         backend: args.backend.kind(),
         n_ctx: args.ctx_size,
@@ -218,6 +219,8 @@ pub fn serve(args: ServeArgs) -> Result<(), Failure> {
         self_test: !args.no_self_test,
         // Requests' `prediction` drafts whatever --spec-type says.
         spec: flint::SpecConfig { predictions: true, ..args.spec.config()? },
+        draft_model,
+        draft_p_min,
         ..LoadOptions::default()
     };
     let app = Arc::new(App {

@@ -223,7 +223,31 @@ impl Tokenizer {
     pub fn is_eog(&self, id: u32) -> bool {
         self.eog.binary_search(&id).is_ok()
     }
+
+    /// Whether `draft`'s tokens may stand for this vocabulary's (a draft model for this
+    /// one), as llama.cpp requires: sizes within [`DRAFT_VOCAB_SLACK`] of each other, the same
+    /// text for every id below the smaller size, the same BOS and EOS ids and BOS use.
+    /// Otherwise the first difference, in words.
+    pub fn draft_compatible(&self, draft: &Tokenizer) -> Result<(), String> {
+        let (n, m) = (self.vocab_size(), draft.vocab_size());
+        if n.abs_diff(m) > DRAFT_VOCAB_SLACK {
+            return Err(format!("the vocabularies have {n} and {m} tokens (at most {DRAFT_VOCAB_SLACK} apart)"));
+        }
+        if (self.bos, self.eos, self.add_bos_default()) != (draft.bos, draft.eos, draft.add_bos_default()) {
+            return Err(format!(
+                "their special tokens differ (BOS {:?} and {:?}, EOS {:?} and {:?}, BOS added: {} and {})",
+                self.bos, draft.bos, self.eos, draft.eos, self.add_bos_default(), draft.add_bos_default()
+            ));
+        }
+        match self.tokens.iter().zip(&draft.tokens).position(|(a, b)| a != b) {
+            Some(id) => Err(format!("token {id} is {:?} in one and {:?} in the other", self.tokens[id], draft.tokens[id])),
+            None => Ok(()),
+        }
+    }
 }
+
+/// How far a draft model's vocabulary size may be from the target's (llama.cpp's limit).
+pub const DRAFT_VOCAB_SLACK: usize = 128;
 
 /// What each token prints (llama.cpp's `token_to_piece` with `special = true`).
 fn token_pieces(vocab: &Vocab) -> Vec<Box<[u8]>> {
