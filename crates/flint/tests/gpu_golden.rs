@@ -196,15 +196,18 @@ const SPLIT_PROMPTS: [usize; 2] = [1, 5];
 
 /// gemma-3-270m drafting for itself (the same file as target and draft): greedy requests
 /// get plain decoding's tokens and logits bit for bit, and every greedy draft is accepted
-/// (the draft's one-token steps and the target's verify rows compute the same logits); a
-/// seeded request draws plain decoding's tokens. Checks the draft model's plumbing: its own
+/// (the draft's one-token steps and the target's verify rows compute the same logits); seeded
+/// requests draw plain decoding's tokens, their greedy drafts both accepted and rejected. Checks the draft model's plumbing: its own
 /// KV, prefill, catching up and rollback.
 #[test]
 fn gemma_3_270m_drafts_for_itself() {
     let Some(plain) = gpu("gemma-3-270m", None) else { return };
     let path = common::model_path("gemma-3-270m");
     let mut jobs: Vec<Job> = [1, 3, 5].iter().map(|&i| Job::greedy(golden_prompt(&plain, "gemma", i), SPECULATIVE)).collect();
-    jobs.push(Job { n_gen: SEEDED, sampling: SamplingParams { temperature: 1.0, top_k: 40, top_p: 0.9, min_p: 0.0, seed: Some(5), ..Default::default() }, ..jobs[0].clone() });
+    for seed in 5..8 {
+        let sampling = SamplingParams { temperature: 1.0, top_k: 40, top_p: 0.9, min_p: 0.0, seed: Some(seed), ..Default::default() };
+        jobs.push(Job { n_gen: SEEDED, sampling, ..jobs[0].clone() });
+    }
     let t0 = std::time::Instant::now();
     let want = solo(&plain, &jobs);
     drop(plain);
@@ -216,10 +219,11 @@ fn gemma_3_270m_drafts_for_itself() {
     let got = together(&drafting, &jobs);
     assert_same("gemma drafting for itself, batched", &want, &got);
     let counts = |outs: &[Output]| outs.iter().map(|o| o.summary.as_ref().unwrap()).fold((0, 0), |(d, a), s| (d + s.draft_tokens, a + s.accepted_draft_tokens));
-    let (greedy, sampled) = (counts(&[&alone[..3], &got[..3]].concat()), counts(&[alone[3].clone(), got[3].clone()]));
+    let (greedy, sampled) = (counts(&[&alone[..3], &got[..3]].concat()), counts(&[&alone[3..], &got[3..]].concat()));
     eprintln!("gemma drafting for itself in {:.1}s: greedy {greedy:?}, sampled {sampled:?} (drafted, accepted)", t0.elapsed().as_secs_f64());
     assert!(greedy.0 > 0, "nothing was drafted");
     assert_eq!(greedy.1, greedy.0, "a greedy draft of the same model was rejected");
+    assert!(sampled.1 > 0 && sampled.1 < sampled.0, "seeded requests' drafts were not both accepted and rejected: {sampled:?}");
 }
 
 #[test]
