@@ -80,6 +80,32 @@ test("createEngine: greedy completion of golden prompt 1 on gemma-3-270m equals 
   assert.equal(modelGets(GEMMA), 1, "the model was downloaded once");
 });
 
+test("draftModel: a model drafting for itself gives the same greedy text, every draft accepted; a draft of another vocabulary is refused", { timeout: 10 * MINUTES }, async () => {
+  const t0 = performance.now();
+  const r = await page.evaluate(
+    async ({ PKG, TINY, QWEN }) => {
+      const flint = await import(PKG);
+      const greedy = { prompt: "Once upon a time", max_tokens: 16, temperature: 0 };
+      const plain = await flint.createEngine({ model: TINY, useCache: false });
+      const want = (await plain.completions.create(greedy)).choices[0].text;
+      await plain.unload();
+      // Random weights are never confident: no p_min cut, so every step drafts.
+      const drafting = await flint.createEngine({ model: TINY, draftModel: TINY, draftPMin: 0, useCache: false });
+      const got = await drafting.completions.create(greedy);
+      await drafting.unload();
+      const refused = await flint.createEngine({ model: TINY, draftModel: QWEN, useCache: false })
+        .then(() => "loaded", (e) => `${e.name}: ${e.message}`);
+      return { want, got, refused };
+    },
+    { PKG, TINY, QWEN },
+  );
+  console.log(`draftModel in ${secondsSince(t0)} s: ${JSON.stringify(r.got.usage.completion_tokens_details)}; ${r.refused}`);
+  assert.equal(r.got.choices[0].text, r.want, "drafting changed the greedy text");
+  const d = r.got.usage.completion_tokens_details;
+  assert.ok(d.accepted_prediction_tokens > 0 && d.rejected_prediction_tokens === 0, JSON.stringify(r.got.usage));
+  assert.match(r.refused, /^ModelLoadError: .*vocabulary/);
+});
+
 test("a GPUDevice destroyed from the page: the running request fails with DeviceLostError; the next request, and reload(), load the model on a new device", { timeout: 10 * MINUTES }, async () => {
   const t0 = performance.now();
   const r = await page.evaluate(

@@ -49,6 +49,15 @@ export interface EngineOptions {
   speculative?: "none" | "ngram";
   /** The most tokens drafted per step (default 8). */
   draftMax?: number;
+  /**
+   * A draft model (as `model`: URL, File or Blob): a smaller model with this model's
+   * vocabulary drafts for every request on the same GPU (greedily, stopping where its top
+   * probability is below 0.75). The tokens are those without it. A model of another
+   * vocabulary fails the load with `ModelLoadError` before any weight is read.
+   */
+  draftModel?: string | URL | Blob | File;
+  /** The draft model stops drafting where its top probability falls below this (default 0.75). */
+  draftPMin?: number;
 }
 
 export interface SamplingOptions {

@@ -54,7 +54,7 @@ export class LocalCore {
   #engine;
   info;
 
-  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, useCache = true }) {
+  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel, draftPMin, useCache = true }) {
     if (typeof navigator === "undefined" || !navigator.gpu) {
       throw new WebGPUNotAvailableError("WebGPU is not available in this browser (navigator.gpu is missing)");
     }
@@ -67,7 +67,13 @@ export class LocalCore {
       report("load", loaded, total, `loading ${name} onto the GPU: ${MB(loaded)} of ${MB(total)} MB`);
     };
     const reader = typeof source === "string" ? await rangeSource(source, onRead) : blobSource(source, onRead);
-    const total = reader.size;
+    // A draft model is opened the same way; its bytes count in the load's progress too.
+    let draftReader = null;
+    if (draftModel != null) {
+      const draft = await openModel(draftModel, report, useCache);
+      draftReader = typeof draft.source === "string" ? await rangeSource(draft.source, onRead) : blobSource(draft.source, onRead);
+    }
+    const total = reader.size + (draftReader?.size ?? 0);
     const core = new LocalCore();
     try {
       const opts = {};
@@ -77,8 +83,9 @@ export class LocalCore {
       if (typeof chatTemplate === "string") opts.chat_template = chatTemplate;
       if (speculative != null) opts.spec_type = speculative;
       if (draftMax != null) opts.draft_max = draftMax;
+      if (draftPMin != null) opts.draft_p_min = draftPMin;
       const onCompile = (n) => report("compile", n, 0, `compiling GPU kernels: ${n}`);
-      core.#engine = await loadEngine(reader, JSON.stringify(opts), onCompile);
+      core.#engine = await loadEngine(reader, JSON.stringify(opts), onCompile, draftReader);
     } catch (e) {
       throw fromWire(e);
     }

@@ -181,11 +181,12 @@ fn compile_progress() -> flint::CompileProgress {
 
 /// Loads a model from `source` (see the module docs) with options JSON
 /// `{"n_ctx": N, "max_seqs": N, "self_test": bool, "chat_template": "...", "spec_type":
-/// "none" | "ngram", "draft_max": N}`; resolves to a `WasmEngine` whose run loop is started.
+/// "none" | "ngram", "draft_max": N, "draft_p_min": P}`; resolves to a `WasmEngine` whose run loop is started.
 /// `on_compile(n, label)`, when a function, is called after each GPU kernel compile of the
-/// load.
+/// load. `draft_source`, unless null or undefined, is a draft model's reader (as `source`):
+/// its vocabulary must be the model's, else the load fails before any weight is read.
 #[wasm_bindgen(js_name = loadEngine)]
-pub fn load_engine(source: JsValue, options: String, on_compile: JsValue) -> Promise {
+pub fn load_engine(source: JsValue, options: String, on_compile: JsValue, draft_source: JsValue) -> Promise {
     log_panics();
     ON_COMPILE.with(|cb| *cb.borrow_mut() = on_compile.dyn_into::<Function>().ok());
     future_to_promise(async move {
@@ -214,6 +215,10 @@ pub fn load_engine(source: JsValue, options: String, on_compile: JsValue) -> Pro
                 .ok_or_else(|| js_error("InvalidRequestError", format!("speculative must be \"none\" or \"ngram\", got {kind}")))?;
             load.spec.kind = kind;
         }
+        if let Some(p) = opts.get("draft_p_min") {
+            let p = p.as_f64().filter(|p| (0.0..=1.0).contains(p)).ok_or_else(|| js_error("InvalidRequestError", format!("draftPMin must be a number in [0, 1], got {p}")))?;
+            load.draft_p_min = p as f32;
+        }
         if let Some(n) = opts.get("draft_max") {
             let n = n.as_u64().filter(|&n| (1..=64).contains(&n)).ok_or_else(|| js_error("InvalidRequestError", format!("draftMax must be an integer in 1..=64, got {n}")))?;
             load.spec.draft_max = n as usize;
@@ -222,7 +227,14 @@ pub fn load_engine(source: JsValue, options: String, on_compile: JsValue) -> Pro
         let file = flint::GgufFile::from_source(Box::new(source))
             .await
             .map_err(|e| js_error("ModelLoadError", format!("malformed model file: {e}")))?;
-        let loaded = Engine::load_local(file, &load).await;
+        let loaded = if draft_source.is_null() || draft_source.is_undefined() {
+            Engine::load_local(file, &load).await
+        } else {
+            let draft = flint::GgufFile::from_source(Box::new(JsSource::new(draft_source)?))
+                .await
+                .map_err(|e| js_error("ModelLoadError", format!("malformed draft model file: {e}")))?;
+            Engine::load_local_with_draft(file, draft, &load).await
+        };
         // Compiles after the load (a step's first use of a kernel) are not the load's progress.
         ON_COMPILE.with(|cb| *cb.borrow_mut() = None);
         let (engine, run) = loaded.map_err(|e| engine_error(&e, true))?;

@@ -281,28 +281,24 @@ fn file_text(file: &GgufFile, key: &str) -> Option<String> {
     file.metadata.opt_str(key).ok().flatten().map(str::to_string)
 }
 
-/// Opens the draft model at `path` and checks that it may draft for a model of `tokenizer`:
-/// its file, its architecture and its vocabulary (llama.cpp's rules), before any weight is
+/// Checks that the draft model `file` (" PATH" or nothing in messages) may draft for a model of
+/// `tokenizer`: its architecture and its vocabulary (llama.cpp's rules), before any weight is
 /// loaded. Speculation becomes the draft model's.
-fn open_draft(path: &std::path::Path, tokenizer: &Tokenizer, spec: &mut SpecConfig) -> Result<(GgufFile, ModelConfig), EngineError> {
+fn open_draft(mut file: GgufFile, label: &str, tokenizer: &Tokenizer, spec: &mut SpecConfig) -> Result<(GgufFile, ModelConfig), EngineError> {
     if spec.kind == SpecKind::Ngram {
         return Err(EngineError::Config("--spec-type ngram and a draft model: choose one drafter".into()));
     }
     spec.kind = SpecKind::Draft;
-    let bad = |e: String| EngineError::Config(format!("draft model {}: {e}", path.display()));
-    #[cfg(target_arch = "wasm32")]
-    {
-        let _ = tokenizer;
-        Err(bad("draft models are native only for now".into()))
-    }
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        let mut file = GgufFile::open(path).map_err(|e| bad(e.to_string()))?;
-        let config = ModelConfig::from_gguf(&file).and_then(|c| c.unfuse(&mut file)).map_err(|e| bad(e.to_string()))?;
-        let draft = Tokenizer::from_metadata(&file.metadata).map_err(|e| bad(e.to_string()))?;
-        tokenizer.draft_compatible(&draft).map_err(|e| bad(format!("its vocabulary is not this model's: {e}")))?;
-        Ok((file, config))
-    }
+    let bad = |e: String| EngineError::Config(format!("the draft model{label}: {e}"));
+    let config = ModelConfig::from_gguf(&file).and_then(|c| c.unfuse(&mut file)).map_err(|e| bad(e.to_string()))?;
+    let draft = Tokenizer::from_metadata(&file.metadata).map_err(|e| bad(e.to_string()))?;
+    tokenizer.draft_compatible(&draft).map_err(|e| bad(format!("its vocabulary is not this model's: {e}")))?;
+    Ok((file, config))
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn draft_error(path: &std::path::Path, e: GgufError) -> EngineError {
+    EngineError::Config(format!("the draft model {}: {e}", path.display()))
 }
 
 fn weight_bytes(file: &GgufFile, cfg: &ModelConfig) -> u64 {
@@ -319,8 +315,13 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("flint-engine".into())
             .spawn(move || {
-                let loaded = GgufFile::open(&path).map_err(EngineError::from);
-                let loaded = loaded.and_then(|file| futures::executor::block_on(Self::build(file, &opts)));
+                let loaded = GgufFile::open(&path).map_err(EngineError::from).and_then(|file| {
+                    let draft = match &opts.draft_model {
+                        Some(p) => Some(GgufFile::open(p).map_err(|e| draft_error(p, e))?),
+                        None => None,
+                    };
+                    futures::executor::block_on(Self::build(file, draft, &opts))
+                });
                 match loaded {
                     Ok((engine, run)) => {
                         let _ = ready_tx.send(Ok(engine));
@@ -340,10 +341,15 @@ impl Engine {
     /// Loads a parsed file on this thread and returns the engine with its run loop, which the
     /// caller drives (the browser: `spawn_local`).
     pub async fn load_local(file: GgufFile, opts: &LoadOptions) -> Result<(Engine, RunLoop), EngineError> {
-        Self::build(file, opts).await
+        Self::build(file, None, opts).await
     }
 
-    async fn build(mut file: GgufFile, opts: &LoadOptions) -> Result<(Engine, RunLoop), EngineError> {
+    /// [`Engine::load_local`] with a draft model's parsed file (the browser's `draftModel`).
+    pub async fn load_local_with_draft(file: GgufFile, draft: GgufFile, opts: &LoadOptions) -> Result<(Engine, RunLoop), EngineError> {
+        Self::build(file, Some(draft), opts).await
+    }
+
+    async fn build(mut file: GgufFile, draft: Option<GgufFile>, opts: &LoadOptions) -> Result<(Engine, RunLoop), EngineError> {
         let config = ModelConfig::from_gguf(&file)?.unfuse(&mut file)?;
         let tokenizer = Arc::new(Tokenizer::from_metadata(&file.metadata)?);
         let bos = tokenizer.bos_id().and_then(|id| tokenizer.token_text(id)).unwrap_or("").to_string();
@@ -367,8 +373,10 @@ impl Engine {
         let mut spec = opts.spec;
         spec.validate().map_err(EngineError::Config)?;
         // A draft model's file and vocabulary are checked before any weight is loaded.
-        let draft_file = match &opts.draft_model {
-            Some(path) => Some(open_draft(path, &tokenizer, &mut spec)?),
+        let label = opts.draft_model.as_ref().map_or_else(String::new, |p| format!(" {}", p.display()));
+        let draft_file = match draft {
+            Some(file) => Some(open_draft(file, &label, &tokenizer, &mut spec)?),
+            None if opts.draft_model.is_some() => return Err(EngineError::Config("a draft model path is opened by Engine::load_path; give its file to load_local_with_draft".into())),
             None => None,
         };
         // An output row per drafted token a step may verify.
