@@ -163,13 +163,7 @@ fn prediction(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
     }
     match p.get("content") {
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(Value::Array(parts)) => {
-            let text = |v: &Value| match (v.get("type").and_then(Value::as_str), v.get("text").and_then(Value::as_str)) {
-                (Some("text"), Some(t)) => Ok(t.to_string()),
-                _ => Err(bad()),
-            };
-            parts.iter().map(text).collect::<Result<String, _>>().map(Some)
-        }
+        Some(Value::Array(parts)) => text_parts(parts).map(Some).ok_or_else(bad),
         _ => Err(bad()),
     }
 }
@@ -285,16 +279,22 @@ fn messages(obj: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
                 return Err(bad(format!("messages[{i}] needs a string `role`")));
             }
             if let Some(Value::Array(parts)) = m.get("content") {
-                let mut text = String::new();
-                for p in parts {
-                    match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                        (Some("text"), Some(t)) => text.push_str(t),
-                        _ => return Err(bad(format!("messages[{i}]: only text content parts are supported"))),
-                    }
-                }
+                let text = text_parts(parts).ok_or_else(|| bad(format!("messages[{i}]: only text content parts are supported")))?;
                 m.insert("content".into(), Value::String(text));
             }
             Ok(Value::Object(m))
+        })
+        .collect()
+}
+
+/// Content parts (`[{"type": "text", "text"}, ...]`) joined into one text; None when a part is
+/// not text.
+fn text_parts(parts: &[Value]) -> Option<String> {
+    parts
+        .iter()
+        .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+            (Some("text"), Some(t)) => Some(t),
+            _ => None,
         })
         .collect()
 }

@@ -45,6 +45,9 @@ pub struct SpecConfig {
 
 /// Default `--draft-max`.
 pub const DRAFT_MAX: usize = 8;
+/// Default `--draft-p-min` (llama.cpp's): a draft model stops where its top probability is
+/// below this.
+pub const DRAFT_P_MIN: f32 = 0.75;
 /// The longest n-gram looked up, and the shortest: a 1-token match predicts too little to be
 /// worth a verify step's extra tokens.
 pub const NGRAM_MAX: usize = 4;
@@ -64,10 +67,6 @@ impl Default for SpecConfig {
 impl SpecConfig {
     pub fn ngram() -> SpecConfig {
         SpecConfig { kind: SpecKind::Ngram, ..SpecConfig::default() }
-    }
-
-    pub fn is_on(&self) -> bool {
-        self.kind != SpecKind::None && self.draft_max > 0
     }
 
     /// Whether any sequence may verify drafts (the engine reserves output rows for them).

@@ -42,10 +42,7 @@ use flint_core::generate::{default_clock, Clock};
 use flint_core::kv::KvCache;
 use flint_core::reference::CpuBackend;
 use flint_core::sched::{SchedConfig, Scheduler};
-pub use flint_core::spec::{SpecConfig, SpecKind, DRAFT_MAX};
-
-/// Default `--draft-p-min` (llama.cpp's).
-pub const DRAFT_P_MIN: f32 = 0.75;
+pub use flint_core::spec::{SpecConfig, SpecKind, DRAFT_MAX, DRAFT_P_MIN};
 use flint_gpu::backend::GpuBackend;
 use flint_gpu::GpuContext;
 use runner::{Command, Runner};
@@ -301,6 +298,11 @@ fn draft_error(path: &std::path::Path, e: GgufError) -> EngineError {
     EngineError::Config(format!("the draft model {}: {e}", path.display()))
 }
 
+/// KV bytes per position: every layer's K and V, f32.
+fn kv_bytes_per_pos(cfg: &ModelConfig) -> u64 {
+    (cfg.n_layer * (cfg.kv_dim() + cfg.v_dim()) * 4) as u64
+}
+
 fn weight_bytes(file: &GgufFile, cfg: &ModelConfig) -> u64 {
     file.tensors.iter().filter(|t| !(t.name == "token_embd.weight" && !cfg.tied_output)).map(|t| t.n_bytes).sum()
 }
@@ -363,7 +365,7 @@ impl Engine {
             None => t,
         });
         let n_ctx = if opts.n_ctx == 0 { config.n_ctx_train } else { opts.n_ctx }.clamp(1, config.n_ctx_train);
-        let kv_bytes_per_position = (config.n_layer * (config.kv_dim() + config.v_dim()) * 4) as u64;
+        let kv_bytes_per_position = kv_bytes_per_pos(&config);
         let kv_budget_bytes = match (opts.kv_budget_mb, opts.kv_budget_positions) {
             (Some(mb), _) => Some(mb.saturating_mul(1 << 20)),
             (None, Some(p)) => Some((p as u64).saturating_mul(kv_bytes_per_position)),
@@ -391,8 +393,7 @@ impl Engine {
         let draft = match draft_file {
             Some((draft_file, draft_config)) => {
                 // Its KV pool holds as many positions as the target's.
-                let per_position = (draft_config.n_layer * (draft_config.kv_dim() + draft_config.v_dim()) * 4) as u64;
-                let kv_budget_bytes = kv_budget_bytes.map(|b| b / kv_bytes_per_position.max(1) * per_position);
+                let kv_budget_bytes = kv_budget_bytes.map(|b| b / kv_bytes_per_position.max(1) * kv_bytes_per_pos(&draft_config));
                 let bopts = BackendOptions { max_outputs: max_seqs, kv_budget_bytes, ..bopts.clone() };
                 let draft_opts = LoadOptions { self_test: false, ..opts.clone() };
                 let maker = BackendMaker { file: Arc::new(draft_file), config: draft_config, bopts, opts: draft_opts, clock };
