@@ -12,53 +12,6 @@
 // its request instead of emitting a token.
 #include "sample_common.wgsl"
 
-// pcg4d (Jarzynski & Olano, "Hash Functions for GPU Rendering", 2020).
-fn pcg4d(a: vec4<u32>) -> vec4<u32> {
-    var v = a * 1664525u + 1013904223u;
-    v.x += v.y * v.w;
-    v.y += v.z * v.x;
-    v.z += v.x * v.y;
-    v.w += v.y * v.z;
-    v ^= v >> vec4<u32>(16u);
-    v.x += v.y * v.w;
-    v.y += v.z * v.x;
-    v.z += v.x * v.y;
-    v.w += v.y * v.z;
-    return v;
-}
-
-// lowbias32 (Wellons) as a final mix.
-fn mix32(a: u32) -> u32 {
-    var x = a;
-    x ^= x >> 16u;
-    x *= 0x7feb352du;
-    x ^= x >> 15u;
-    x *= 0x846ca68bu;
-    x ^= x >> 16u;
-    return x;
-}
-
-const TWO_POW_M32: f32 = 2.3283064365386963e-10;
-const V_MIN: f32 = 1.1641532182693481e-10;
-const V_MAX: f32 = 0.99999994;
-
-// A standard Gumbel variate for (seed, step, index). U = 1 − v; E = −ln(1 − v) keeps full
-// relative precision for small E (the large-G tail that decides the winner).
-fn gumbel(i: u32, step: u32, seed_lo: u32, seed_hi: u32) -> f32 {
-    let h = pcg4d(vec4<u32>(i, step, seed_lo, seed_hi));
-    let v = clamp(f32(mix32(h.x ^ h.z)) * TWO_POW_M32, V_MIN, V_MAX);
-    var e: f32;
-    if (v < 0.25) {
-        // −ln(1 − v) = 2·atanh(s), s = v / (2 − v) ≤ 1/7.
-        let s = v / (2.0 - v);
-        let s2 = s * s;
-        e = 2.0 * s * (1.0 + s2 * (1.0 / 3.0 + s2 * (0.2 + s2 * (1.0 / 7.0 + s2 * (1.0 / 9.0 + s2 * (1.0 / 11.0))))));
-    } else {
-        e = -log(1.0 - v);
-    }
-    return -log(e);
-}
-
 fn partial_pass(g: u32, row: u32, draw: u32, lid: u32, sample: bool) {
     let r = rows[row];
     let live = !sample || r.greedy == 0u;

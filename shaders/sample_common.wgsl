@@ -1,6 +1,6 @@
 // The row sampler's shared declarations: sample_argmax.wgsl (greedy argmax, Gumbel-max
-// draws), sample_threshold.wgsl (the exact top-k / top-p threshold search) and
-// sample_logprobs.wgsl include this. Each row of logits is sampled with its own settings
+// draws), sample_threshold.wgsl (the exact top-k / top-p threshold search),
+// sample_logprobs.wgsl and sample_spec.wgsl (speculative decoding's verification) include this. Each row of logits is sampled with its own settings
 // (rows[row]); workgroup id y is the row in every pass, so rows never share a reduction and a
 // row's result does not depend on the others.
 //
@@ -21,7 +21,8 @@ struct Params {
     n_rows: u32,
     // draws per row (counters step .. step + n_draws)
     n_draws: u32,
-    _pad0: u32,
+    // words per row of the draft-distribution store q (sample_spec.wgsl); 0 = no store
+    q_stride: u32,
 }
 
 // One row's settings (ops::sample::RowParams).
@@ -40,9 +41,12 @@ struct Row {
     n_top: u32,
     // 1 = greedy (argmax only)
     greedy: u32,
+    // Speculative decoding with a sampled draft (sample_spec.wgsl): the drafted token this row
+    // verifies (NONE = none), and its row of q, the draft's distribution (NONE = none; with
+    // no drafted token, the row records its own distribution there)
+    draft: u32,
+    q_row: u32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -108,6 +112,10 @@ const ABOVE_LO: u32 = 6u;
 const ABOVE_HI: u32 = 7u;
 const TARGET_LO: u32 = 8u;
 const TARGET_HI: u32 = 9u;
+// sample_spec.wgsl: Σ exp((logit − max)/T) over the survivors, p(draft) and q(draft) (f32 bits)
+const MASS_BITS: u32 = 28u;
+const PX_BITS: u32 = 29u;
+const QX_BITS: u32 = 30u;
 
 // lp words, per row
 const LP_WORDS: u32 = 3u + 2u * MAX_TOP;
@@ -204,4 +212,60 @@ fn wg_keymax(lid: u32, k: vec2<u32>) -> vec2<u32> {
     let r = red_k[0];
     workgroupBarrier();
     return r;
+}
+
+// ---- random numbers ----
+
+// pcg4d (Jarzynski & Olano, "Hash Functions for GPU Rendering", 2020).
+fn pcg4d(a: vec4<u32>) -> vec4<u32> {
+    var v = a * 1664525u + 1013904223u;
+    v.x += v.y * v.w;
+    v.y += v.z * v.x;
+    v.z += v.x * v.y;
+    v.w += v.y * v.z;
+    v ^= v >> vec4<u32>(16u);
+    v.x += v.y * v.w;
+    v.y += v.z * v.x;
+    v.z += v.x * v.y;
+    v.w += v.y * v.z;
+    return v;
+}
+
+// lowbias32 (Wellons) as a final mix.
+fn mix32(a: u32) -> u32 {
+    var x = a;
+    x ^= x >> 16u;
+    x *= 0x7feb352du;
+    x ^= x >> 15u;
+    x *= 0x846ca68bu;
+    x ^= x >> 16u;
+    return x;
+}
+
+const TWO_POW_M32: f32 = 2.3283064365386963e-10;
+const V_MIN: f32 = 1.1641532182693481e-10;
+const V_MAX: f32 = 0.99999994;
+
+// A standard Gumbel variate for (seed, step, index). U = 1 − v; E = −ln(1 − v) keeps full
+// relative precision for small E (the large-G tail that decides the winner).
+fn gumbel(i: u32, step: u32, seed_lo: u32, seed_hi: u32) -> f32 {
+    let h = pcg4d(vec4<u32>(i, step, seed_lo, seed_hi));
+    let v = clamp(f32(mix32(h.x ^ h.z)) * TWO_POW_M32, V_MIN, V_MAX);
+    var e: f32;
+    if (v < 0.25) {
+        // −ln(1 − v) = 2·atanh(s), s = v / (2 − v) ≤ 1/7.
+        let s = v / (2.0 - v);
+        let s2 = s * s;
+        e = 2.0 * s * (1.0 + s2 * (1.0 / 3.0 + s2 * (0.2 + s2 * (1.0 / 7.0 + s2 * (1.0 / 9.0 + s2 * (1.0 / 11.0))))));
+    } else {
+        e = -log(1.0 - v);
+    }
+    return -log(e);
+}
+
+// A uniform variate in [0, 1 − 2⁻²⁴] for (seed, step, index), independent of gumbel()'s for
+// the same key (another output word of the hash).
+fn uniform01(i: u32, step: u32, seed_lo: u32, seed_hi: u32) -> f32 {
+    let h = pcg4d(vec4<u32>(i, step, seed_lo, seed_hi));
+    return f32(mix32(h.y ^ h.w) >> 8u) * (1.0 / 16777216.0);
 }

@@ -275,12 +275,27 @@ pub fn log_softmax_top(logits: &[f32], id: u32, n: usize) -> (f32, Vec<(u32, f32
     (chosen, top.into_iter().map(|(i, l)| (i, lp(l))).collect())
 }
 
+/// Speculative decoding with a sampled draft model, on a device sampler: the draft's rows
+/// record their distribution q (under the request's settings) in a store on the device, and
+/// the target's rows verify each drafted token against it by the rule of Leviathan et al.
+/// (see [`crate::spec::verify_exact`]). The CPU sampler ignores links: its draw follows p and
+/// the host compares it with the draft, which is exact for any draft too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftLink {
+    /// Record this row's distribution in row `q_row` of the store (draft side).
+    Record { q_row: u32 },
+    /// Verify drafted `token` against the distribution in row `q_row` (target side).
+    Verify { token: u32, q_row: u32 },
+}
+
 /// Draws tokens from logits with the configured settings and keeps what the penalties need:
 /// the tokens seen so far (feed them with [`Sampler::accept`]) and the allowed-token mask.
 /// A clone continues independently (a verify step's row after drafted tokens).
 #[derive(Clone)]
 pub struct Sampler {
     params: SamplingParams,
+    /// Where this row meets a sampled draft's distribution (device samplers; see [`DraftLink`]).
+    link: Option<DraftLink>,
     rng: Rng,
     seed: u64,
     /// Which random stream of the seed this sampler draws from (a request's choice index).
@@ -313,11 +328,26 @@ impl Sampler {
         }
         let bias = merged.into_iter().collect();
         let rng = Rng::new(stream_seed(seed, stream));
-        Ok(Sampler { rng, params, seed, stream, steps: 0, window: VecDeque::new(), counts: BTreeMap::new(), bias, mask: None })
+        Ok(Sampler { link: None, rng, params, seed, stream, steps: 0, window: VecDeque::new(), counts: BTreeMap::new(), bias, mask: None })
     }
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
+    }
+
+    /// The same sampler asking for log-probabilities of its draw and `n` alternatives.
+    pub fn with_logprobs(mut self, n: usize) -> Sampler {
+        self.params.n_logprobs = n.min(MAX_LOGPROBS);
+        self
+    }
+
+    /// Links the sampler's next draws to a sampled draft's distribution (None: unlinked).
+    pub fn set_link(&mut self, link: Option<DraftLink>) {
+        self.link = link;
+    }
+
+    pub fn link(&self) -> Option<DraftLink> {
+        self.link
     }
 
     /// The seed in use (drawn from the clock when the settings gave none).
@@ -357,6 +387,7 @@ impl Sampler {
     /// then gives exactly plain decoding's tokens, seeded or not.
     pub fn after(&self, drafts: &[u32]) -> Sampler {
         let mut s = self.clone();
+        s.link = None;
         s.accept_all(drafts);
         s.advance(drafts.len() as u32);
         s

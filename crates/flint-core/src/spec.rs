@@ -168,8 +168,40 @@ pub fn fit_draft(n: usize, sizes: &[usize]) -> usize {
 /// distributed as p with x removed and renormalized, which is norm(max(0, p − q)). Row j
 /// draws with the random number plain decoding would use at its position
 /// ([`crate::sampling::Sampler::after`]), so the tokens are exactly plain decoding's.
+///
+/// A draft model that samples its drafts links its rows to the target's on the device
+/// ([`crate::sampling::DraftLink`]): there the row keeps x with probability min(1, p(x)/q(x))
+/// and otherwise draws from the residual, which never gives x back ([`verify_exact`]), so the
+/// same comparison finds the accepted prefix.
 pub fn accepted_prefix(draft: &[u32], target: &[u32]) -> usize {
     draft.iter().zip(target).take_while(|(d, t)| d == t).count()
+}
+
+/// The rule of Leviathan et al. and Chen et al. (2023), computed exactly: for a drafted token
+/// `x` drawn from the draft's distribution `q` (indexed by id; ids past its end have
+/// probability 0) and the target's distribution `p` (ids and probabilities, as
+/// [`crate::sampling::Sampler::distribution`] gives them), the probability that the row keeps
+/// x, min(1, p(x)/q(x)) (1 when p(x) > 0 = q(x), which a draft drawn from q never gives), and
+/// the residual norm(max(0, p − q)) the row draws from otherwise (empty when p ≤ q
+/// everywhere; then x is always kept). The row's token then follows p: for every y,
+/// q(y)·min(1, p(y)/q(y)) + (1 − Σ_x q(x) min(1, p(x)/q(x)))·residual(y) = p(y).
+pub fn verify_exact(p: &[(u32, f64)], q: &[f64], x: u32) -> (f64, Vec<(u32, f64)>) {
+    let q_at = |id: u32| q.get(id as usize).copied().unwrap_or(0.0);
+    let px = p.iter().find(|(id, _)| *id == x).map_or(0.0, |&(_, v)| v);
+    let qx = q_at(x);
+    let keep = if qx > 0.0 { (px / qx).min(1.0) } else if px > 0.0 { 1.0 } else { 0.0 };
+    let rest: Vec<(u32, f64)> = p.iter().map(|&(id, v)| (id, v - q_at(id))).filter(|&(_, r)| r > 0.0).collect();
+    let mass: f64 = rest.iter().map(|r| r.1).sum();
+    (keep, rest.into_iter().map(|(id, r)| (id, r / mass)).collect())
+}
+
+/// The distribution of a verified row's token for drafted `x` (see [`verify_exact`]): x with
+/// its keep probability, plus the residual's share of the rest; ids ascending.
+pub fn verified_distribution(p: &[(u32, f64)], q: &[f64], x: u32) -> Vec<(u32, f64)> {
+    let (keep, residual) = verify_exact(p, q, x);
+    let mut out: std::collections::BTreeMap<u32, f64> = residual.into_iter().map(|(id, r)| (id, (1.0 - keep) * r)).collect();
+    *out.entry(x).or_insert(0.0) += keep;
+    out.into_iter().filter(|&(_, v)| v > 0.0).collect()
 }
 
 /// Steps a sequence skips drafting after its acceptance falls below [`Adapt::PAUSE_BELOW`].
@@ -234,12 +266,45 @@ impl SpecCounts {
         self.drafted += drafted as u64;
         self.accepted += accepted as u64;
     }
-
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Drawing x from q and then the verified row gives p, for p and q of every shape.
+    #[test]
+    fn verification_gives_back_the_target_distribution() {
+        let cases: [(&[(u32, f64)], &[f64]); 5] = [
+            // p = q
+            (&[(0, 0.5), (1, 0.3), (2, 0.2)], &[0.5, 0.3, 0.2]),
+            // disjoint supports
+            (&[(0, 0.6), (1, 0.4)], &[0.0, 0.0, 0.7, 0.3]),
+            // overlapping, q sharper, a token q lacks and ids past q's end
+            (&[(0, 0.1), (1, 0.2), (3, 0.3), (5, 0.4)], &[0.0, 0.9, 0.05, 0.05]),
+            // q flatter than p
+            (&[(1, 0.9), (2, 0.1)], &[0.25, 0.25, 0.25, 0.25]),
+            // p a point mass
+            (&[(2, 1.0)], &[0.1, 0.2, 0.7]),
+        ];
+        for (i, (p, q)) in cases.iter().enumerate() {
+            let mut total = [0.0f64; 8];
+            for (x, &qx) in q.iter().enumerate().filter(|(_, &v)| v > 0.0) {
+                for (id, v) in verified_distribution(p, q, x as u32) {
+                    total[id as usize] += qx * v;
+                }
+            }
+            for (id, &t) in total.iter().enumerate() {
+                let want = p.iter().find(|e| e.0 == id as u32).map_or(0.0, |e| e.1);
+                assert!((t - want).abs() < 1e-12, "case {i}: id {id} comes out with {t}, p gives {want}");
+            }
+        }
+        // p = q keeps every draft; disjoint supports keep none and draw from p.
+        assert_eq!(verify_exact(cases[0].0, cases[0].1, 1), (1.0, Vec::new()));
+        let (keep, residual) = verify_exact(cases[1].0, cases[1].1, 2);
+        assert_eq!(keep, 0.0);
+        assert_eq!(residual, cases[1].0.to_vec());
+    }
 
     #[test]
     fn predictions_draft_from_where_the_output_is() {

@@ -29,6 +29,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("sample_argmax.wgsl", include_str!("../../../shaders/sample_argmax.wgsl")),
     ("sample_common.wgsl", include_str!("../../../shaders/sample_common.wgsl")),
     ("sample_logprobs.wgsl", include_str!("../../../shaders/sample_logprobs.wgsl")),
+    ("sample_spec.wgsl", include_str!("../../../shaders/sample_spec.wgsl")),
     ("sample_threshold.wgsl", include_str!("../../../shaders/sample_threshold.wgsl")),
     ("softcap.wgsl", include_str!("../../../shaders/softcap.wgsl")),
 ];

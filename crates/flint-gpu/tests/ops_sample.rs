@@ -7,7 +7,7 @@
 //! logits and settings in one step: each row passes its own chi-square test and draws exactly
 //! what it draws alone.
 
-use flint_core::sampling::{self, log_softmax_top, Sampled, SamplingParams};
+use flint_core::sampling::{self, log_softmax_top, DraftLink, Sampled, SamplingParams};
 use flint_gpu::buffer::{read_f32, read_u32, storage};
 use flint_gpu::ops::penalize::{mask_words, Penalize, StepEdits};
 use flint_gpu::ops::sample::{state, SampleRow, Sampler};
@@ -624,6 +624,137 @@ fn broken_logits_yield_non_finite() {
                 } else {
                     assert!(ids.iter().all(|&id| (id as usize) < n), "row {i} {p:?}: {ids:?}");
                 }
+            }
+        }
+    });
+}
+
+/// One sampled step over `rows` (logits, settings, link), `n` draws each at counters 500..;
+/// returns each row's draws and the sampler state of every row.
+async fn linked_step(ctx: &GpuContext, r: &Rig, rows: &[(&[f32], &SamplingParams, Option<DraftLink>)], n: u32) -> (Vec<Vec<u32>>, Vec<u32>) {
+    for (i, row) in rows.iter().enumerate() {
+        ctx.queue.write_buffer(&r.logits, (i * r.n_vocab * 4) as u64, bytemuck::cast_slice(row.0));
+    }
+    let specs: Vec<SampleRow> =
+        rows.iter().map(|(_, p, link)| SampleRow { link: *link, ..SampleRow::new(p, p.seed.unwrap_or(0), 0, 500) }).collect();
+    let plan = r.sampler.prepare(ctx, &specs, n).unwrap();
+    assert_eq!(plan.verify, specs.iter().any(|s| matches!(s.link, Some(DraftLink::Verify { .. }))));
+    submit(ctx, |p| r.sampler.encode(p, &plan));
+    let out = r.sampler.read(ctx, &plan, &specs).await.unwrap();
+    let st = read_u32(ctx, r.sampler.state_buffer(), 0, rows.len() * state::WORDS).await.unwrap();
+    ctx.check().unwrap();
+    (out.into_iter().map(|d| d.iter().map(|s| s.id).collect()).collect(), st)
+}
+
+/// The draft side and the target side of speculative decoding with a sampled draft, against
+/// flint_core::spec's exact computation on small hand-made distributions: a draft sampler
+/// (vocabulary 60) records q into a store of the target's width (64) with the tail zeroed;
+/// the target keeps a draft with probability min(1, p/q) (p(x) and q(x) checked against the
+/// CPU's) and otherwise draws from norm(max(0, p − q)), so every draw lies in p's support
+/// and the draws follow the exact verified distribution (chi-square over 6,000 draws).
+#[test]
+fn sampled_draft_verification_matches_the_exact_rule() {
+    flint_gpu::gpu_test!(ctx => {
+        let cache = PipelineCache::new();
+        let (n, n_draft, draws) = (64usize, 60usize, 6_000u32);
+        let q_store = storage(ctx, "q", 4 * n as u64 * 4).unwrap();
+        ctx.queue.write_buffer(&q_store, 0, bytemuck::cast_slice(&vec![7.0f32; 4 * n]));
+        let mut target = rig_rows(ctx, &cache, n, 2, draws).await;
+        target.sampler.attach_q(ctx, &cache, &q_store, n as u32).await.unwrap();
+        let mut draft = rig_rows(ctx, &cache, n_draft, 1, 1).await;
+        draft.sampler.attach_q(ctx, &cache, &q_store, n as u32).await.unwrap();
+        assert_eq!(target.sampler.q_rows(), 4);
+        // A row linked past the store is refused.
+        let far = [SampleRow { link: Some(DraftLink::Record { q_row: 4 }), ..SampleRow::new(&params(1.0, 0, 1.0, 0.0, 1), 1, 0, 0) }];
+        assert!(draft.sampler.prepare(ctx, &far, 1).is_err());
+
+        let mut rng = TestRng::new(41);
+        let logits: Vec<f32> = rng.vec(n).iter().map(|v| v * 3.0).collect();
+        let draft_logits: Vec<f32> = logits[..n_draft].iter().zip(rng.vec(n_draft)).map(|(l, e)| l + e).collect();
+        let settings = [params(1.0, 0, 1.0, 0.0, 7), params(0.8, 5, 0.9, 0.0, 8), params(1.3, 0, 0.95, 0.05, 9)];
+        for (si, sp) in settings.iter().enumerate() {
+            let cpu = sampling::Sampler::new(sp.clone()).unwrap();
+            let p = cpu.distribution(&logits);
+            let q_of = |d: &[f32]| {
+                let mut q = vec![0.0f64; n];
+                for (id, v) in cpu.distribution(d) {
+                    q[id as usize] = v;
+                }
+                q
+            };
+            // The draft side records q of its own logits, and of the target's (p = q).
+            for (q_row, d) in [(0u32, &draft_logits[..]), (1, &logits[..n_draft])] {
+                linked_step(ctx, &draft, &[(d, sp, Some(DraftLink::Record { q_row }))], 1).await;
+                let got = read_f32(ctx, &q_store, q_row as u64 * n as u64, n).await.unwrap();
+                let want = q_of(d);
+                for (id, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert!((g as f64 - w).abs() < 1e-6, "settings {si}, q row {q_row}: id {id} recorded {g}, the CPU gives {w}");
+                }
+            }
+            // Hand-made q rows: disjoint from p's support (three banned ids past the draft's
+            // vocabulary), and mass on a banned token.
+            let outside: Vec<u32> = (61..64).collect();
+            let mut outside_logits = logits.clone();
+            for &id in &outside {
+                outside_logits[id as usize] = f32::NEG_INFINITY;
+            }
+            let mut disjoint = vec![0.0f32; n];
+            for &id in &outside {
+                disjoint[id as usize] = 1.0 / outside.len() as f32;
+            }
+            let mut banned_logits = logits.clone();
+            let banned = p[0].0;
+            banned_logits[banned as usize] = f32::NEG_INFINITY;
+            let mut on_banned = vec![0.0f32; n];
+            on_banned[banned as usize] = 0.6;
+            on_banned[p[1].0 as usize] = 0.4;
+            ctx.queue.write_buffer(&q_store, 2 * n as u64 * 4, bytemuck::cast_slice(&disjoint));
+            ctx.queue.write_buffer(&q_store, 3 * n as u64 * 4, bytemuck::cast_slice(&on_banned));
+            let q_prefix = |d: &[f32]| {
+                let mut q = q_of(d);
+                q.truncate(n_draft);
+                q
+            };
+            let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+            // (label, target logits, q row, q, drafted token)
+            let mut cases: Vec<(String, Vec<f32>, u32, Vec<f64>, u32)> = Vec::new();
+            // p = q: the target's ids past the draft's vocabulary banned.
+            let mut short = logits.clone();
+            short[n_draft..].fill(f32::NEG_INFINITY);
+            let x = cpu.distribution(&short)[0].0;
+            cases.push((format!("p = q, x = {x}"), short, 1, q_prefix(&logits[..n_draft]), x));
+            let qd = q_prefix(&draft_logits);
+            let mut by_q: Vec<u32> = (0..n_draft as u32).filter(|&i| qd[i as usize] > 0.0).collect();
+            by_q.sort_by(|&a, &b| qd[b as usize].total_cmp(&qd[a as usize]));
+            for &x in by_q.iter().take(2) {
+                cases.push((format!("draft q, x = {x}"), logits.clone(), 0, qd.clone(), x));
+            }
+            cases.push(("disjoint supports".into(), outside_logits, 2, f64s(&disjoint), outside[0]));
+            cases.push(("banned draft".into(), banned_logits.clone(), 3, f64s(&on_banned), banned));
+            for (label, tl, q_row, q, x) in &cases {
+                let tp = cpu.distribution(tl);
+                let (keep, _) = flint_core::spec::verify_exact(&tp, q, *x);
+                let want = flint_core::spec::verified_distribution(&tp, q, *x);
+                // Row 0 verifies; row 1, unlinked, still draws plainly beside it.
+                let rows = [(&tl[..], sp, Some(DraftLink::Verify { token: *x, q_row: *q_row })), (&tl[..], sp, None)];
+                let (out, st) = linked_step(ctx, &target, &rows, draws).await;
+                let px = tp.iter().find(|e| e.0 == *x).map_or(0.0, |e| e.1);
+                let (gpx, gqx) = (f32::from_bits(st[state::PX_BITS]) as f64, f32::from_bits(st[state::QX_BITS]) as f64);
+                assert!((gpx - px).abs() < 1e-5 && (gqx - q[*x as usize]).abs() < 1e-6, "settings {si}, {label}: p(x), q(x) = {gpx}, {gqx}; the CPU gives {px}, {}", q[*x as usize]);
+                let support: std::collections::HashSet<u32> = tp.iter().map(|e| e.0).collect();
+                let kept = out[0].iter().filter(|&&t| t == *x).count();
+                assert!(out[0].iter().all(|t| support.contains(t)), "settings {si}, {label}: a draw outside p's support");
+                if keep == 1.0 {
+                    assert_eq!(kept, draws as usize, "settings {si}, {label}: a draft kept with probability 1 was rejected");
+                }
+                if keep == 0.0 {
+                    assert_eq!(kept, 0, "settings {si}, {label}: a draft p gives nothing was kept");
+                }
+                let (ok, chi2, cells) = chi_square_ok(&want, &out[0]);
+                eprintln!("settings {si}, {label}: keep {keep:.3}, kept {kept}/{draws}, chi2 {chi2:.2} over {cells} cells");
+                assert!(ok, "settings {si}, {label}: chi2 {chi2} over {cells} cells");
+                let (ok, chi2, _) = chi_square_ok(&tp, &out[1]);
+                assert!(ok, "settings {si}, {label}: the unlinked row's chi2 {chi2}");
             }
         }
     });

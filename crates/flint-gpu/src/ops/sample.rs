@@ -8,6 +8,12 @@
 //! survivors. Its random numbers are keyed by (seed, stream, step, token), so a row's draw
 //! depends only on its own logits and settings, never on the other rows of the step.
 //!
+//! Speculative decoding with a sampled draft (`shaders/sample_spec.wgsl`, once a q store is
+//! attached with [`Sampler::attach_q`]): a draft model's sampler records each drafted row's
+//! distribution q in the store, and the target's sampler verifies a drafted token against it
+//! with the rule of Leviathan et al. (keep it with probability min(1, p/q), else draw from
+//! norm(max(0, p − q))), so the row's token follows p exactly.
+//!
 //! Log-probabilities (`n_logprobs` > 0) are the log-softmax at temperature 1 of the logits as
 //! they are in the buffer (after `ops::penalize`), of the chosen token and the top n (≤ 20),
 //! as `flint_core::sampling::log_softmax_top` defines them: one record of [`LP_WORDS`] words
@@ -15,7 +21,7 @@
 
 use std::sync::Arc;
 
-use flint_core::sampling::{Sampled, Sampler as CpuSampler, SamplingParams, MAX_LOGPROBS};
+use flint_core::sampling::{DraftLink, Sampled, Sampler as CpuSampler, SamplingParams, MAX_LOGPROBS};
 
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
@@ -46,6 +52,10 @@ pub mod state {
     /// Survivors are the tokens whose key (order_key(logit), n_vocab−1−index) is ≥ this.
     pub const THR_V: usize = 2;
     pub const THR_I: usize = 3;
+    /// sample_spec.wgsl: Σ exp((logit − max)/T) over the survivors, p(draft), q(draft) (f32).
+    pub const MASS_BITS: usize = 28;
+    pub const PX_BITS: usize = 29;
+    pub const QX_BITS: usize = 30;
     pub const WORDS: usize = 32;
 }
 
@@ -64,6 +74,7 @@ const B_OUT: u32 = 5;
 const B_LP_PART: u32 = 6;
 const B_LP: u32 = 7;
 const B_ROWS: u32 = 8;
+const B_Q: u32 = 9;
 
 /// Every kernel: its shader, entry point and the bindings it uses (its auto layout).
 const ENTRIES: [(&str, &str, &[u32]); 11] = [
@@ -79,6 +90,19 @@ const ENTRIES: [(&str, &str, &[u32]); 11] = [
     ("sample_logprobs.wgsl", "logprob_partial", &[B_PARAMS, B_LOGITS, B_STATE, B_LP_PART, B_ROWS]),
     ("sample_logprobs.wgsl", "logprob_final", &[B_PARAMS, B_LOGITS, B_STATE, B_OUT, B_LP_PART, B_LP, B_ROWS]),
 ];
+/// The speculative kernels (sample_spec.wgsl), built once a q store is attached.
+const SPEC_ENTRIES: [(&str, &str, &[u32]); 5] = [
+    ("sample_spec.wgsl", "mass_partial", &[B_PARAMS, B_LOGITS, B_PARTIALS, B_STATE, B_ROWS]),
+    ("sample_spec.wgsl", "mass_final", &[B_PARAMS, B_LOGITS, B_PARTIALS, B_STATE, B_ROWS, B_Q]),
+    ("sample_spec.wgsl", "q_write", &[B_PARAMS, B_LOGITS, B_STATE, B_ROWS, B_Q]),
+    ("sample_spec.wgsl", "residual_partial", &[B_PARAMS, B_LOGITS, B_PARTIALS, B_STATE, B_ROWS, B_Q]),
+    ("sample_spec.wgsl", "verify_final", &[B_PARAMS, B_PARTIALS, B_STATE, B_OUT, B_ROWS]),
+];
+const MASS_PARTIAL: usize = 0;
+const MASS_FINAL: usize = 1;
+const Q_WRITE: usize = 2;
+const RESIDUAL_PARTIAL: usize = 3;
+const VERIFY_FINAL: usize = 4;
 const ARGMAX_PARTIAL: usize = 0;
 const ARGMAX_FINAL: usize = 1;
 const GUMBEL_PARTIAL: usize = 2;
@@ -101,7 +125,7 @@ struct Params {
     n_levels: u32,
     n_rows: u32,
     n_draws: u32,
-    _pad: u32,
+    q_stride: u32,
 }
 
 /// One row's settings on the device (`Row` in sample_common.wgsl).
@@ -117,7 +141,9 @@ struct RowParams {
     step: u32,
     n_top: u32,
     greedy: u32,
-    _pad: [u32; 3],
+    draft: u32,
+    q_row: u32,
+    _pad: u32,
 }
 
 /// One row's settings for one step. Draw d of a row uses the counter `step + d`; the same
@@ -138,6 +164,8 @@ pub struct SampleRow {
     pub step: u32,
     /// Log-probabilities of the chosen token and this many alternatives (0 = none, ≤ 20).
     pub n_logprobs: u32,
+    /// Speculative decoding with a sampled draft (sampled rows only; see the module docs).
+    pub link: Option<DraftLink>,
 }
 
 impl SampleRow {
@@ -152,6 +180,7 @@ impl SampleRow {
             stream,
             step,
             n_logprobs: params.n_logprobs as u32,
+            link: None,
         }
     }
 
@@ -159,7 +188,7 @@ impl SampleRow {
     /// it is greedy.
     pub fn next(sampler: &mut CpuSampler) -> SampleRow {
         let step = if sampler.params().temperature > 0.0 { sampler.next_step() } else { 0 };
-        SampleRow::new(sampler.params(), sampler.seed(), sampler.stream(), step)
+        SampleRow { link: sampler.link(), ..SampleRow::new(sampler.params(), sampler.seed(), sampler.stream(), step) }
     }
 
     fn greedy(&self) -> bool {
@@ -169,6 +198,11 @@ impl SampleRow {
     fn device(&self, n_vocab: u32) -> RowParams {
         let greedy = self.greedy();
         let top_k = self.top_k > 0 && (self.top_k as u32) < n_vocab;
+        let (draft, q_row) = match self.link.filter(|_| !greedy) {
+            Some(DraftLink::Record { q_row }) => (u32::MAX, q_row),
+            Some(DraftLink::Verify { token, q_row }) => (token, q_row),
+            None => (u32::MAX, u32::MAX),
+        };
         RowParams {
             top_k: if top_k { self.top_k as u32 } else { 0 },
             top_p: self.top_p,
@@ -180,7 +214,9 @@ impl SampleRow {
             step: self.step,
             n_top: self.n_logprobs,
             greedy: greedy as u32,
-            _pad: [0; 3],
+            draft,
+            q_row,
+            _pad: 0,
         }
     }
 }
@@ -196,6 +232,10 @@ pub struct SamplePlan {
     pub top_p: bool,
     /// A row asks for log-probabilities.
     pub logprobs: bool,
+    /// A row records its distribution in the q store (a draft model's row).
+    pub record: bool,
+    /// A row verifies a drafted token against the q store.
+    pub verify: bool,
 }
 
 struct Kernel {
@@ -214,9 +254,13 @@ pub struct Sampler {
     out: wgpu::Buffer,
     lp: wgpu::Buffer,
     kernels: Vec<Kernel>,
-    _partials: wgpu::Buffer,
-    _hist: wgpu::Buffer,
-    _lp_part: wgpu::Buffer,
+    partials: wgpu::Buffer,
+    hist: wgpu::Buffer,
+    lp_part: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    /// The q store's kernels, and its rows; none until one is attached.
+    spec: Vec<Kernel>,
+    q_rows: u32,
 }
 
 fn key(shader: &'static str, entry: &'static str) -> PipelineKey {
@@ -224,7 +268,22 @@ fn key(shader: &'static str, entry: &'static str) -> PipelineKey {
 }
 
 pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
-    ENTRIES.iter().map(|(s, e, _)| key(s, e)).collect()
+    ENTRIES.iter().chain(&SPEC_ENTRIES).map(|(s, e, _)| key(s, e)).collect()
+}
+
+/// Builds each kernel of `entries` with a bind group over `buffers` (indexed by binding).
+async fn kernels(ctx: &GpuContext, cache: &PipelineCache, entries: &[(&'static str, &'static str, &[u32])], buffers: &[&wgpu::Buffer]) -> Result<Vec<Kernel>> {
+    let mut kernels = Vec::with_capacity(entries.len());
+    for &(shader, entry, bindings) in entries {
+        let key = key(shader, entry);
+        let pipeline = cache.get(ctx, &key).await?;
+        let layout = pipeline.get_bind_group_layout(0);
+        let entries: Vec<wgpu::BindGroupEntry> =
+            bindings.iter().map(|&b| wgpu::BindGroupEntry { binding: b, resource: buffers[b as usize].as_entire_binding() }).collect();
+        let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&key.label()), layout: &layout, entries: &entries });
+        kernels.push(Kernel { pipeline, bind });
+    }
+    Ok(kernels)
 }
 
 fn unsupported(message: String) -> GpuError {
@@ -257,18 +316,46 @@ impl Sampler {
         let out = storage("sampler.out", rows64 * max_draws as u64 * 4)?;
         let lp_part = storage("sampler.lp_part", rows64 * n_groups as u64 * LP_STRIDE * 8)?;
         let lp = storage("sampler.lp", rows64 * LP_WORDS as u64 * 4)?;
-        let buffers: [&wgpu::Buffer; 9] = [&params, logits, &partials, &state, &hist, &out, &lp_part, &lp, &rows];
-        let mut kernels = Vec::with_capacity(ENTRIES.len());
-        for (shader, entry, bindings) in ENTRIES {
-            let key = key(shader, entry);
-            let pipeline = cache.get(ctx, &key).await?;
-            let layout = pipeline.get_bind_group_layout(0);
-            let entries: Vec<wgpu::BindGroupEntry> =
-                bindings.iter().map(|&b| wgpu::BindGroupEntry { binding: b, resource: buffers[b as usize].as_entire_binding() }).collect();
-            let bind = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&key.label()), layout: &layout, entries: &entries });
-            kernels.push(Kernel { pipeline, bind });
+        let kernels = kernels(ctx, cache, &ENTRIES, &[&params, logits, &partials, &state, &hist, &out, &lp_part, &lp, &rows]).await?;
+        Ok(Sampler {
+            n_vocab,
+            max_rows,
+            max_draws,
+            base,
+            params,
+            rows,
+            state,
+            out,
+            lp,
+            kernels,
+            partials,
+            hist,
+            lp_part,
+            logits: logits.clone(),
+            spec: Vec::new(),
+            q_rows: 0,
+        })
+    }
+
+    /// Attaches a q store for speculative decoding with a sampled draft: `q` holds rows of
+    /// `q_stride` f32 (the target's vocabulary size). A draft model's sampler records rows
+    /// into it ([`DraftLink::Record`]), the target's verifies against them
+    /// ([`DraftLink::Verify`]); both are attached to the same buffer.
+    pub async fn attach_q(&mut self, ctx: &GpuContext, cache: &PipelineCache, q: &wgpu::Buffer, q_stride: u32) -> Result<()> {
+        let q_rows = if q_stride == 0 { 0 } else { q.size() / (q_stride as u64 * 4) };
+        if q_rows == 0 || q_rows > u32::MAX as u64 {
+            return Err(unsupported(format!("a q store of {} bytes cannot hold rows of {q_stride} f32", q.size())));
         }
-        Ok(Sampler { n_vocab, max_rows, max_draws, base, params, rows, state, out, lp, kernels, _partials: partials, _hist: hist, _lp_part: lp_part })
+        let buffers = [&self.params, &self.logits, &self.partials, &self.state, &self.hist, &self.out, &self.lp_part, &self.lp, &self.rows, q];
+        self.spec = kernels(ctx, cache, &SPEC_ENTRIES, &buffers).await?;
+        self.q_rows = q_rows as u32;
+        self.base.q_stride = q_stride;
+        Ok(())
+    }
+
+    /// Rows of the attached q store (0: none).
+    pub fn q_rows(&self) -> u32 {
+        self.q_rows
     }
 
     pub fn n_vocab(&self) -> u32 {
@@ -311,6 +398,11 @@ impl Sampler {
                 ..Default::default()
             };
             sp.validate().map_err(|e| unsupported(e.to_string()))?;
+            if let Some(DraftLink::Record { q_row } | DraftLink::Verify { q_row, .. }) = r.link {
+                if q_row >= self.q_rows {
+                    return Err(unsupported(format!("q row {q_row}, the store holds {}", self.q_rows)));
+                }
+            }
         }
         let dev: Vec<RowParams> = rows.iter().map(|r| r.device(self.n_vocab)).collect();
         let p = Params { n_rows: rows.len() as u32, n_draws, ..self.base };
@@ -324,14 +416,13 @@ impl Sampler {
             top_k: sampled.iter().any(|r| r.top_k > 0),
             top_p: sampled.iter().any(|r| r.top_p < 1.0),
             logprobs: dev.iter().any(|r| r.n_top > 0),
+            record: sampled.iter().any(|r| r.q_row != u32::MAX && r.draft == u32::MAX),
+            verify: sampled.iter().any(|r| r.q_row != u32::MAX && r.draft != u32::MAX),
         })
     }
 
     fn dispatch(&self, pass: &mut wgpu::ComputePass<'_>, k: usize, x: u32, y: u32, z: u32) {
-        let k = &self.kernels[k];
-        pass.set_pipeline(&k.pipeline);
-        pass.set_bind_group(0, &k.bind, &[]);
-        pass.dispatch_workgroups(x, y, z);
+        run(pass, &self.kernels[k], x, y, z);
     }
 
     /// Records one prepared step: row r's draws go to out[r · n_draws ..], its
@@ -355,6 +446,18 @@ impl Sampler {
             self.dispatch(pass, GUMBEL_PARTIAL, g, rows, plan.n_draws);
             self.dispatch(pass, GUMBEL_FINAL, plan.n_draws, rows, 1);
         }
+        // Before the log-probabilities, which report the row's final token.
+        if plan.record || plan.verify {
+            run(pass, &self.spec[MASS_PARTIAL], g, rows, 1);
+            run(pass, &self.spec[MASS_FINAL], 1, rows, 1);
+        }
+        if plan.record {
+            run(pass, &self.spec[Q_WRITE], g, rows, 1);
+        }
+        if plan.verify {
+            run(pass, &self.spec[RESIDUAL_PARTIAL], g, rows, plan.n_draws);
+            run(pass, &self.spec[VERIFY_FINAL], plan.n_draws, rows, 1);
+        }
         if plan.logprobs {
             self.dispatch(pass, LOGPROB_PARTIAL, g, rows, 1);
             self.dispatch(pass, LOGPROB_FINAL, 1, rows, 1);
@@ -369,6 +472,12 @@ impl Sampler {
         let lp = if plan.logprobs { crate::buffer::read_u32(ctx, &self.lp, 0, plan.n_rows as usize * LP_WORDS).await? } else { Vec::new() };
         Ok(decode(plan, rows, &out, &lp))
     }
+}
+
+fn run(pass: &mut wgpu::ComputePass<'_>, k: &Kernel, x: u32, y: u32, z: u32) {
+    pass.set_pipeline(&k.pipeline);
+    pass.set_bind_group(0, &k.bind, &[]);
+    pass.dispatch_workgroups(x, y, z);
 }
 
 /// A step's results from the `out` words ([n_rows, n_draws]) and the `lp` records
