@@ -148,6 +148,11 @@ pub trait Backend {
     fn verify_sizes(&self) -> &'static [usize] {
         &[]
     }
+    /// The backend as `Any`, for engines that join two backends of one kind (a draft model's
+    /// device store); None where that is not offered.
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }
 
 /// Checks a step against the limits, the layout and the vocabulary before any work is done:

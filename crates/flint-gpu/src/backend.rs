@@ -51,6 +51,19 @@ impl GpuBackend {
         &self.model
     }
 
+    /// Joins a draft model's backend to this one (same device) for speculative decoding with
+    /// sampled drafts: this model opens a store of up to `rows` draft distributions, which the
+    /// draft's sampler records into and this one's verifies against. Returns the rows the
+    /// store holds.
+    pub async fn link_draft(&mut self, draft: &mut GpuBackend, rows: u32) -> Result<u32, BackendError> {
+        if !Arc::ptr_eq(&self.model.ctx, &draft.model.ctx) {
+            return Err(BackendError::Device("a draft model must run on its target's device".into()));
+        }
+        let q = self.model.open_q_store(rows).await.map_err(backend_error)?;
+        draft.model.attach_q(&q, self.model.cfg.n_vocab as u32).await.map_err(backend_error)?;
+        Ok(self.model.q_rows())
+    }
+
     /// A failure of work on the device: once wgpu has reported the device lost, whatever
     /// failed (a readback, a submission) is the loss. A readback that fails is one too: the
     /// device cannot give results back, and a browser may report the loss itself (the
@@ -69,6 +82,9 @@ impl GpuBackend {
 }
 
 impl Backend for GpuBackend {
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
     fn config(&self) -> &ModelConfig {
         &self.model.cfg
     }

@@ -5,16 +5,23 @@
 //! the first time it drafts (in chunks, sharing steps with the others' drafting). Before each
 //! target step the mirrors catch up with their targets' tokens (cut back to the longest common
 //! prefix, so rejected drafts are rolled back, then extended), and k draft steps, batched over
-//! the sequences, draft up to k tokens each. Greedy drafts are a function of the context
-//! alone, so the target keeps a draft exactly where it draws the same token
-//! ([`flint_core::spec::accepted_prefix`]): greedy and seeded output stay those of decoding
-//! without speculation.
+//! the sequences, draft up to k tokens each.
+//!
+//! Greedy requests are drafted greedily: a greedy draft is a function of the context alone,
+//! so the target keeps it exactly where it draws the same token
+//! ([`flint_core::spec::accepted_prefix`]). Sampled requests, on a GPU, are drafted by
+//! sampling with the request's own settings and history (its penalties, bias and mask), and
+//! each drafted row records the draft's distribution q in a store on the device that the
+//! target's verify rows read: the target keeps a draft with probability min(1, p/q), the rule
+//! of Leviathan et al. ([`flint_core::sampling::DraftLink`]). Each draft position draws with
+//! the random counter plain decoding uses there, so where the two models agree (a model
+//! drafting for itself) the drafts are plain decoding's tokens and all are kept.
 
 use std::collections::HashMap;
 
 use flint_core::backend::{Backend, BackendError};
 use flint_core::kv::{KvCache, SeqId};
-use flint_core::sampling::{Sampler, SamplingParams, NON_FINITE};
+use flint_core::sampling::{DraftLink, Sampler, SamplingParams, NON_FINITE};
 use flint_core::sched::{SchedConfig, Scheduler};
 
 /// Opens the draft backend again (after a lost device).
@@ -31,20 +38,61 @@ pub(crate) struct DraftModel {
     draft_vocab: usize,
     /// Drafting stops where the draft's top probability falls below this.
     p_min: f32,
+    /// Sampled requests drafting at once, each with `draft_max` rows of the target's store
+    /// of draft distributions (0: no store; sampled requests are drafted greedily).
+    q_slots: usize,
+    draft_max: usize,
+    /// The store asked for at the last link: (sequences, draft_max).
+    linked: Option<(usize, usize)>,
     rebuild: RebuildDraft,
+}
+
+/// One target sequence wanting drafts: at most `k` of them, sampled with `sampler` (the
+/// request's, as it stands before the step) or greedy when None.
+pub(crate) struct Want {
+    pub seq: SeqId,
+    pub k: usize,
+    pub sampler: Option<Sampler>,
+}
+
+/// A sequence's drafts, and for sampled ones the slot of the store their distributions are
+/// in: draft j's is row `slot · draft_max + j`.
+pub(crate) struct Drafted {
+    pub tokens: Vec<u32>,
+    pub slot: Option<usize>,
 }
 
 impl DraftModel {
     pub fn new(backend: Box<dyn Backend>, cfg: SchedConfig, n_vocab: usize, p_min: f32, rebuild: RebuildDraft) -> Result<DraftModel, crate::EngineError> {
         let sched = Scheduler::new(cfg, KvCache::new(backend.kv_layout().clone()))?;
         let draft_vocab = backend.config().n_vocab;
-        Ok(DraftModel { backend, sched, mirrors: HashMap::new(), n_vocab, draft_vocab, p_min, rebuild })
+        Ok(DraftModel { backend, sched, mirrors: HashMap::new(), n_vocab, draft_vocab, p_min, q_slots: 0, draft_max: 0, linked: None, rebuild })
+    }
+
+    /// Joins the draft to the target's backend for sampled drafts (both on one GPU): the
+    /// target opens a store for `max_seqs` drafts of `draft_max` tokens (or as many as fit).
+    /// Elsewhere (the CPU backend, or a draft with ids the target lacks) sampled requests
+    /// stay drafted greedily.
+    pub async fn link(&mut self, target: &mut dyn Backend, max_seqs: usize, draft_max: usize) -> Result<(), BackendError> {
+        self.q_slots = 0;
+        self.linked = Some((max_seqs, draft_max));
+        let (Some(t), Some(d)) = (target.as_any_mut(), self.backend.as_any_mut()) else { return Ok(()) };
+        let (Some(t), Some(d)) = (t.downcast_mut::<flint_gpu::backend::GpuBackend>(), d.downcast_mut::<flint_gpu::backend::GpuBackend>()) else { return Ok(()) };
+        // A draft that could sample ids the target lacks would have to drop those draws,
+        // which skews the distribution its drafts come from: such a draft drafts greedily.
+        if draft_max == 0 || self.draft_vocab > self.n_vocab {
+            return Ok(());
+        }
+        let rows = (max_seqs * draft_max).min(u32::MAX as usize) as u32;
+        self.q_slots = t.link_draft(d, rows).await? as usize / draft_max;
+        self.draft_max = draft_max;
+        Ok(())
     }
 
     /// Drafts up to `k` tokens after the tokens of each target sequence in `wants`, whose
     /// tokens `target` holds. Sequences still prefilling here, or whose draft's first token
     /// is below `p_min`, get none.
-    pub async fn draft(&mut self, target: &Scheduler, wants: &[(SeqId, usize)]) -> Result<HashMap<SeqId, Vec<u32>>, BackendError> {
+    pub async fn draft(&mut self, target: &Scheduler, wants: Vec<Want>) -> Result<HashMap<SeqId, Drafted>, BackendError> {
         // Mirrors of sequences that ended go (their full blocks stay indexed here).
         let sched = &mut self.sched;
         self.mirrors.retain(|s, d| {
@@ -55,28 +103,44 @@ impl DraftModel {
             keep
         });
         let n_ctx = self.sched.config().n_ctx;
-        // Mirror → (target, k); each mirror catches up with its target's tokens.
-        let mut want: HashMap<SeqId, (SeqId, usize)> = HashMap::new();
-        for &(s, k) in wants {
-            let tokens = target.tokens(s);
-            if k == 0 || tokens.len() + 1 >= n_ctx {
+        // Mirror → (target, k, sampler and slot); each mirror catches up with its target's
+        // tokens. Sampled requests take the store's slots in turn; the rest draft greedily.
+        let mut want: HashMap<SeqId, (SeqId, usize, Option<(Sampler, usize)>)> = HashMap::new();
+        let steps = wants.iter().map(|w| w.k).max().unwrap_or(0);
+        let mut slots = 0..self.q_slots;
+        for w in wants {
+            let tokens = target.tokens(w.seq);
+            if w.k == 0 || tokens.len() + 1 >= n_ctx {
                 continue;
             }
-            if let Some(d) = self.follow(s, tokens) {
-                want.insert(d, (s, k));
+            if let Some(d) = self.follow(w.seq, tokens) {
+                // Its bias and mask must name the draft's ids.
+                let sampled = w.sampler.filter(|s| s.check_vocab(self.draft_vocab).is_ok()).and_then(|s| Some((s, slots.next()?)));
+                want.insert(d, (w.seq, w.k, sampled));
             }
         }
-        let mut drafts: HashMap<SeqId, Vec<u32>> = HashMap::new();
-        let steps = wants.iter().map(|w| w.1).max().unwrap_or(0);
+        let mut drafts: HashMap<SeqId, Drafted> = HashMap::new();
         for _ in 0..steps {
             let plan = self.sched.schedule();
             if plan.is_empty() {
                 break;
             }
             let outs = plan.output_seqs();
-            // Greedy, with the top token's log-probability (for p_min).
-            let params = SamplingParams { n_logprobs: 1, ..SamplingParams::greedy() };
-            let mut samplers: Vec<Sampler> = outs.iter().map(|_| Sampler::new(params.clone())).collect::<Result<_, _>>()?;
+            // With the top token's log-probability (for p_min); a sampled draft is drawn as the
+            // request draws at that position, and records its distribution.
+            let greedy = Sampler::new(SamplingParams { n_logprobs: 1, ..SamplingParams::greedy() })?;
+            let mut samplers: Vec<Sampler> = outs
+                .iter()
+                .map(|d| match want.get(d) {
+                    Some((s, _, Some((base, slot)))) => {
+                        let done = drafts.get(s).map_or(&[][..], |x| &x.tokens[..]);
+                        let mut row = base.after(done).with_logprobs(1);
+                        row.set_link(Some(DraftLink::Record { q_row: (slot * self.draft_max + done.len()) as u32 }));
+                        row
+                    }
+                    _ => greedy.clone(),
+                })
+                .collect();
             let result = {
                 let mut map: HashMap<SeqId, &mut Sampler> = outs.iter().copied().zip(samplers.iter_mut()).collect();
                 let batch = self.sched.batch(&plan, &mut map, false);
@@ -86,9 +150,12 @@ impl DraftModel {
             for (d, sampled) in outs.iter().zip(&result.sampled) {
                 // A mirror not drafting this step (still prefilling for a finished target)
                 // just keeps what it computed.
-                let Some(&(s, k)) = want.get(d) else { continue };
-                let list = drafts.entry(s).or_default();
-                let p = sampled.logprob.map_or(1.0, f32::exp);
+                let Some((s, k, sampled_with)) = want.get(d) else { continue };
+                let (s, k) = (*s, *k);
+                let slot = sampled_with.as_ref().map(|w| w.1);
+                let list = &mut drafts.entry(s).or_insert_with(|| Drafted { tokens: Vec::new(), slot }).tokens;
+                // The draft's top probability (its token's, when greedy).
+                let p = sampled.top_logprobs.first().map(|t| t.1).or(sampled.logprob).map_or(1.0, f32::exp);
                 let usable = sampled.id != NON_FINITE && (sampled.id as usize) < self.n_vocab && p >= self.p_min;
                 if usable {
                     list.push(sampled.id);
@@ -104,7 +171,7 @@ impl DraftModel {
                 break;
             }
         }
-        drafts.retain(|_, v| !v.is_empty());
+        drafts.retain(|_, v| !v.tokens.is_empty());
         Ok(drafts)
     }
 
@@ -143,14 +210,18 @@ impl DraftModel {
         self.sched.clear_cache();
     }
 
-    /// Loads the draft model again (on a new device after a lost one); its KV starts empty.
-    pub async fn rebuild(&mut self) -> Result<(), crate::EngineError> {
+    /// Loads the draft model again (on a new device after a lost one, with `target` loaded
+    /// again there); its KV starts empty.
+    pub async fn rebuild(&mut self, target: &mut dyn Backend) -> Result<(), crate::EngineError> {
         self.reset();
         let backend = (self.rebuild)().await?;
         if backend.kv_layout() != self.backend.kv_layout() {
             return Err(crate::EngineError::Config("the draft model's new backend lays out its KV cache differently".into()));
         }
         self.backend = backend;
+        if let Some((max_seqs, draft_max)) = self.linked {
+            self.link(target, max_seqs, draft_max).await?;
+        }
         Ok(())
     }
 }

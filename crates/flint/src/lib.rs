@@ -388,7 +388,7 @@ impl Engine {
         let file = Arc::new(file);
         let clock = opts.clock.unwrap_or(default_clock);
         let maker = BackendMaker { file: file.clone(), config: config.clone(), bopts: bopts.clone(), opts: opts.clone(), clock };
-        let Made { backend, gpu, self_test } = maker.make().await?;
+        let Made { mut backend, gpu, self_test } = maker.make().await?;
         let sched_cfg = SchedConfig { max_batch_tokens: bopts.max_batch_tokens, max_seqs, n_ctx };
         let draft = match draft_file {
             Some((draft_file, draft_config)) => {
@@ -397,12 +397,14 @@ impl Engine {
                 let bopts = BackendOptions { max_outputs: max_seqs, kv_budget_bytes, ..bopts.clone() };
                 let draft_opts = LoadOptions { self_test: false, ..opts.clone() };
                 let maker = BackendMaker { file: Arc::new(draft_file), config: draft_config, bopts, opts: draft_opts, clock };
-                let backend = maker.make().await?.backend;
+                let draft_backend = maker.make().await?.backend;
                 let rebuild: draft::RebuildDraft = Box::new(move || {
                     let maker = maker.clone();
                     Box::pin(async move { maker.make().await.map(|m| m.backend) })
                 });
-                Some(draft::DraftModel::new(backend, sched_cfg, config.n_vocab, opts.draft_p_min, rebuild)?)
+                let mut model = draft::DraftModel::new(draft_backend, sched_cfg, config.n_vocab, opts.draft_p_min, rebuild)?;
+                model.link(backend.as_mut(), max_seqs, spec.draft_max).await?;
+                Some(model)
             }
             None => None,
         };

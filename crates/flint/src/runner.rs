@@ -14,14 +14,14 @@ use futures::StreamExt;
 use flint_core::backend::{Backend, BackendError};
 use flint_core::generate::{Clock, Event, FinishReason, Generation};
 use flint_core::kv::SeqId;
-use flint_core::sampling::{Sampler, SamplingParams, NON_FINITE};
+use flint_core::sampling::{DraftLink, Sampler, SamplingParams, NON_FINITE};
 use flint_core::sched::{SchedStats, Scheduler};
 use flint_core::spec::{accepted_prefix, fit_draft, ngram_draft, prediction_draft, Adapt, SpecConfig, SpecCounts, SpecKind};
 use flint_core::tokenizer::Tokenizer;
 
 use flint_gpu::GpuContext;
 
-use crate::draft::DraftModel;
+use crate::draft::{DraftModel, Want};
 use crate::request::Prepared;
 use crate::EngineError;
 
@@ -91,6 +91,9 @@ pub(crate) struct Runner {
     spec_counts: SpecCounts,
     /// The draft model (`--model-draft`), when speculation drafts with one.
     draft: Option<DraftModel>,
+    /// Sequences whose drafts this step were sampled by the draft model, with the slot of
+    /// the store that holds their distributions (their verify rows are linked to it).
+    linked: HashMap<SeqId, (usize, usize)>,
 }
 
 impl Runner {
@@ -107,7 +110,7 @@ impl Runner {
     ) -> Runner {
         let (requests, owner, profiles) = (HashMap::new(), HashMap::new(), Vec::new());
         let spec_counts = SpecCounts::default();
-        Runner { backend, gpu, rebuild, lost: false, sched, tokenizer, clock, n_ctx, requests, owner, profiles, spec, spec_counts, draft }
+        Runner { backend, gpu, rebuild, lost: false, sched, tokenizer, clock, n_ctx, requests, owner, profiles, spec, spec_counts, draft, linked: HashMap::new() }
     }
 
     /// Runs until every engine handle is gone.
@@ -196,7 +199,7 @@ impl Runner {
         }
         (self.backend, self.gpu, self.lost) = (backend, gpu, false);
         if let Some(d) = &mut self.draft {
-            d.rebuild().await.map_err(|e| failed(format!("loading the draft model again failed: {e}")))?;
+            d.rebuild(self.backend.as_mut()).await.map_err(|e| failed(format!("loading the draft model again failed: {e}")))?;
         }
         Ok(())
     }
@@ -269,7 +272,8 @@ impl Runner {
         let sizes = self.backend.verify_sizes();
         let ngram = self.spec.kind == SpecKind::Ngram;
         // Choices the draft model drafts for, with their most tokens.
-        let mut wants: Vec<(SeqId, usize)> = Vec::new();
+        let mut wants: Vec<Want> = Vec::new();
+        self.linked.clear();
         for req in self.requests.values_mut() {
             if !ngram && self.draft.is_none() && req.prediction.is_empty() {
                 continue;
@@ -289,8 +293,9 @@ impl Runner {
                     draft = ngram_draft(tokens, k);
                 }
                 if draft.is_empty() && self.draft.is_some() {
-                    // Draft no more than the entry keeps.
-                    wants.push((c.seq, fit_draft(k, sizes)));
+                    // Draft no more than the entry keeps; sampled requests with their sampler.
+                    let sampler = Some(c.gen.sampler_mut()).filter(|s| s.params().temperature > 0.0).map(|s| s.clone());
+                    wants.push(Want { seq: c.seq, k: fit_draft(k, sizes), sampler });
                     continue;
                 }
                 draft.truncate(fit_draft(draft.len(), sizes));
@@ -300,11 +305,16 @@ impl Runner {
             }
         }
         if let Some(model) = self.draft.as_mut().filter(|_| !wants.is_empty()) {
-            for (seq, mut draft) in model.draft(&self.sched, &wants).await? {
+            let draft_max = self.spec.draft_max;
+            for (seq, drafted) in model.draft(&self.sched, wants).await? {
                 // It may have stopped early (p_min): cut again.
+                let mut draft = drafted.tokens;
                 draft.truncate(fit_draft(draft.len(), sizes));
                 if !draft.is_empty() && draft.len() >= self.spec.draft_min {
                     self.sched.propose(seq, draft);
+                    if let Some(slot) = drafted.slot {
+                        self.linked.insert(seq, (slot, draft_max));
+                    }
                 }
             }
         }
@@ -340,7 +350,16 @@ impl Runner {
             let Some(req) = self.requests.get_mut(&rid) else { continue };
             let drafts = self.sched.drafts(seq);
             let base = req.choices[ci].gen.sampler_mut();
-            copies.push((seq, (1..n).map(|j| base.after(&drafts[..j])).collect()));
+            let mut rows: Vec<Sampler> = (1..n).map(|j| base.after(&drafts[..j])).collect();
+            // Sampled drafts: row j verifies draft j against its distribution.
+            if let Some(&(slot, draft_max)) = self.linked.get(&seq) {
+                let link = |j: usize| Some(DraftLink::Verify { token: drafts[j], q_row: (slot * draft_max + j) as u32 });
+                base.set_link(link(0));
+                for (j, row) in rows.iter_mut().enumerate().take(drafts.len().saturating_sub(1)) {
+                    row.set_link(link(j + 1));
+                }
+            }
+            copies.push((seq, rows));
         }
         let result = {
             let mut samplers: HashMap<SeqId, Vec<&mut Sampler>> = HashMap::new();
@@ -355,8 +374,15 @@ impl Runner {
                 }
             }
             let batch = self.sched.batch_rows(&plan, &mut samplers, want_logits);
-            self.backend.step(batch).await?
+            self.backend.step(batch).await
         };
+        // Links hold for this step only.
+        for req in self.requests.values_mut() {
+            for c in req.choices.iter_mut() {
+                c.gen.sampler_mut().set_link(None);
+            }
+        }
+        let result = result?;
         self.sched.step_done(&plan);
         let now = (self.clock)();
         let mut k = 0;

@@ -197,8 +197,10 @@ const SPLIT_PROMPTS: [usize; 2] = [1, 5];
 /// gemma-3-270m drafting for itself (the same file as target and draft): greedy requests
 /// get plain decoding's tokens and logits bit for bit, and every greedy draft is accepted
 /// (the draft's one-token steps and the target's verify rows compute the same logits); seeded
-/// requests draw plain decoding's tokens, their greedy drafts both accepted and rejected. Checks the draft model's plumbing: its own
-/// KV, prefill, catching up and rollback.
+/// requests draw plain decoding's tokens, and their sampled drafts (drawn with the request's
+/// settings and random counters, verified against the draft's distribution) are all kept.
+/// Checks the draft model's plumbing: its own KV, prefill, catching up and rollback, and the
+/// store of draft distributions.
 #[test]
 fn gemma_3_270m_drafts_for_itself() {
     let Some(plain) = gpu("gemma-3-270m", None) else { return };
@@ -223,7 +225,8 @@ fn gemma_3_270m_drafts_for_itself() {
     eprintln!("gemma drafting for itself in {:.1}s: greedy {greedy:?}, sampled {sampled:?} (drafted, accepted)", t0.elapsed().as_secs_f64());
     assert!(greedy.0 > 0, "nothing was drafted");
     assert_eq!(greedy.1, greedy.0, "a greedy draft of the same model was rejected");
-    assert!(sampled.1 > 0 && sampled.1 < sampled.0, "seeded requests' drafts were not both accepted and rejected: {sampled:?}");
+    // Sampled drafts are drawn as the request draws, from the same distribution: all kept.
+    assert!(sampled.0 > 0 && sampled.1 == sampled.0, "seeded requests drafted by the same model were rejected: {sampled:?}");
 }
 
 #[test]

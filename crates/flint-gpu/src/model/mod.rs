@@ -145,6 +145,32 @@ impl GpuModel {
         self.limits
     }
 
+    /// Opens a store of up to `rows` rows of this model's vocabulary (fewer where the
+    /// device's binding limit is lower) for draft distributions, attached to this model's
+    /// sampler, which then verifies drafts against it ([`ops::sample::Sampler::attach_q`]).
+    pub async fn open_q_store(&mut self, rows: u32) -> Result<wgpu::Buffer> {
+        let row_bytes = self.cfg.n_vocab as u64 * 4;
+        let rows = (rows as u64).min(self.ctx.max_binding() / row_bytes.max(1));
+        if rows == 0 {
+            return Err(GpuError::Unsupported { op: "sampler", message: "no row of draft distributions fits a buffer binding".into() });
+        }
+        let q = self.ctx.allocating("draft distributions", async { crate::buffer::storage(&self.ctx, "sampler.q", rows * row_bytes) }, |_| format!("the draft distributions ({})", mib(rows * row_bytes))).await?;
+        self.attach_q(&q, self.cfg.n_vocab as u32).await?;
+        Ok(q)
+    }
+
+    /// Attaches another model's store of draft distributions (rows of `stride` f32, its
+    /// vocabulary) to this model's sampler, which records into it.
+    pub async fn attach_q(&mut self, q: &wgpu::Buffer, stride: u32) -> Result<()> {
+        let cache = self.ctx.pipelines.clone();
+        self.sampler.attach_q(&self.ctx, &cache, q, stride).await
+    }
+
+    /// Rows of the attached store of draft distributions (0: none).
+    pub fn q_rows(&self) -> u32 {
+        self.sampler.q_rows()
+    }
+
     /// Bytes of KV cache allocated (all layers, K and V).
     pub fn kv_bytes(&self) -> u64 {
         self.kv.bytes()
