@@ -194,7 +194,7 @@ fn qwen2_5_coder_0_5b_gpu_batched_equals_alone_and_the_f32_reference() {
 /// (the split is in the weights, which every token reads; the batched tests cover the rest).
 const SPLIT_PROMPTS: [usize; 2] = [1, 5];
 
-/// gemma-3-270m drafting for itself (the same file as target and draft): greedy requests
+/// A model drafting for itself (the same file as target and draft): greedy requests
 /// get plain decoding's tokens and logits bit for bit, and every greedy draft is accepted
 /// (the draft's one-token steps and the target's verify rows compute the same logits); seeded
 /// requests draw plain decoding's tokens, and their sampled drafts (drawn with the request's
@@ -203,10 +203,21 @@ const SPLIT_PROMPTS: [usize; 2] = [1, 5];
 /// store of draft distributions.
 #[test]
 fn gemma_3_270m_drafts_for_itself() {
-    let Some(plain) = gpu("gemma-3-270m", None) else { return };
-    let path = common::model_path("gemma-3-270m");
-    let mut jobs: Vec<Job> = [1, 3, 5].iter().map(|&i| Job::greedy(golden_prompt(&plain, "gemma", i), SPECULATIVE)).collect();
-    for seed in 5..8 {
+    drafts_for_itself("gemma-3-270m", "gemma", &[1, 3, 5], 5..8);
+}
+
+/// qwen2.5-coder-0.5b drafting for itself, as gemma above, on two prompts and one seed.
+#[test]
+fn qwen2_5_coder_0_5b_drafts_for_itself() {
+    drafts_for_itself("qwen2.5-coder-0.5b", "qwen", &[1, 3], 5..6);
+}
+
+fn drafts_for_itself(name: &str, golden: &str, prompts: &[usize], seeds: std::ops::Range<u64>) {
+    let Some(plain) = gpu(name, None) else { return };
+    let path = common::model_path(name);
+    let mut jobs: Vec<Job> = prompts.iter().map(|&i| Job::greedy(golden_prompt(&plain, golden, i), SPECULATIVE)).collect();
+    let n_greedy = jobs.len();
+    for seed in seeds {
         let sampling = SamplingParams { temperature: 1.0, top_k: 40, top_p: 0.9, min_p: 0.0, seed: Some(seed), ..Default::default() };
         jobs.push(Job { n_gen: SEEDED, sampling, ..jobs[0].clone() });
     }
@@ -215,14 +226,15 @@ fn gemma_3_270m_drafts_for_itself() {
     drop(plain);
     // Every step drafts (no confidence cut), so the draft runs long and is cut back often.
     let opts = LoadOptions { draft_model: Some(path), draft_p_min: 0.0, ..LoadOptions::default() };
-    let drafting = gpu_with("gemma-3-270m", opts).expect("the adapter was found above");
+    let drafting = gpu_with(name, opts).expect("the adapter was found above");
     let alone = solo(&drafting, &jobs);
-    assert_same("gemma drafting for itself, alone", &want, &alone);
+    assert_same(&format!("{name} drafting for itself, alone"), &want, &alone);
     let got = together(&drafting, &jobs);
-    assert_same("gemma drafting for itself, batched", &want, &got);
+    assert_same(&format!("{name} drafting for itself, batched"), &want, &got);
     let counts = |outs: &[Output]| outs.iter().map(|o| o.summary.as_ref().unwrap()).fold((0, 0), |(d, a), s| (d + s.draft_tokens, a + s.accepted_draft_tokens));
-    let (greedy, sampled) = (counts(&[&alone[..3], &got[..3]].concat()), counts(&[&alone[3..], &got[3..]].concat()));
-    eprintln!("gemma drafting for itself in {:.1}s: greedy {greedy:?}, sampled {sampled:?} (drafted, accepted)", t0.elapsed().as_secs_f64());
+    let greedy = counts(&[&alone[..n_greedy], &got[..n_greedy]].concat());
+    let sampled = counts(&[&alone[n_greedy..], &got[n_greedy..]].concat());
+    eprintln!("{name} drafting for itself in {:.1}s: greedy {greedy:?}, sampled {sampled:?} (drafted, accepted)", t0.elapsed().as_secs_f64());
     assert!(greedy.0 > 0, "nothing was drafted");
     assert_eq!(greedy.1, greedy.0, "a greedy draft of the same model was rejected");
     // Sampled drafts are drawn as the request draws, from the same distribution: all kept.
