@@ -32,6 +32,8 @@ pub struct BenchArgs {
     reps: usize,
     #[arg(long, value_enum, default_value_t = BackendArg::Gpu)]
     backend: BackendArg,
+    #[command(flatten)]
+    device: crate::run::DeviceArgs,
     #[arg(long, value_enum, default_value_t = BenchFormat::Text)]
     format: BenchFormat,
     /// Also time every kernel of the prompt's prefill (up to 256 tokens) and of decode steps
@@ -246,6 +248,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     }
     let opts = LoadOptions {
         backend: args.backend.kind(),
+        device: args.device.device()?,
         n_ctx,
         max_seqs,
         kv_budget_positions: Some(positions + positions / 4),
@@ -388,6 +391,7 @@ fn bench_spec(args: &BenchArgs, spec: flint::SpecConfig) -> Result<(), Failure> 
     let (draft_model, draft_p_min) = args.spec.draft_model()?;
     let opts = LoadOptions {
         backend: args.backend.kind(),
+        device: args.device.device()?,
         n_ctx: SPEC_CTX,
         max_seqs: 1,
         kv_budget_positions: Some(SPEC_CTX + 16),

@@ -4,6 +4,7 @@ mod bench;
 mod bench_serve;
 mod catalog;
 mod chat;
+mod devices;
 mod heap;
 mod info;
 mod progress;
@@ -50,6 +51,9 @@ enum Command {
     },
     /// List catalog models and what is cached locally.
     List,
+    /// List the GPU adapters wgpu finds (also `--list-devices`): index, name, type, backend
+    /// and limits; `--device` takes the index or a name substring.
+    Devices,
     /// Render a chat template on messages from a file, printing exactly what the model is fed.
     Template(template::TemplateArgs),
     /// A model's token ids for a text, as llama.cpp's llama-tokenize (vocabulary-only files too).
@@ -103,14 +107,16 @@ fn private_runtime_dir() {
 fn private_runtime_dir() {}
 
 /// llama.cpp's multi-letter short flags, which clap cannot declare (it would read `-md` as
-/// `-m d`), as their long forms.
+/// `-m d`), as their long forms; and `flint --list-devices` as `flint devices`.
 fn llama_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const LONG: [(&str, &str); 1] = [("-md", "--model-draft")];
-    args.map(|a| match LONG.iter().find(|(short, _)| a == *short) {
-        Some((_, long)) => long.into(),
-        None => a,
-    })
-    .collect()
+    const LONG: [(&str, &str); 2] = [("-md", "--model-draft"), ("-dev", "--device")];
+    args.enumerate()
+        .map(|(i, a)| match LONG.iter().find(|(short, _)| a == *short) {
+            Some((_, long)) => long.into(),
+            None if i == 1 && a == "--list-devices" => "devices".into(),
+            None => a,
+        })
+        .collect()
 }
 
 fn main() -> ExitCode {
@@ -135,6 +141,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),
         Command::Info(args) => info::info(args),
+        Command::Devices => devices::devices(),
         Command::Bench(args) => bench::bench(args),
         Command::Pull { names } => pull_all(&names),
         Command::Tokenize(args) => tokenize::tokenize(args),

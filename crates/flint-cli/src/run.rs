@@ -67,7 +67,33 @@ pub struct ModelArgs {
     #[arg(long = "self-test")]
     pub self_test: bool,
     #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
     pub spec: SpecArgs,
+}
+
+/// Which GPU adapter runs the model (`run`, `chat`, `serve`, `bench`).
+#[derive(Args, Clone)]
+pub struct DeviceArgs {
+    /// GPU adapter: its index or a case-insensitive substring of its name, as `flint devices`
+    /// lists them (llama.cpp's -dev). Default: FLINT_ADAPTER, else the best adapter.
+    #[arg(long = "device", value_name = "DEV")]
+    pub device: Option<String>,
+}
+
+impl DeviceArgs {
+    /// The adapter asked for; several (`A,B`, a layer split) are refused: not built yet.
+    pub fn device(&self) -> Result<Option<String>, Failure> {
+        let Some(d) = &self.device else { return Ok(None) };
+        let list: Vec<&str> = d.split(',').map(str::trim).collect();
+        if list.iter().any(|x| x.is_empty()) {
+            return Err(Failure::usage(format!("--device {d:?}: an empty device name")));
+        }
+        if list.len() > 1 {
+            return Err(Failure::usage(format!("--device {d}: splitting a model across several devices is not supported yet; name one")));
+        }
+        Ok(Some(list[0].to_string()))
+    }
 }
 
 /// Speculative decoding flags, with llama.cpp's names.
@@ -281,6 +307,7 @@ impl Opened {
         let (draft_model, draft_p_min) = args.spec.draft_model()?;
         let opts = LoadOptions {
             backend: args.backend.kind(),
+            device: args.device.device()?,
             n_ctx: args.ctx_size,
             kv_budget_mb: args.kv_budget_mb,
             chat_template: template_file,
@@ -292,7 +319,7 @@ impl Opened {
             ..LoadOptions::default()
         };
         let engine = Engine::load_path(&path, &opts).map_err(|e| match e {
-            flint::EngineError::SelfTest { .. } => Failure::runtime(format!("{e} (choose another adapter with FLINT_ADAPTER, or run on --backend cpu)")),
+            flint::EngineError::SelfTest { .. } => Failure::runtime(format!("{e} (choose another adapter with --device, or run on --backend cpu)")),
             e => {
                 let hint = match (&e, e.backend()) {
                     (flint::EngineError::Chat(_), _) => " (pass --chat-template-file FILE, or --raw)",

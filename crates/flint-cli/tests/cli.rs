@@ -460,3 +460,57 @@ fn malformed_family_files_exit_2() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Lavapipe's and SwiftShader's Vulkan ICD files (Debian's mesa-vulkan-drivers and chromium).
+fn both_icds() -> String {
+    let lvp = std::fs::read_dir("/usr/share/vulkan/icd.d")
+        .expect("mesa's Vulkan ICDs")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("lvp_icd")))
+        .expect("lavapipe's ICD file");
+    let swiftshader = std::path::Path::new("/usr/lib/chromium/vk_swiftshader_icd.json");
+    assert!(swiftshader.exists(), "{} is missing (Debian's chromium ships it)", swiftshader.display());
+    format!("{}:{}", lvp.display(), swiftshader.display())
+}
+
+/// `flint devices` (and `flint --list-devices`) lists every adapter with the index `--device`
+/// takes; `-dev/--device` runs the model on the adapter named by index or by a
+/// case-insensitive name substring (with lavapipe and SwiftShader both installed, bench's
+/// report names the one used); an unknown name, or several devices, exit 2 with one line.
+#[test]
+fn devices_are_listed_and_chosen() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let icds = both_icds();
+    let model = shared().join("golden/families/qwen3/model.gguf");
+    let m = model.to_str().unwrap();
+    let flint_on = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_flint")).args(args).env("VK_ICD_FILENAMES", &icds).output().unwrap();
+    let listed = flint_on(&["devices"]);
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    let text = String::from_utf8(listed.stdout).unwrap();
+    assert_eq!(text, String::from_utf8(flint_on(&["--list-devices"]).stdout).unwrap());
+    let index = |name: &str| {
+        text.lines()
+            .find(|l| l.contains(name) && !l.starts_with(' '))
+            .and_then(|l| l.split(':').next())
+            .unwrap_or_else(|| panic!("{name} is not listed:\n{text}"))
+            .to_string()
+    };
+    let (swiftshader, lavapipe) = (index("SwiftShader"), index("llvmpipe"));
+    assert_ne!(swiftshader, lavapipe);
+    assert!(text.contains("max storage binding"), "{text}");
+    for (dev, want) in [(swiftshader.as_str(), "SwiftShader"), ("LLVMPIPE", "llvmpipe"), (lavapipe.as_str(), "llvmpipe")] {
+        let out = flint_on(&["bench", "-m", m, "-dev", dev, "-p", "8", "-n", "2", "--reps", "1", "--format", "json"]);
+        assert!(out.status.success(), "--device {dev}: {}", String::from_utf8_lossy(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(report["adapter"].as_str().unwrap().contains(want), "--device {dev} ran on {}", report["adapter"]);
+    }
+    let out = flint_on(&["run", "-m", m, "--device", "no-such-gpu", "--raw", "-n", "1", "hi"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("no GPU adapter found matching \"no-such-gpu\"") && stderr.contains("SwiftShader"), "{stderr}");
+    assert_usage_error(&["run", "-m", m, "-dev", "0,0", "hi"], "several devices");
+}

@@ -1,4 +1,5 @@
-//! The wgpu device: adapter choice (best available, `FLINT_ADAPTER` overrides), the adapter's
+//! The wgpu device: adapter choice (best available; an index or a name substring — `--device`,
+//! `FLINT_ADAPTER` — picks one of those [`adapters`] lists), the adapter's
 //! own limits, optional features, the pipelines compiled for it, and errors captured instead
 //! of panicking.
 
@@ -47,9 +48,36 @@ pub struct GpuContext {
     sink: Arc<Mutex<ErrorSink>>,
 }
 
-/// The process's context (native): see [`GpuContext::shared`].
+/// The process's contexts (native), one per adapter choice: see [`GpuContext::shared_on`].
 #[cfg(not(target_arch = "wasm32"))]
-static SHARED: Mutex<Option<Arc<GpuContext>>> = Mutex::new(None);
+static SHARED: Mutex<Vec<(Option<String>, Arc<GpuContext>)>> = Mutex::new(Vec::new());
+
+/// An adapter wgpu finds (native), as `flint devices` lists it: its index (the `--device`
+/// number), its description and the limits it reports.
+#[derive(Clone, Debug)]
+pub struct AdapterEntry {
+    pub index: usize,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+}
+
+/// Every adapter wgpu finds, in its enumeration order (the order `--device` indexes).
+#[cfg(not(target_arch = "wasm32"))]
+pub async fn adapters() -> Vec<AdapterEntry> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    instance.enumerate_adapters(wgpu::Backends::all()).await.iter().enumerate().map(|(index, a)| AdapterEntry { index, info: a.get_info(), limits: a.limits() }).collect()
+}
+
+/// The adapter `wanted` names among `names` (enumeration order): a number is an index, other
+/// text a case-insensitive substring of the name (the first that contains it).
+pub fn choose_adapter(names: &[String], wanted: &str) -> Result<usize> {
+    let listed = || names.iter().enumerate().map(|(i, n)| format!("{i}: {n}")).collect::<Vec<_>>().join(", ");
+    if let Ok(i) = wanted.trim().parse::<usize>() {
+        return if i < names.len() { Ok(i) } else { Err(GpuError::NoAdapter(format!(" with index {i} (found: {})", listed()))) };
+    }
+    let lw = wanted.to_lowercase();
+    names.iter().position(|n| n.to_lowercase().contains(&lw)).ok_or_else(|| GpuError::NoAdapter(format!(" matching {wanted:?} (found: {})", listed())))
+}
 
 impl std::fmt::Debug for GpuContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -75,24 +103,34 @@ impl GpuContext {
     /// checks first.
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn shared() -> Result<Arc<GpuContext>> {
-        let lock = || SHARED.lock().map_err(|_| GpuError::DeviceLost("shared context poisoned".into()));
-        let held = lock()?.clone();
-        if let Some(ctx) = held.filter(|c| !c.is_lost()) {
-            return Ok(ctx);
-        }
-        let fresh = Arc::new(GpuContext::new().await?);
-        let mut g = lock()?;
-        // Another thread may have opened one meanwhile: keep the first.
-        match g.as_ref().filter(|c| !c.is_lost()) {
-            Some(ctx) => Ok(ctx.clone()),
-            None => {
-                *g = Some(fresh.clone());
-                Ok(fresh)
-            }
-        }
+        Self::shared_on(None).await
     }
 
-    /// Opens the best adapter, or the first whose name contains `FLINT_ADAPTER`.
+    /// [`GpuContext::shared`] on the adapter `device` names (an index or a name substring;
+    /// None: `FLINT_ADAPTER` or the best): one context per choice, kept for the process.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub async fn shared_on(device: Option<&str>) -> Result<Arc<GpuContext>> {
+        let key = device.map(str::to_string);
+        let lock = || SHARED.lock().map_err(|_| GpuError::DeviceLost("shared context poisoned".into()));
+        let find = |g: &[(Option<String>, Arc<GpuContext>)]| g.iter().find(|(k, c)| *k == key && !c.is_lost()).map(|(_, c)| c.clone());
+        if let Some(ctx) = find(&lock()?) {
+            return Ok(ctx);
+        }
+        let fresh = Arc::new(match device {
+            Some(d) => GpuContext::with_adapter(Some(d)).await?,
+            None => GpuContext::new().await?,
+        });
+        let mut g = lock()?;
+        // Another thread may have opened one meanwhile: keep the first.
+        if let Some(ctx) = find(&g) {
+            return Ok(ctx);
+        }
+        g.retain(|(k, c)| *k != key || !c.is_lost());
+        g.push((key, fresh.clone()));
+        Ok(fresh)
+    }
+
+    /// Opens the best adapter, or the one `FLINT_ADAPTER` names (see [`choose_adapter`]).
     pub async fn new() -> Result<GpuContext> {
         let wanted = std::env::var("FLINT_ADAPTER").ok().filter(|s| !s.is_empty());
         Self::with_adapter(wanted.as_deref()).await
@@ -261,18 +299,15 @@ async fn pick_adapter(instance: &wgpu::Instance, wanted: Option<&str>) -> Result
         let mut adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
         let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
         if let Some(w) = wanted {
-            let lw = w.to_lowercase();
-            return adapters
-                .into_iter()
-                .find(|a| a.get_info().name.to_lowercase().contains(&lw))
-                .ok_or_else(|| GpuError::NoAdapter(format!(" matching FLINT_ADAPTER={w:?} (found: {})", names.join(", "))));
+            let i = choose_adapter(&names, w)?;
+            return Ok(adapters.swap_remove(i));
         }
         adapters.sort_by_key(|a| std::cmp::Reverse(rank(a.get_info().device_type)));
         adapters.into_iter().next().ok_or_else(|| GpuError::NoAdapter(String::new()))
     }
     #[cfg(target_arch = "wasm32")]
     {
-        let _ = (wanted, rank as fn(_) -> _);
+        let _ = (wanted, rank as fn(_) -> _, choose_adapter as fn(_, _) -> _);
         instance
             .request_adapter(&wgpu::RequestAdapterOptions {
                 power_preference: wgpu::PowerPreference::HighPerformance,

@@ -20,6 +20,9 @@ use futures::channel::{mpsc, oneshot};
 use futures::Stream;
 use thiserror::Error;
 
+/// The GPU adapters wgpu finds (native), as `--device` indexes and names them.
+#[cfg(not(target_arch = "wasm32"))]
+pub use flint_gpu::context::{adapters as gpu_adapters, AdapterEntry};
 pub use bench::{BenchRun, SpecRun, StreamRun};
 pub use flint_core::arch::{ArchError, ModelConfig};
 pub use flint_gpu::pipeline::CompileEvent;
@@ -112,6 +115,9 @@ pub const DEFAULT_MAX_BATCH_TOKENS: usize = 256;
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     pub backend: BackendKind,
+    /// The GPU adapter (native): an index or a case-insensitive name substring, as
+    /// `flint devices` lists them; None = `FLINT_ADAPTER`, else the best adapter.
+    pub device: Option<String>,
     /// The most tokens one sequence holds; 0 = the model's training context.
     pub n_ctx: usize,
     /// Caps each GPU weight buffer below the device's binding limit (MB); the
@@ -165,6 +171,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
             backend: BackendKind::Gpu,
+            device: None,
             n_ctx: DEFAULT_CTX,
             max_binding_mb: None,
             kv_budget_mb: None,
@@ -237,7 +244,7 @@ impl BackendMaker {
             BackendKind::Cpu => (Box::new(CpuBackend::new(file.clone(), config.clone(), &self.bopts).await?), None),
             BackendKind::Gpu => {
                 #[cfg(not(target_arch = "wasm32"))]
-                let ctx = GpuContext::shared().await?;
+                let ctx = GpuContext::shared_on(opts.device.as_deref()).await?;
                 #[cfg(target_arch = "wasm32")]
                 let ctx = Arc::new(GpuContext::new().await?);
                 ctx.pipelines.set_observer(opts.compile_observer.as_ref().map(|o| o.0.clone()));

@@ -90,6 +90,8 @@ pub struct ServeArgs {
     header_timeout: u64,
     #[arg(long, value_enum, default_value_t = BackendArg::Gpu)]
     backend: BackendArg,
+    #[command(flatten)]
+    device: crate::run::DeviceArgs,
     /// Skip the warm-up: one step of each kind (a prompt, decodes of 1 to --parallel
     /// sequences) run before /health says ok, so that kernels the adapter compiles at first use
     /// (lavapipe, browsers) do not stall the first requests.
@@ -209,6 +211,7 @@ pub fn serve(args: ServeArgs) -> Result<(), Failure> {
     let (draft_model, draft_p_min) = args.spec.draft_model()?;
     let opts = LoadOptions {
         backend: args.backend.kind(),
+        device: args.device.device()?,
         n_ctx: args.ctx_size,
         kv_budget_mb: args.kv_budget_mb,
         kv_budget_positions,
