@@ -203,13 +203,13 @@ const SPLIT_PROMPTS: [usize; 2] = [1, 5];
 /// store of draft distributions.
 #[test]
 fn gemma_3_270m_drafts_for_itself() {
-    drafts_for_itself("gemma-3-270m", "gemma", &[1, 3, 5], 5..8);
+    drafts_for_itself("gemma-3-270m", "gemma", &[1, 5], 5..7);
 }
 
-/// qwen2.5-coder-0.5b drafting for itself, as gemma above, on two prompts and one seed.
+/// qwen2.5-coder-0.5b drafting for itself, as gemma above, on one prompt and one seed.
 #[test]
 fn qwen2_5_coder_0_5b_drafts_for_itself() {
-    drafts_for_itself("qwen2.5-coder-0.5b", "qwen", &[1, 3], 5..6);
+    drafts_for_itself("qwen2.5-coder-0.5b", "qwen", &[1], 5..6);
 }
 
 fn drafts_for_itself(name: &str, golden: &str, prompts: &[usize], seeds: std::ops::Range<u64>) {
