@@ -50,19 +50,7 @@ fn partial_pass(g: u32, row: u32, draw: u32, lid: u32, sample: bool) {
 
 fn final_pass(row: u32, draw: u32, lid: u32, greedy: bool) {
     let live = greedy || rows[row].greedy == 0u;
-    var bv = NEG_MAX;
-    var bi = NONE;
-    let base = (row * params.n_draws + draw) * params.n_groups;
-    if (live) {
-        for (var j = lid; j < params.n_groups; j += WG) {
-            let p = partials[base + j];
-            if (better(bitcast<f32>(p.x), p.y, bv, bi)) {
-                bv = bitcast<f32>(p.x);
-                bi = p.y;
-            }
-        }
-    }
-    let best = wg_argmax(lid, bv, bi);
+    let best = partials_best(row, draw, lid, live);
     if (lid == 0u && live) {
         var id = select(best.y, 0u, best.y >= params.n_vocab);
         if (greedy && bitcast<f32>(best.x) == POS_MAX) {

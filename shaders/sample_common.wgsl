@@ -199,6 +199,24 @@ fn wg_sum(lid: u32, v: f32) -> f32 {
     return r;
 }
 
+// The best (score, index) of the n_groups partials of (row, draw) across the workgroup, by
+// better(); (NEG_MAX, NONE) where the row is not live. Every invocation calls it (barriers).
+fn partials_best(row: u32, draw: u32, lid: u32, live: bool) -> vec2<u32> {
+    var bv = NEG_MAX;
+    var bi = NONE;
+    let base = (row * params.n_draws + draw) * params.n_groups;
+    if (live) {
+        for (var j = lid; j < params.n_groups; j += WG) {
+            let p = partials[base + j];
+            if (better(bitcast<f32>(p.x), p.y, bv, bi)) {
+                bv = bitcast<f32>(p.x);
+                bi = p.y;
+            }
+        }
+    }
+    return wg_argmax(lid, bv, bi);
+}
+
 // The largest key K across the workgroup; (0, 0) (below every live logit) = none.
 fn wg_keymax(lid: u32, k: vec2<u32>) -> vec2<u32> {
     red_k[lid] = k;

@@ -157,19 +157,7 @@ fn verify_final(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let row = wg.y;
     let r = rows[row];
     let live = is_verify(r);
-    var bv = NEG_MAX;
-    var bi = NONE;
-    let base = (row * params.n_draws + draw) * params.n_groups;
-    if (live) {
-        for (var j = lid; j < params.n_groups; j += WG) {
-            let p = partials[base + j];
-            if (better(bitcast<f32>(p.x), p.y, bv, bi)) {
-                bv = bitcast<f32>(p.x);
-                bi = p.y;
-            }
-        }
-    }
-    let best = wg_argmax(lid, bv, bi);
+    let best = partials_best(row, draw, lid, live);
     // A row with a broken logit keeps its NONE.
     if (lid == 0u && live && state[st(row, MAX_ID)] != NONE) {
         let px = bitcast<f32>(state[st(row, PX_BITS)]);
