@@ -249,6 +249,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     let opts = LoadOptions {
         backend: args.backend.kind(),
         device: args.device.device()?,
+        split: args.device.split()?,
         n_ctx,
         max_seqs,
         kv_budget_positions: Some(positions + positions / 4),
@@ -392,6 +393,7 @@ fn bench_spec(args: &BenchArgs, spec: flint::SpecConfig) -> Result<(), Failure> 
     let opts = LoadOptions {
         backend: args.backend.kind(),
         device: args.device.device()?,
+        split: args.device.split()?,
         n_ctx: SPEC_CTX,
         max_seqs: 1,
         kv_budget_positions: Some(SPEC_CTX + 16),

@@ -72,27 +72,66 @@ pub struct ModelArgs {
     pub spec: SpecArgs,
 }
 
-/// Which GPU adapter runs the model (`run`, `chat`, `serve`, `bench`).
+/// Which GPU adapters run the model, and how it is split over several (`run`, `chat`,
+/// `serve`, `bench`).
 #[derive(Args, Clone)]
 pub struct DeviceArgs {
-    /// GPU adapter: its index or a case-insensitive substring of its name, as `flint devices`
-    /// lists them (llama.cpp's -dev). Default: FLINT_ADAPTER, else the best adapter.
-    #[arg(long = "device", value_name = "DEV")]
+    /// GPU adapters: each an index or a case-insensitive substring of a name, as `flint
+    /// devices` lists them (llama.cpp's -dev). Several (`0,1`; one adapter may be named twice,
+    /// opening two devices of it) split the model's layers over them. Default: FLINT_ADAPTER,
+    /// else the best adapter.
+    #[arg(long = "device", value_name = "DEV[,DEV...]")]
     pub device: Option<String>,
+    /// With several devices: `layer` splits the layers over them (one range each; the
+    /// embedding on the first, the head and sampler on the last); `none` runs the model on the
+    /// first alone (also -sm).
+    #[arg(long = "split-mode", value_name = "MODE", value_parser = ["layer", "none"])]
+    pub split_mode: Option<String>,
+    /// Layer proportions per device, as `3,1` (also -ts). Default: equal, or by --device-mem-mb.
+    #[arg(long = "tensor-split", value_name = "P,P,...", value_delimiter = ',')]
+    pub tensor_split: Option<Vec<f32>>,
+    /// Each device's memory budget in MB, as `4096,8192` (wgpu reports no memory size): the
+    /// model goes on the first device when it fits, else its layers are spread over the
+    /// devices; one too large for all of them together is refused, saying what it needs.
+    #[arg(long = "device-mem-mb", value_name = "MB,MB,...", value_delimiter = ',')]
+    pub device_mem_mb: Option<Vec<u64>>,
 }
 
 impl DeviceArgs {
-    /// The adapter asked for; several (`A,B`, a layer split) are refused: not built yet.
+    /// The adapters asked for (comma-separated, as `LoadOptions::device` takes them).
     pub fn device(&self) -> Result<Option<String>, Failure> {
         let Some(d) = &self.device else { return Ok(None) };
-        let list: Vec<&str> = d.split(',').map(str::trim).collect();
-        if list.iter().any(|x| x.is_empty()) {
+        if self.names().iter().any(|x| x.is_empty()) {
             return Err(Failure::usage(format!("--device {d:?}: an empty device name")));
         }
-        if list.len() > 1 {
-            return Err(Failure::usage(format!("--device {d}: splitting a model across several devices is not supported yet; name one")));
+        Ok(Some(self.names().join(",")))
+    }
+
+    fn names(&self) -> Vec<&str> {
+        self.device.as_deref().map_or_else(Vec::new, |d| d.split(',').map(str::trim).collect())
+    }
+
+    /// The split flags, checked against the devices named.
+    pub fn split(&self) -> Result<flint::SplitOptions, Failure> {
+        let n = self.names().len().max(1);
+        if let Some(ts) = &self.tensor_split {
+            if n < 2 {
+                return Err(Failure::usage("--tensor-split needs several devices (--device A,B)"));
+            }
+            if ts.len() != n || ts.iter().any(|p| !p.is_finite() || *p < 0.0) || ts.iter().sum::<f32>() <= 0.0 {
+                return Err(Failure::usage(format!("--tensor-split needs {n} non-negative proportions, one per device, not all zero")));
+            }
         }
-        Ok(Some(list[0].to_string()))
+        if let Some(mb) = &self.device_mem_mb {
+            if mb.len() != n {
+                return Err(Failure::usage(format!("--device-mem-mb needs {n} budgets, one per device ({} given)", mb.len())));
+            }
+        }
+        Ok(flint::SplitOptions {
+            none: self.split_mode.as_deref() == Some("none"),
+            tensor_split: self.tensor_split.clone(),
+            device_mem_mb: self.device_mem_mb.clone(),
+        })
     }
 }
 
@@ -308,6 +347,7 @@ impl Opened {
         let opts = LoadOptions {
             backend: args.backend.kind(),
             device: args.device.device()?,
+            split: args.device.split()?,
             n_ctx: args.ctx_size,
             kv_budget_mb: args.kv_budget_mb,
             chat_template: template_file,

@@ -33,6 +33,18 @@ pub fn backend_error(e: GpuError) -> BackendError {
     }
 }
 
+/// A failure of work on the device `ctx`: once wgpu has reported the device lost, whatever
+/// failed (a readback, a submission) is the loss. A readback that fails is one too: the
+/// device cannot give results back, and a browser may report the loss itself (the
+/// `GPUDevice.lost` promise) only after the mapping it broke has failed.
+pub fn failure(ctx: &GpuContext, e: GpuError) -> BackendError {
+    match (ctx.lost_reason(), e) {
+        (Some(reason), _) => BackendError::DeviceLost(reason),
+        (None, GpuError::Readback(m)) => BackendError::DeviceLost(format!("reading results back failed ({m}); the device is treated as lost")),
+        (None, e) => backend_error(e),
+    }
+}
+
 impl GpuBackend {
     /// Loads the model with the context, step limits and KV pool `opts` describe;
     /// `max_binding_mb` caps each weight buffer below the device's binding limit.
@@ -65,16 +77,8 @@ impl GpuBackend {
         Ok(self.model.q_rows())
     }
 
-    /// A failure of work on the device: once wgpu has reported the device lost, whatever
-    /// failed (a readback, a submission) is the loss. A readback that fails is one too: the
-    /// device cannot give results back, and a browser may report the loss itself (the
-    /// `GPUDevice.lost` promise) only after the mapping it broke has failed.
     fn failed(&self, e: GpuError) -> BackendError {
-        match (self.model.ctx.lost_reason(), e) {
-            (Some(reason), _) => BackendError::DeviceLost(reason),
-            (None, GpuError::Readback(m)) => BackendError::DeviceLost(format!("reading results back failed ({m}); the device is treated as lost")),
-            (None, e) => backend_error(e),
-        }
+        failure(&self.model.ctx, e)
     }
 
     fn check(&self, batch: &StepBatch<'_>) -> Result<(), BackendError> {

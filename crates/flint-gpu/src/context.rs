@@ -48,9 +48,10 @@ pub struct GpuContext {
     sink: Arc<Mutex<ErrorSink>>,
 }
 
-/// The process's contexts (native), one per adapter choice: see [`GpuContext::shared_on`].
+/// The process's contexts (native), one per adapter choice and ordinal: see
+/// [`GpuContext::shared_nth`].
 #[cfg(not(target_arch = "wasm32"))]
-static SHARED: Mutex<Vec<(Option<String>, Arc<GpuContext>)>> = Mutex::new(Vec::new());
+static SHARED: Mutex<Vec<((Option<String>, usize), Arc<GpuContext>)>> = Mutex::new(Vec::new());
 
 /// An adapter wgpu finds (native), as `flint devices` lists it: its index (the `--device`
 /// number), its description and the limits it reports.
@@ -110,9 +111,17 @@ impl GpuContext {
     /// None: `FLINT_ADAPTER` or the best): one context per choice, kept for the process.
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn shared_on(device: Option<&str>) -> Result<Arc<GpuContext>> {
-        let key = device.map(str::to_string);
+        Self::shared_nth(device, 0).await
+    }
+
+    /// The `nth` device opened on the adapter `device` names, kept for the process as
+    /// [`GpuContext::shared_on`] keeps the first: a model split over one adapter named twice
+    /// runs on two devices of it.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub async fn shared_nth(device: Option<&str>, nth: usize) -> Result<Arc<GpuContext>> {
+        let key = (device.map(str::to_string), nth);
         let lock = || SHARED.lock().map_err(|_| GpuError::DeviceLost("shared context poisoned".into()));
-        let find = |g: &[(Option<String>, Arc<GpuContext>)]| g.iter().find(|(k, c)| *k == key && !c.is_lost()).map(|(_, c)| c.clone());
+        let find = |g: &[((Option<String>, usize), Arc<GpuContext>)]| g.iter().find(|(k, c)| *k == key && !c.is_lost()).map(|(_, c)| c.clone());
         if let Some(ctx) = find(&lock()?) {
             return Ok(ctx);
         }

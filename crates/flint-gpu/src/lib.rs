@@ -9,6 +9,7 @@ pub mod error;
 pub mod pipeline;
 pub mod model;
 pub mod shader;
+pub mod split;
 pub mod ops;
 pub mod testing;
 pub mod weights;

@@ -47,6 +47,7 @@ use flint_core::reference::CpuBackend;
 use flint_core::sched::{SchedConfig, Scheduler};
 pub use flint_core::spec::{SpecConfig, SpecKind, DRAFT_MAX, DRAFT_P_MIN};
 use flint_gpu::backend::GpuBackend;
+use flint_gpu::split::{split_layout, Costs, SplitBackend, SplitRule};
 use flint_gpu::GpuContext;
 use runner::{Command, Runner};
 
@@ -116,8 +117,12 @@ pub const DEFAULT_MAX_BATCH_TOKENS: usize = 256;
 pub struct LoadOptions {
     pub backend: BackendKind,
     /// The GPU adapter (native): an index or a case-insensitive name substring, as
-    /// `flint devices` lists them; None = `FLINT_ADAPTER`, else the best adapter.
+    /// `flint devices` lists them; None = `FLINT_ADAPTER`, else the best adapter. Several,
+    /// comma-separated (`0,1`; one adapter may be named twice), split the model's layers over
+    /// them as `split` says.
     pub device: Option<String>,
+    /// How a model is split over several devices (native).
+    pub split: SplitOptions,
     /// The most tokens one sequence holds; 0 = the model's training context.
     pub n_ctx: usize,
     /// Caps each GPU weight buffer below the device's binding limit (MB); the
@@ -157,6 +162,26 @@ pub struct LoadOptions {
     pub draft_p_min: f32,
 }
 
+/// How a model named on several devices runs (llama.cpp's `-sm`, `-ts`; `--device-mem-mb`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SplitOptions {
+    /// `-sm none`: only the first device named runs the model.
+    pub none: bool,
+    /// Layer proportions per device (`-ts 3,1`); None = equal, or by the budgets.
+    pub tensor_split: Option<Vec<f32>>,
+    /// Each device's memory budget in MB (wgpu reports no memory size): the model goes on
+    /// the first device when it fits there, else its layers are spread over the devices; a
+    /// model that fits none of them together is refused with what it needs.
+    pub device_mem_mb: Option<Vec<u64>>,
+}
+
+/// A range of a model's layers and the device it runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelPart {
+    pub adapter: String,
+    pub layers: std::ops::Range<usize>,
+}
+
 /// A [`CompileObserver`](flint_gpu::pipeline::CompileObserver) in [`LoadOptions`].
 #[derive(Clone)]
 pub struct CompileProgress(pub flint_gpu::pipeline::CompileObserver);
@@ -172,6 +197,7 @@ impl Default for LoadOptions {
         LoadOptions {
             backend: BackendKind::Gpu,
             device: None,
+            split: SplitOptions::default(),
             n_ctx: DEFAULT_CTX,
             max_binding_mb: None,
             kv_budget_mb: None,
@@ -200,8 +226,11 @@ pub struct EngineInfo {
     pub max_seqs: usize,
     /// `gpu (llvmpipe)` or `cpu`.
     pub backend_name: String,
-    /// The GPU adapter's description, or `cpu`.
+    /// The GPU adapter's description (several joined by ` + ` for a split), or `cpu`.
     pub adapter_name: String,
+    /// Where the layers run: one part on one device, or a layer split's parts (empty on
+    /// the CPU backend).
+    pub parts: Vec<ModelPart>,
     /// `general.architecture` and `general.name` of the file.
     pub architecture: Option<String>,
     pub name: Option<String>,
@@ -231,7 +260,9 @@ struct BackendMaker {
 
 struct Made {
     backend: Box<dyn Backend>,
-    gpu: Option<Arc<GpuContext>>,
+    /// Its devices, in layer order.
+    gpus: Vec<Arc<GpuContext>>,
+    parts: Vec<ModelPart>,
     self_test: Option<SelfTestReport>,
 }
 
@@ -240,23 +271,69 @@ impl BackendMaker {
     /// asked.
     async fn make(&self) -> Result<Made, EngineError> {
         let (file, config, opts) = (&self.file, &self.config, &self.opts);
-        let (mut backend, gpu): (Box<dyn Backend>, _) = match opts.backend {
-            BackendKind::Cpu => (Box::new(CpuBackend::new(file.clone(), config.clone(), &self.bopts).await?), None),
+        let (mut backend, gpus, parts): (Box<dyn Backend>, _, _) = match opts.backend {
+            BackendKind::Cpu => (Box::new(CpuBackend::new(file.clone(), config.clone(), &self.bopts).await?), Vec::new(), Vec::new()),
             BackendKind::Gpu => {
-                #[cfg(not(target_arch = "wasm32"))]
-                let ctx = GpuContext::shared_on(opts.device.as_deref()).await?;
-                #[cfg(target_arch = "wasm32")]
-                let ctx = Arc::new(GpuContext::new().await?);
-                ctx.pipelines.set_observer(opts.compile_observer.as_ref().map(|o| o.0.clone()));
-                let gpu = GpuBackend::new(ctx.clone(), file, config.clone(), &self.bopts, opts.max_binding_mb).await?;
-                (Box::new(gpu), Some(ctx))
+                let ctxs = self.open_devices().await?;
+                let plan = self.plan(&ctxs)?;
+                let ctxs: Vec<Arc<GpuContext>> = plan.iter().map(|(d, _)| ctxs[*d].clone()).collect();
+                let ranges: Vec<std::ops::Range<usize>> = plan.into_iter().map(|(_, r)| r).collect();
+                let parts = ctxs.iter().zip(&ranges).map(|(c, r)| ModelPart { adapter: c.adapter_name(), layers: r.clone() }).collect();
+                let backend: Box<dyn Backend> = match ctxs.len() {
+                    1 => Box::new(GpuBackend::new(ctxs[0].clone(), file, config.clone(), &self.bopts, opts.max_binding_mb).await?),
+                    _ => Box::new(SplitBackend::new(&ctxs, file, config.clone(), &self.bopts, opts.max_binding_mb, &ranges).await?),
+                };
+                (backend, ctxs, parts)
             }
         };
-        let self_test = match (opts.self_test, &gpu) {
-            (true, Some(ctx)) => Some(selftest::run(backend.as_mut(), file.clone(), config, &ctx.adapter_name(), self.clock).await?),
+        let self_test = match (opts.self_test, gpus.as_slice()) {
+            (true, [ctx]) => Some(selftest::run(backend.as_mut(), file.clone(), config, &ctx.adapter_name(), self.clock).await?),
+            (true, [_, _, ..]) => return Err(EngineError::Config("the self-test runs on one device; a split model cannot take --self-test".into())),
             _ => None,
         };
-        Ok(Made { backend, gpu, self_test })
+        Ok(Made { backend, gpus, parts, self_test })
+    }
+
+    /// The devices `opts.device` names (one adapter named twice: two devices of it), each
+    /// kept for the process; in the browser, a device of its own.
+    async fn open_devices(&self) -> Result<Vec<Arc<GpuContext>>, EngineError> {
+        let opts = &self.opts;
+        #[cfg(not(target_arch = "wasm32"))]
+        let ctxs = {
+            let names: Vec<Option<&str>> = match &opts.device {
+                Some(d) => d.split(',').map(|n| Some(n.trim())).collect(),
+                None => vec![None],
+            };
+            let names = if opts.split.none { &names[..1] } else { &names[..] };
+            let mut ctxs = Vec::with_capacity(names.len());
+            for (i, n) in names.iter().enumerate() {
+                let nth = names[..i].iter().filter(|m| *m == n).count();
+                ctxs.push(GpuContext::shared_nth(*n, nth).await?);
+            }
+            ctxs
+        };
+        #[cfg(target_arch = "wasm32")]
+        let ctxs = vec![Arc::new(GpuContext::new().await?)];
+        for ctx in &ctxs {
+            ctx.pipelines.set_observer(opts.compile_observer.as_ref().map(|o| o.0.clone()));
+        }
+        Ok(ctxs)
+    }
+
+    /// The parts the model runs in: (device index in `ctxs`, layers). One part on the
+    /// first device unless several are named or budgets are given.
+    fn plan(&self, ctxs: &[Arc<GpuContext>]) -> Result<Vec<(usize, std::ops::Range<usize>)>, EngineError> {
+        let split = &self.opts.split;
+        if ctxs.len() == 1 && split.device_mem_mb.is_none() {
+            return Ok(vec![(0, 0..self.config.n_layer)]);
+        }
+        let budgets = split.device_mem_mb.as_ref().map(|v| v.iter().map(|mb| mb.saturating_mul(1 << 20)).collect());
+        let rule = SplitRule { proportions: split.tensor_split.clone(), budgets };
+        let layout = split_layout(ctxs, &self.config, &self.bopts)?;
+        let b = &self.bopts;
+        let limits = flint_core::backend::StepLimits { max_tokens: b.max_batch_tokens, max_seqs: b.max_seqs, max_outputs: b.max_outputs };
+        let costs = Costs::of(&self.file, &self.config, &layout, &limits);
+        flint_gpu::split::plan(&costs, ctxs.len(), &rule).map_err(EngineError::Config)
     }
 }
 
@@ -395,14 +472,16 @@ impl Engine {
         let file = Arc::new(file);
         let clock = opts.clock.unwrap_or(default_clock);
         let maker = BackendMaker { file: file.clone(), config: config.clone(), bopts: bopts.clone(), opts: opts.clone(), clock };
-        let Made { mut backend, gpu, self_test } = maker.make().await?;
+        let Made { mut backend, gpus, parts, self_test } = maker.make().await?;
         let sched_cfg = SchedConfig { max_batch_tokens: bopts.max_batch_tokens, max_seqs, n_ctx };
         let draft = match draft_file {
             Some((draft_file, draft_config)) => {
                 // Its KV pool holds as many positions as the target's.
                 let kv_budget_bytes = kv_budget_bytes.map(|b| b / kv_bytes_per_position.max(1) * kv_bytes_per_pos(&draft_config));
                 let bopts = BackendOptions { max_outputs: max_seqs, kv_budget_bytes, ..bopts.clone() };
-                let draft_opts = LoadOptions { self_test: false, ..opts.clone() };
+                // On the first device named, whole.
+                let device = opts.device.as_ref().and_then(|d| d.split(',').next()).map(|d| d.trim().to_string());
+                let draft_opts = LoadOptions { self_test: false, device, split: SplitOptions::default(), ..opts.clone() };
                 let maker = BackendMaker { file: Arc::new(draft_file), config: draft_config, bopts, opts: draft_opts, clock };
                 let draft_backend = maker.make().await?.backend;
                 let rebuild: draft::RebuildDraft = Box::new(move || {
@@ -415,7 +494,7 @@ impl Engine {
             }
             None => None,
         };
-        let adapter_name = gpu.as_ref().map_or_else(|| "cpu".to_string(), |g: &Arc<GpuContext>| g.adapter_name());
+        let adapter_name = if gpus.is_empty() { "cpu".to_string() } else { gpus.iter().map(|g| g.adapter_name()).collect::<Vec<_>>().join(" + ") };
         let mut sched = Scheduler::new(sched_cfg, KvCache::new(backend.kv_layout().clone()))?;
         sched.set_draft_rows(draft_rows);
         let info = EngineInfo {
@@ -425,13 +504,14 @@ impl Engine {
             max_seqs,
             backend_name: backend.name(),
             adapter_name,
+            parts,
             architecture: file_text(&file, "general.architecture"),
             name: file_text(&file, "general.name"),
             weight_bytes: weight_bytes(&file, &config),
             kv_bytes_per_position,
             config,
             self_test,
-            gpu,
+            gpu: gpus.first().cloned(),
             clock,
             spec,
         };
@@ -440,9 +520,9 @@ impl Engine {
         // After a lost device the loop opens a new one and loads the weights again.
         let rebuild: runner::Rebuild = Box::new(move || {
             let maker = maker.clone();
-            Box::pin(async move { maker.make().await.map(|m| (m.backend, m.gpu)) })
+            Box::pin(async move { maker.make().await.map(|m| (m.backend, m.gpus)) })
         });
-        let runner = Runner::new(backend, info.gpu.clone(), rebuild, sched, tokenizer, info.clock, n_ctx, spec, draft);
+        let runner = Runner::new(backend, gpus, rebuild, sched, tokenizer, info.clock, n_ctx, spec, draft);
         let run: RunLoop = Box::pin(async move {
             let _file = file;
             runner.run(rx).await;
@@ -574,7 +654,13 @@ impl Engine {
     /// reset would. Running requests end with the typed device-lost error; the next request
     /// opens a new device and loads the weights again. Nothing happens on the CPU backend.
     pub fn lose_device(&self) {
-        let _ = self.commands.unbounded_send(Command::LoseDevice);
+        self.lose_device_of(0);
+    }
+
+    /// [`Engine::lose_device`] for the device of part `part` of a model split over several
+    /// (see [`EngineInfo::parts`]).
+    pub fn lose_device_of(&self, part: usize) {
+        let _ = self.commands.unbounded_send(Command::LoseDevice(part));
     }
 
     /// Once no request runs or waits: a new backend (on a new device when the old one was

@@ -46,14 +46,15 @@ pub(crate) enum Command {
     /// Once idle: one step of every kind traffic will run (a prompt, decodes of 1 to
     /// `max_seqs` sequences), so that kernels compiled at first use are ready.
     WarmUp(oneshot::Sender<Result<(), EngineError>>),
-    /// Destroy the GPU device (fault injection; see `Engine::lose_device`).
-    LoseDevice,
+    /// Destroy the GPU device of the model's part `.0` (fault injection; see
+    /// `Engine::lose_device`).
+    LoseDevice(usize),
     /// Once idle: a new backend (on a new device if the old one was lost), weights reloaded.
     Reload(oneshot::Sender<Result<(), EngineError>>),
 }
 
 /// Opens a new device and loads the model again (after the old device was lost).
-pub(crate) type Rebuild = Box<dyn FnMut() -> LocalBoxFuture<'static, Result<(Box<dyn Backend>, Option<Arc<GpuContext>>), EngineError>>>;
+pub(crate) type Rebuild = Box<dyn FnMut() -> LocalBoxFuture<'static, Result<(Box<dyn Backend>, Vec<Arc<GpuContext>>), EngineError>>>;
 
 struct Choice {
     seq: SeqId,
@@ -72,8 +73,8 @@ struct RequestState {
 
 pub(crate) struct Runner {
     backend: Box<dyn Backend>,
-    /// The backend's device (GPU backend).
-    gpu: Option<Arc<GpuContext>>,
+    /// The backend's devices (GPU backend): one, or one per part of a layer split.
+    gpus: Vec<Arc<GpuContext>>,
     rebuild: Rebuild,
     /// The device was lost: the next step first rebuilds the backend.
     lost: bool,
@@ -99,7 +100,7 @@ pub(crate) struct Runner {
 impl Runner {
     pub fn new(
         backend: Box<dyn Backend>,
-        gpu: Option<Arc<GpuContext>>,
+        gpus: Vec<Arc<GpuContext>>,
         rebuild: Rebuild,
         sched: Scheduler,
         tokenizer: Arc<Tokenizer>,
@@ -110,7 +111,7 @@ impl Runner {
     ) -> Runner {
         let (requests, owner, profiles) = (HashMap::new(), HashMap::new(), Vec::new());
         let spec_counts = SpecCounts::default();
-        Runner { backend, gpu, rebuild, lost: false, sched, tokenizer, clock, n_ctx, requests, owner, profiles, spec, spec_counts, draft, linked: HashMap::new() }
+        Runner { backend, gpus, rebuild, lost: false, sched, tokenizer, clock, n_ctx, requests, owner, profiles, spec, spec_counts, draft, linked: HashMap::new() }
     }
 
     /// Runs until every engine handle is gone.
@@ -160,8 +161,8 @@ impl Runner {
                 let _ = reply.send(SchedStats { spec: self.spec_counts, ..self.sched.stats() });
             }
             c @ (Command::Profile { .. } | Command::WhenIdle(_) | Command::WarmUp(_) | Command::Reload(_)) => self.profiles.push(c),
-            Command::LoseDevice => {
-                if let Some(ctx) = &self.gpu {
+            Command::LoseDevice(part) => {
+                if let Some(ctx) = self.gpus.get(part) {
                     ctx.device.destroy();
                     // Natively the loss is reported at the next poll.
                     let _ = ctx.poll_wait();
@@ -179,25 +180,25 @@ impl Runner {
         // Lost between steps (or reported only after the step that met it failed, as in the
         // browser): the requests' KV went with it, so they fail first; the next request
         // rebuilds.
-        match self.gpu.as_ref().and_then(|g| g.lost_reason()) {
+        match self.gpus.iter().find_map(|g| g.lost_reason()) {
             Some(reason) => Err(BackendError::DeviceLost(reason)),
             None => Ok(()),
         }
     }
 
     fn gpu_lost(&self) -> bool {
-        self.gpu.as_ref().is_some_and(|g| g.is_lost())
+        self.gpus.iter().any(|g| g.is_lost())
     }
 
     async fn rebuild_backend(&mut self) -> Result<(), BackendError> {
         self.sched.clear_cache();
         let lost = self.lost || self.gpu_lost();
         let failed = |m: String| if lost { BackendError::DeviceLost(format!("the device was lost and {m}")) } else { BackendError::Device(m) };
-        let (backend, gpu) = (self.rebuild)().await.map_err(|e| failed(format!("loading the model again failed: {e}")))?;
+        let (backend, gpus) = (self.rebuild)().await.map_err(|e| failed(format!("loading the model again failed: {e}")))?;
         if backend.kv_layout() != self.backend.kv_layout() {
             return Err(failed("the new backend lays out the KV cache differently".into()));
         }
-        (self.backend, self.gpu, self.lost) = (backend, gpu, false);
+        (self.backend, self.gpus, self.lost) = (backend, gpus, false);
         if let Some(d) = &mut self.draft {
             d.rebuild(self.backend.as_mut()).await.map_err(|e| failed(format!("loading the draft model again failed: {e}")))?;
         }

@@ -153,8 +153,9 @@ impl Activations {
             o: s("o", t * c.n_embd as u64)?,
             gate: s("gate", t * c.n_ff as u64)?,
             up: s("up", t * c.n_ff as u64)?,
-            last: s("last", max_outputs as u64 * c.n_embd as u64)?,
-            logits: s("logits", max_outputs as u64 * c.n_vocab as u64)?,
+            // A part without the head (max_outputs 0) keeps a one-element stand-in.
+            last: s("last", (max_outputs as u64 * c.n_embd as u64).max(1))?,
+            logits: s("logits", (max_outputs as u64 * c.n_vocab as u64).max(1))?,
             attn_scratch: crate::buffer::storage(ctx, "attention_partials", scratch_bytes)?,
             moe,
         })
@@ -259,11 +260,14 @@ impl Head {
     }
 }
 
-/// The whole graph.
+/// The graph of a model or of one part of it (see [`super::Part`]).
 pub struct Graph {
+    /// Empty past the first part.
     pub embed: Vec<ops::embed::Embed>,
+    /// The part's layers.
     pub layers: Vec<Layer>,
-    pub head: Head,
+    /// The last part's.
+    pub head: Option<Head>,
 }
 
 impl Graph {
@@ -289,8 +293,10 @@ pub struct GraphInputs<'a> {
     /// The head's batch: `n_tok` output rows, `tokens` the step token of each.
     pub head: &'a Batch,
     pub acts: &'a Activations,
-    /// Per layer K and V caches.
+    /// Per layer of the part, K and V caches.
     pub kv: &'a [(wgpu::Buffer, wgpu::Buffer)],
+    /// The layers (and embedding or head) to build.
+    pub part: &'a super::Part,
     /// `rope_freqs.weight`, when the model has it.
     pub rope_factors: Option<Arc<[f32]>>,
 }
@@ -410,8 +416,9 @@ async fn layer(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<
         None
     };
     let desc = attention_desc(c, il, g.rope_factors.as_ref());
-    let (kc, vc) = &g.kv[il];
-    let kv_batch = &g.batches[g.layer_group[il]];
+    let local = il - g.part.layers.start;
+    let (kc, vc) = &g.kv[local];
+    let kv_batch = &g.batches[g.layer_group[local]];
     let kv_write = ops::kv_write::KvWrite::new(g.ctx, g.cache, kv_batch, &desc, &a.k, &a.v, kc, vc).await?;
     let attention = ops::attention::Attention::new(g.ctx, g.cache, kv_batch, &desc, &a.q, kc, vc, &a.attn, &a.attn_scratch).await?;
     let wo = up.matrix(&n("attn_output.weight")).await?;
@@ -463,28 +470,40 @@ async fn layer(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<
     Ok(Layer { attn_norm, qkv, qk_norm, kv_write, attention, attn_out, post_attn, ffn_norm, ffn, post_ffn })
 }
 
-/// Uploads every weight and builds the graph.
+/// Uploads the part's weights and builds its graph. A tied embedding table is uploaded by
+/// both the first part (embedding) and the last (output), when they differ.
 pub async fn build(g: &GraphInputs<'_>, up: &mut Uploader<'_>) -> Result<Graph> {
     let (c, a) = (g.cfg, g.acts);
     let batch = &g.batches[0];
-    let embd = up.matrix("token_embd.weight").await?;
+    let mut embd = None;
     let mut embed = Vec::new();
-    for p in &embd.parts {
-        let scale = c.embed_scale.unwrap_or(1.0);
-        embed.push(ops::embed::Embed::new(g.ctx, g.cache, batch, embd.ty, c.n_embd as u32, p.rows, p.row_offset, &p.buffer, &a.x, scale).await?);
+    if g.part.embed {
+        let m = up.matrix("token_embd.weight").await?;
+        for p in &m.parts {
+            let scale = c.embed_scale.unwrap_or(1.0);
+            embed.push(ops::embed::Embed::new(g.ctx, g.cache, batch, m.ty, c.n_embd as u32, p.rows, p.row_offset, &p.buffer, &a.x, scale).await?);
+        }
+        embd = Some(m);
     }
-    let mut layers = Vec::with_capacity(c.n_layer);
-    for il in 0..c.n_layer {
+    let mut layers = Vec::with_capacity(g.part.layers.len());
+    for il in g.part.layers.clone() {
         layers.push(layer(g, up, il).await?);
+    }
+    if !g.part.head {
+        return Ok(Graph { embed, layers, head: None });
     }
     let out_norm = up.vector("output_norm.weight").await?;
     let max_tokens = batch.max_tokens;
     let norm = norm(g, g.head, &a.x, &out_norm, &a.last, c.n_embd, ops::rms_norm::Rows::Gather { src_rows: max_tokens }).await?;
-    let output = if c.tied_output { embd } else { up.matrix("output.weight").await? };
+    let output = match (c.tied_output, embd) {
+        (true, Some(m)) => m,
+        (true, None) => up.matrix("token_embd.weight").await?,
+        (false, _) => up.matrix("output.weight").await?,
+    };
     let output = matmuls(g, g.head, &output, &a.last, &a.logits, None, false).await?;
     let softcap = match c.final_softcap {
         Some(cap) => Some(ops::softcap::SoftCap::new(g.ctx, g.cache, g.head, c.n_vocab as u32, cap, &a.logits).await?),
         None => None,
     };
-    Ok(Graph { embed, layers, head: Head { norm, output, softcap } })
+    Ok(Graph { embed, layers, head: Some(Head { norm, output, softcap }) })
 }

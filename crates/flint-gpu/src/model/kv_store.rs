@@ -11,9 +11,9 @@ use crate::error::Result;
 use crate::ops::kv_write::encode_block_copy;
 
 pub struct KvStore {
-    /// Per layer: K and V caches.
+    /// Per layer of the range it holds: K and V caches.
     pub layers: Vec<(wgpu::Buffer, wgpu::Buffer)>,
-    /// The block group of each layer.
+    /// The block group of each of those layers.
     pub layer_group: Vec<usize>,
     /// One block of one layer's K or V: copies go through it (WebGPU copies no buffer onto itself).
     scratch: wgpu::Buffer,
@@ -23,12 +23,14 @@ pub struct KvStore {
 }
 
 impl KvStore {
-    pub fn new(ctx: &GpuContext, c: &ModelConfig, layout: &KvLayout) -> Result<KvStore> {
+    /// The KV of layers `range` (a model's part; every part stores its layers' share of every
+    /// block, under the same block ids).
+    pub fn new(ctx: &GpuContext, c: &ModelConfig, layout: &KvLayout, range: std::ops::Range<usize>) -> Result<KvStore> {
         let f = 4u64;
         let bs = layout.block_size as u64;
-        let mut layers = Vec::with_capacity(c.n_layer);
-        let mut layer_group = Vec::with_capacity(c.n_layer);
-        for il in 0..c.n_layer {
+        let mut layers = Vec::with_capacity(range.len());
+        let mut layer_group = Vec::with_capacity(range.len());
+        for il in range {
             let g = layout.group_of(il);
             let slots = layout.groups[g].n_blocks as u64 * bs;
             layers.push((

@@ -5,6 +5,10 @@
 //! the sampled ids (and log-probabilities when asked): a few KB, through a buffer mapped in
 //! place, whatever the batch size.
 //!
+//! A model may also be loaded in parts, consecutive layer ranges on several devices (a layer
+//! split): the first part embeds, the last holds the head and the sampler, and a step runs
+//! through them in turn ([`step::run_parts`]).
+//!
 //! `graph` builds the ops, `kv_store` holds the KV blocks, `step` runs a step, `profile`
 //! times each op of one and `probe` runs the self-test's taps.
 
@@ -14,6 +18,9 @@ mod probe;
 mod profile;
 mod step;
 
+pub use step::{run_parts, PartFailure};
+
+use std::ops::Range;
 use std::sync::Arc;
 
 use flint_core::arch::ModelConfig;
@@ -32,9 +39,39 @@ use kv_store::KvStore;
 /// Words of the readback buffer per output row: the id, then its log-probability record.
 const READBACK_WORDS: usize = 1 + ops::sample::LP_WORDS;
 
+/// Which layers of the model a [`GpuModel`] holds, and whether it embeds (the first part) and
+/// holds the head and sampler (the last). A whole model is one part.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub layers: Range<usize>,
+    pub embed: bool,
+    pub head: bool,
+}
+
+impl Part {
+    pub fn whole(n_layer: usize) -> Part {
+        Part { layers: 0..n_layer, embed: true, head: true }
+    }
+
+    /// Part `i` of `ranges`, consecutive layer ranges covering the model.
+    pub fn of(ranges: &[Range<usize>], i: usize) -> Part {
+        Part { layers: ranges[i].clone(), embed: i == 0, head: i + 1 == ranges.len() }
+    }
+}
+
+/// What the last part holds past its layers: the logit edits, the sampler and the readback.
+struct Outputs {
+    sampler: ops::sample::Sampler,
+    /// Edits the logits in place before the sampler.
+    penalize: ops::penalize::Penalize,
+    /// MAP_READ: [max_outputs] ids, then [max_outputs, LP_WORDS] log-probability records.
+    readback: wgpu::Buffer,
+}
+
 pub struct GpuModel {
     pub ctx: Arc<GpuContext>,
     pub cfg: ModelConfig,
+    pub part: Part,
     layout: KvLayout,
     limits: StepLimits,
     /// The step's batch as each KV group's layers see it (the same tokens, their own tables).
@@ -43,12 +80,9 @@ pub struct GpuModel {
     head: Batch,
     acts: Activations,
     graph: Graph,
-    sampler: ops::sample::Sampler,
-    /// Edits the logits in place before the sampler.
-    penalize: ops::penalize::Penalize,
+    /// The last part's (None on the others).
+    out: Option<Outputs>,
     kv: KvStore,
-    /// MAP_READ: [max_outputs] ids, then [max_outputs, LP_WORDS] log-probability records.
-    readback: wgpu::Buffer,
     n_ctx: usize,
     pub upload_bytes: u64,
     /// A step has run (the first one runs every kernel for the first time).
@@ -61,9 +95,24 @@ impl GpuModel {
     /// `max_binding_mb` lowers the per-buffer weight size below the device limit (tests use
     /// it to force multi-way splits).
     pub async fn load(ctx: Arc<GpuContext>, file: &GgufFile, cfg: ModelConfig, opts: &BackendOptions, max_binding_mb: Option<u64>) -> Result<GpuModel> {
+        let layout = plan_kv(&cfg, opts, ctx.max_binding())?;
+        let part = Part::whole(cfg.n_layer);
+        GpuModel::load_part(ctx, file, cfg, opts, max_binding_mb, part, layout).await
+    }
+
+    /// Loads the layers (and the embedding or head) `part` names, their KV laid out as
+    /// `layout` (every part of one model shares one layout: the block manager's).
+    pub async fn load_part(
+        ctx: Arc<GpuContext>,
+        file: &GgufFile,
+        cfg: ModelConfig,
+        opts: &BackendOptions,
+        max_binding_mb: Option<u64>,
+        part: Part,
+        layout: KvLayout,
+    ) -> Result<GpuModel> {
         let c = &cfg;
         let n_ctx = opts.n_ctx.clamp(1, c.n_ctx_train);
-        let layout = KvLayout::plan(c, &opts.pool_request(n_ctx, ctx.max_binding()))?;
         let limits = StepLimits { max_tokens: opts.max_batch_tokens, max_seqs: opts.max_seqs, max_outputs: opts.max_outputs };
         let to_u32 = |what: &'static str, n: usize| u32::try_from(n).map_err(|_| GpuError::Limit { what, need: n as u64, limit: u32::MAX as u64 });
         let (max_tokens, max_seqs, max_outputs) =
@@ -81,13 +130,13 @@ impl GpuModel {
         let scratch = ops::attention::Attention::scratch_bytes(&graph::attention_desc(c, 0, None), max_tokens);
         // Each part under an out-of-memory scope, so that one the device cannot hold is named.
         let acts = ctx
-            .allocating("activations", async { Activations::new(&ctx, c, max_tokens, max_outputs, scratch) }, |a| {
+            .allocating("activations", async { Activations::new(&ctx, c, max_tokens, if part.head { max_outputs } else { 0 }, scratch) }, |a| {
                 format!("the activation buffers for steps of {max_tokens} tokens ({})", mib(a.bytes()))
             })
             .await?;
         let blocks: u64 = layout.groups.iter().map(|g| g.n_blocks as u64).sum();
         let kv = ctx
-            .allocating("kv", async { KvStore::new(&ctx, c, &layout) }, |kv| {
+            .allocating("kv", async { KvStore::new(&ctx, c, &layout, part.layers.clone()) }, |kv| {
                 format!("the KV cache ({}: {blocks} blocks of {} positions)", mib(kv.bytes()), layout.block_size)
             })
             .await?;
@@ -112,6 +161,7 @@ impl GpuModel {
             head: &head,
             acts: &acts,
             kv: &kv.layers,
+            part: &part,
             rope_factors,
         };
         let upload = async {
@@ -120,17 +170,35 @@ impl GpuModel {
             Ok((graph, up.uploaded))
         };
         let (graph, upload_bytes) = ctx.allocating("weights", upload, |(_, bytes)| format!("the weights ({})", mib(*bytes))).await?;
-        let n_vocab = c.n_vocab as u32;
-        let sampler = ops::sample::Sampler::new(&ctx, &cache, n_vocab, max_outputs, 1, &acts.logits).await?;
-        let penalize = ops::penalize::Penalize::new(&ctx, &cache, n_vocab, max_outputs, &acts.logits).await?;
-        let readback = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("step_readback"),
-            size: (max_outputs as usize * READBACK_WORDS * 4) as u64,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let out = match part.head {
+            true => {
+                let n_vocab = c.n_vocab as u32;
+                let sampler = ops::sample::Sampler::new(&ctx, &cache, n_vocab, max_outputs, 1, &acts.logits).await?;
+                let penalize = ops::penalize::Penalize::new(&ctx, &cache, n_vocab, max_outputs, &acts.logits).await?;
+                let readback = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("step_readback"),
+                    size: (max_outputs as usize * READBACK_WORDS * 4) as u64,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                Some(Outputs { sampler, penalize, readback })
+            }
+            false => None,
+        };
         ctx.check()?;
-        Ok(GpuModel { cfg, layout, limits, batches, head, acts, graph, sampler, penalize, kv, readback, n_ctx, upload_bytes, stepped: false, ctx })
+        Ok(GpuModel { cfg, part, layout, limits, batches, head, acts, graph, out, kv, n_ctx, upload_bytes, stepped: false, ctx })
+    }
+
+    /// The head, logit edits and sampler, which only the last part (or a whole model) has.
+    fn outputs(&self, op: &'static str) -> Result<(&graph::Head, &Outputs)> {
+        match (&self.graph.head, &self.out) {
+            (Some(h), Some(o)) => Ok((h, o)),
+            _ => Err(self.not_last(op)),
+        }
+    }
+
+    fn not_last(&self, op: &'static str) -> GpuError {
+        GpuError::Unsupported { op, message: format!("layers {:?} are not the model's last part", self.part.layers) }
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -163,12 +231,13 @@ impl GpuModel {
     /// vocabulary) to this model's sampler, which records into it.
     pub async fn attach_q(&mut self, q: &wgpu::Buffer, stride: u32) -> Result<()> {
         let cache = self.ctx.pipelines.clone();
-        self.sampler.attach_q(&self.ctx, &cache, q, stride).await
+        let Some(out) = &mut self.out else { return Err(self.not_last("sampler")) };
+        out.sampler.attach_q(&self.ctx, &cache, q, stride).await
     }
 
     /// Rows of the attached store of draft distributions (0: none).
     pub fn q_rows(&self) -> u32 {
-        self.sampler.q_rows()
+        self.out.as_ref().map_or(0, |o| o.sampler.q_rows())
     }
 
     /// Bytes of KV cache allocated (all layers, K and V).
@@ -177,7 +246,13 @@ impl GpuModel {
     }
 }
 
+/// The KV layout of `cfg` under `opts`, each layer's K or V pool within `max_binding` bytes.
+pub fn plan_kv(cfg: &ModelConfig, opts: &BackendOptions, max_binding: u64) -> Result<KvLayout> {
+    let n_ctx = opts.n_ctx.clamp(1, cfg.n_ctx_train);
+    Ok(KvLayout::plan(cfg, &opts.pool_request(n_ctx, max_binding))?)
+}
+
 /// `123.4 MiB`.
-fn mib(bytes: u64) -> String {
+pub(crate) fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }

@@ -20,6 +20,9 @@ impl GpuModel {
         if self.stepped {
             return bad("the probe runs only before the first step".into());
         }
+        if self.part != super::Part::whole(self.cfg.n_layer) {
+            return bad("the probe runs on a whole model, not on a part of one".into());
+        }
         let table = probe.table(self.layout.block_size as usize);
         if self.layout.groups.iter().any(|g| table.len() > g.n_blocks as usize) || table.len() > self.layout.max_blocks_per_seq as usize {
             return bad(format!("the probe needs {} KV blocks a group", table.len()));
@@ -69,7 +72,7 @@ impl GpuModel {
         let passes: [(Vec<&dyn Encode>, Step, &wgpu::Buffer, u64, u64); 3] = [
             ([embed, layer.attention_ops()].concat(), body, &self.acts.x, 0, residual),
             (layer.ffn_ops(), body, &self.acts.x, residual, residual),
-            (self.graph.head.ops(), head, &self.acts.logits, 2 * residual, logits),
+            (self.outputs("self-test")?.0.ops(), head, &self.acts.logits, 2 * residual, logits),
         ];
         let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("self_test") });
         for (ops, step, src, offset, bytes) in &passes {

@@ -14,16 +14,19 @@ impl GpuModel {
         if !self.ctx.caps.timestamps {
             return Err(GpuError::Unsupported { op: "profile", message: "the adapter has no timestamp queries".into() });
         }
+        self.outputs("profile")?;
         let layout = self.write_batch(&batch);
         let n_out = layout.gather.len() as u32;
         let (_, plan) = self.prepare_outputs(&mut batch)?;
+        let (head_ops, out) = self.outputs("profile")?;
+        let head_ops = head_ops.ops();
         let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("profile") });
         self.kv.encode_copies(&mut enc, batch.copies);
         let body = Step { n_tok: layout.tokens.len() as u32, max_kv_len: layout.max_kv_len };
         let head = Step { n_tok: n_out, ..body };
         let mut ops: Vec<(&dyn Encode, Step)> = self.graph.body().into_iter().map(|op| (op, body)).collect();
         if n_out > 0 {
-            ops.extend(self.graph.head.ops().into_iter().map(|op| (op, head)));
+            ops.extend(head_ops.into_iter().map(|op| (op, head)));
         }
         let mut labels: Vec<String> = ops.iter().map(|(op, _)| op.label()).collect();
         if plan.is_some() {
@@ -53,8 +56,8 @@ impl GpuModel {
             timed(&mut enc, i, &mut |pass| op.encode(pass, step));
         }
         if let Some((edits, samples)) = &plan {
-            timed(&mut enc, ops.len(), &mut |pass| self.penalize.encode(pass, edits));
-            timed(&mut enc, ops.len() + 1, &mut |pass| self.sampler.encode(pass, samples));
+            timed(&mut enc, ops.len(), &mut |pass| out.penalize.encode(pass, edits));
+            timed(&mut enc, ops.len() + 1, &mut |pass| out.sampler.encode(pass, samples));
         }
         enc.resolve_query_set(&queries, 0..2 * n, &resolved, 0);
         self.ctx.queue.submit([enc.finish()]);

@@ -3,10 +3,15 @@
 //! the logit edits and the sampler, all in one command submission. The sampled ids (and
 //! log-probability records) are copied inside that submission into a buffer allocated at
 //! load, which is then mapped and read: a few KB a step, whatever the batch size.
+//!
+//! A model split by layers over several devices runs the same step part by part: each part's
+//! submission ends by copying the residual stream ([n_tok, n_embd] f32) into a staging buffer
+//! allocated at load, the host reads it and writes it into the next part's stream. The step's
+//! sequences are cut into micro-batches that move through the parts as a wavefront (part 1
+//! runs micro-batch 0 while part 0 runs micro-batch 1), so the devices work at once.
 
-use flint_core::backend::{StepBatch, StepResult};
-use flint_core::kv::NO_BLOCK;
-use flint_core::sampling::Sampled;
+use flint_core::backend::{StepBatch, StepEntry, StepResult};
+use flint_core::kv::{GroupCopy, NO_BLOCK};
 
 use super::graph::Step;
 use super::{GpuModel, READBACK_WORDS};
@@ -14,6 +19,25 @@ use crate::error::{GpuError, Result};
 use crate::ops::penalize::{PenalizePlan, StepEdits};
 use crate::ops::sample::{self, SamplePlan, SampleRow, LP_WORDS};
 use crate::pipeline::CompileEvent;
+
+/// A step that failed on part `part` (its device is the one to ask whether it was lost).
+#[derive(Debug)]
+pub struct PartFailure {
+    pub part: usize,
+    pub error: GpuError,
+}
+
+fn on(part: usize) -> impl Fn(GpuError) -> PartFailure {
+    move |error| PartFailure { part, error }
+}
+
+/// A micro-batch's draws on the last part: where its rows' results lie in the readback.
+struct Drawn {
+    rows: Vec<SampleRow>,
+    plan: SamplePlan,
+    /// Its first output row's index in the step.
+    base: usize,
+}
 
 /// A step's tokens laid out for the device.
 pub(super) struct Layout {
@@ -61,101 +85,186 @@ impl GpuModel {
             return Ok((rows, None));
         }
         let edits: Vec<StepEdits> = batch.entries.iter().flat_map(|e| e.outputs.iter().map(|o| StepEdits::from_sampler(o.sampler))).collect();
-        let plan = (self.penalize.prepare(&self.ctx, &edits)?, self.sampler.prepare(&self.ctx, &rows, 1)?);
+        let Some(out) = &mut self.out else { return Err(self.not_last("step")) };
+        let plan = (out.penalize.prepare(&self.ctx, &edits)?, out.sampler.prepare(&self.ctx, &rows, 1)?);
         Ok((rows, Some(plan)))
     }
 
-    /// Runs one step (checked by the caller against the limits and the layout).
-    pub async fn step(&mut self, mut batch: StepBatch<'_>) -> Result<StepResult> {
-        let layout = self.write_batch(&batch);
-        let n_tok = layout.tokens.len() as u32;
-        let n_out = layout.gather.len();
-        let (rows, plan) = self.prepare_outputs(&mut batch)?;
-        let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-        self.kv.encode_copies(&mut enc, batch.copies);
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
-            let step = Step { n_tok, max_kv_len: layout.max_kv_len };
-            for op in self.graph.body() {
-                op.encode(&mut pass, &step);
+    /// Records the block copies, then one compute pass: the embedding (first part), the
+    /// part's layers, and with `plan` the head, the logit edits and the sampler.
+    fn encode_step(&self, enc: &mut wgpu::CommandEncoder, copies: &[GroupCopy], layout: &Layout, plan: Option<&(PenalizePlan, SamplePlan)>) {
+        self.kv.encode_copies(enc, copies);
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
+        let step = Step { n_tok: layout.tokens.len() as u32, max_kv_len: layout.max_kv_len };
+        for op in self.graph.body() {
+            op.encode(&mut pass, &step);
+        }
+        if let (Some((edits, samples)), Ok((head, out))) = (plan, self.outputs("step")) {
+            let rows = Step { n_tok: layout.gather.len() as u32, ..step };
+            for op in head.ops() {
+                op.encode(&mut pass, &rows);
             }
-            if let Some((edits, samples)) = &plan {
-                let head = Step { n_tok: n_out as u32, max_kv_len: layout.max_kv_len };
-                for op in self.graph.head.ops() {
-                    op.encode(&mut pass, &head);
-                }
-                self.penalize.encode(&mut pass, edits);
-                self.sampler.encode(&mut pass, samples);
-            }
+            out.penalize.encode(&mut pass, edits);
+            out.sampler.encode(&mut pass, samples);
         }
-        let lp_offset = (self.limits.max_outputs * 4) as u64;
-        if let Some((_, samples)) = &plan {
-            enc.copy_buffer_to_buffer(self.sampler.out_buffer(), 0, &self.readback, 0, n_out as u64 * 4);
-            if samples.logprobs {
-                enc.copy_buffer_to_buffer(self.sampler.logprobs_buffer(), 0, &self.readback, lp_offset, (n_out * LP_WORDS * 4) as u64);
-            }
-        }
-        let logits = if batch.logits && n_out > 0 {
-            // Tests and tools only: every output row's logits, through a buffer made for it.
-            let bytes = (n_out * self.cfg.n_vocab * 4) as u64;
-            let staging = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("logits_readback"),
-                size: bytes,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            enc.copy_buffer_to_buffer(&self.acts.logits, 0, &staging, 0, bytes);
-            Some((staging, bytes))
-        } else {
-            None
-        };
-        // Kernels this step is the first to run may compile inside it, on the device's time:
-        // the first step runs every kernel built at load, later ones a matmul's new variants.
-        let first_use = self.ctx.pipelines.take_first_use() || !std::mem::replace(&mut self.stepped, true);
-        if first_use {
-            self.ctx.pipelines.notify(&CompileEvent::FirstUse { done: false });
-        }
-        let result = self.finish_step(enc, plan.as_ref().map(|p| &p.1), &rows, n_out, logits).await;
-        if first_use {
-            self.ctx.pipelines.notify(&CompileEvent::FirstUse { done: true });
-        }
-        result
     }
 
-    /// Submits the step and reads back what it sampled (and its logits when asked).
-    async fn finish_step(
-        &self,
-        enc: wgpu::CommandEncoder,
-        samples: Option<&SamplePlan>,
-        rows: &[SampleRow],
-        n_out: usize,
-        logits: Option<(wgpu::Buffer, u64)>,
-    ) -> Result<StepResult> {
+    /// Copies the drawn ids (and log-probability records) of `n_out` rows into the readback,
+    /// from row `base` on.
+    fn encode_readback(&self, enc: &mut wgpu::CommandEncoder, samples: &SamplePlan, base: usize, n_out: usize) {
+        let Ok((_, out)) = self.outputs("step") else { return };
         let lp_offset = (self.limits.max_outputs * 4) as u64;
-        self.ctx.queue.submit([enc.finish()]);
-        let mut result = StepResult::default();
-        if samples.is_none() {
-            // A prompt chunk without outputs: wait for it, so work never piles up unseen.
-            self.ctx.work_done().await?;
+        enc.copy_buffer_to_buffer(out.sampler.out_buffer(), 0, &out.readback, base as u64 * 4, n_out as u64 * 4);
+        if samples.logprobs {
+            let lp = (LP_WORDS * 4) as u64;
+            enc.copy_buffer_to_buffer(out.sampler.logprobs_buffer(), 0, &out.readback, lp_offset + base as u64 * lp, n_out as u64 * lp);
         }
-        if let Some(samples) = samples {
-            let words = if samples.logprobs { lp_offset as usize / 4 + n_out * LP_WORDS } else { n_out };
-            debug_assert!(words <= self.limits.max_outputs * READBACK_WORDS);
-            let bytes = crate::buffer::read_staging(&self.ctx, &self.readback, words as u64 * 4).await?;
-            let w: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
-            let lp = if samples.logprobs { &w[lp_offset as usize / 4..] } else { &[][..] };
-            let draws = sample::decode(samples, rows, &w[..n_out], lp);
-            result.sampled = draws.into_iter().map(|mut d| d.pop().unwrap_or_default()).collect::<Vec<Sampled>>();
-        }
-        if let Some((staging, bytes)) = logits {
-            let data = crate::buffer::read_staging(&self.ctx, &staging, bytes).await?;
-            let all: Vec<f32> = bytemuck::pod_collect_to_vec(&data);
-            result.logits = all.chunks_exact(self.cfg.n_vocab).map(|r| r.to_vec()).collect();
-        }
-        self.ctx.check()?;
-        if samples.is_some() && result.sampled.len() != n_out {
-            return Err(GpuError::Readback(format!("{} samples for {n_out} output rows", result.sampled.len())));
-        }
-        Ok(result)
     }
+
+    /// Runs one step (checked by the caller against the limits and the layout).
+    pub async fn step(&mut self, batch: StepBatch<'_>) -> Result<StepResult> {
+        run_parts(std::slice::from_mut(self), &[], batch, 1).await.map_err(|f| f.error)
+    }
+
+    /// Reads back the draws of a step's micro-batches, `n_out` rows in all.
+    async fn read_draws(&self, drawn: &[Drawn], n_out: usize) -> Result<Vec<flint_core::sampling::Sampled>> {
+        let (_, out) = self.outputs("step")?;
+        let lp_words = self.limits.max_outputs;
+        let logprobs = drawn.iter().any(|d| d.plan.logprobs);
+        let words = if logprobs { lp_words + n_out * LP_WORDS } else { n_out };
+        debug_assert!(words <= self.limits.max_outputs * READBACK_WORDS);
+        let bytes = crate::buffer::read_staging(&self.ctx, &out.readback, words as u64 * 4).await?;
+        let w: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+        let mut sampled = Vec::with_capacity(n_out);
+        for d in drawn {
+            let ids = &w[d.base..d.base + d.rows.len()];
+            let lp = if d.plan.logprobs { &w[lp_words + d.base * LP_WORDS..] } else { &[][..] };
+            sampled.extend(sample::decode(&d.plan, &d.rows, ids, lp).into_iter().map(|mut v| v.pop().unwrap_or_default()));
+        }
+        if sampled.len() != n_out {
+            return Err(GpuError::Readback(format!("{} samples for {n_out} output rows", sampled.len())));
+        }
+        Ok(sampled)
+    }
+}
+
+/// Cuts a step's entries into at most `n` consecutive micro-batches of about equal tokens
+/// (entries keep their order, so output rows do too).
+fn micro_batches(entries: Vec<StepEntry<'_>>, n: usize) -> Vec<Vec<StepEntry<'_>>> {
+    let n = n.clamp(1, entries.len().max(1));
+    let total: usize = entries.iter().map(|e| e.tokens.len()).sum();
+    let mut left = entries.len();
+    let (mut chunks, mut cur, mut acc) = (Vec::with_capacity(n), Vec::new(), 0);
+    for e in entries {
+        acc += e.tokens.len();
+        cur.push(e);
+        left -= 1;
+        let k = chunks.len() + 1;
+        // Cut once this chunk's share is reached, or when each later chunk needs an entry left.
+        if k < n && left >= n - k && (acc * n >= k * total || left == n - k) {
+            chunks.push(std::mem::take(&mut cur));
+        }
+    }
+    if !cur.is_empty() || chunks.is_empty() {
+        chunks.push(cur);
+    }
+    chunks
+}
+
+/// Runs one step through `parts`, consecutive layer ranges of one model in order (one part:
+/// the whole model on one device), in up to `micro` micro-batches. `links[i]` carries the
+/// residual stream from part `i` to part `i + 1`: a MAP_READ buffer of part `i`'s device
+/// holding a step's most tokens. A failure names the part it met.
+pub async fn run_parts(parts: &mut [GpuModel], links: &[wgpu::Buffer], batch: StepBatch<'_>, micro: usize) -> std::result::Result<StepResult, PartFailure> {
+    debug_assert_eq!(links.len() + 1, parts.len());
+    // Kernels this step is the first to run may compile inside it, on the device's time:
+    // the first step runs every kernel built at load, later ones a matmul's new variants.
+    let first_use: Vec<bool> = parts.iter_mut().map(|p| p.ctx.pipelines.take_first_use() || !std::mem::replace(&mut p.stepped, true)).collect();
+    for (p, _) in parts.iter().zip(&first_use).filter(|(_, &f)| f) {
+        p.ctx.pipelines.notify(&CompileEvent::FirstUse { done: false });
+    }
+    let result = run_micro_batches(parts, links, batch, micro).await;
+    for (p, _) in parts.iter().zip(&first_use).filter(|(_, &f)| f) {
+        p.ctx.pipelines.notify(&CompileEvent::FirstUse { done: true });
+    }
+    let result = result?;
+    for (i, p) in parts.iter().enumerate() {
+        p.ctx.check().map_err(on(i))?;
+    }
+    Ok(result)
+}
+
+async fn run_micro_batches(parts: &mut [GpuModel], links: &[wgpu::Buffer], batch: StepBatch<'_>, micro: usize) -> std::result::Result<StepResult, PartFailure> {
+    let last = parts.len() - 1;
+    let StepBatch { entries, copies, logits } = batch;
+    let mut subs: Vec<StepBatch<'_>> = micro_batches(entries, if last == 0 { 1 } else { micro })
+        .into_iter()
+        .enumerate()
+        .map(|(m, entries)| StepBatch { entries, copies: if m == 0 { copies } else { &[] }, logits })
+        .collect();
+    let n_micro = subs.len();
+    let mut bases = Vec::with_capacity(n_micro);
+    let mut n_out = 0;
+    for b in &subs {
+        bases.push(n_out);
+        n_out += b.entries.iter().map(|e| e.outputs.len()).sum::<usize>();
+    }
+    let mut hidden: Vec<Option<Vec<u8>>> = (0..n_micro).map(|_| None).collect();
+    let mut drawn: Vec<Drawn> = Vec::new();
+    let mut logit_reads: Vec<(wgpu::Buffer, u64)> = Vec::new();
+    // Tick t: part s runs micro-batch t - s; then the host carries each part's output on.
+    for t in 0..parts.len() + n_micro - 1 {
+        let mut reads = Vec::new();
+        for (s, part) in parts.iter_mut().enumerate() {
+            let Some(m) = t.checked_sub(s).filter(|&m| m < n_micro) else { continue };
+            let sub = &mut subs[m];
+            let layout = part.write_batch(sub);
+            if let Some(x) = hidden[m].take() {
+                part.ctx.queue.write_buffer(&part.acts.x, 0, &x);
+            }
+            let (rows, plan) = if s == last { part.prepare_outputs(sub).map_err(on(s))? } else { (Vec::new(), None) };
+            let mut enc = part.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+            part.encode_step(&mut enc, sub.copies, &layout, plan.as_ref());
+            let residual = (layout.tokens.len() * part.cfg.n_embd * 4) as u64;
+            if s < last {
+                enc.copy_buffer_to_buffer(&part.acts.x, 0, &links[s], 0, residual);
+                reads.push((s, m, residual));
+            } else if let Some((_, samples)) = plan {
+                let rows_out = layout.gather.len();
+                part.encode_readback(&mut enc, &samples, bases[m], rows_out);
+                if logits {
+                    // Tests and tools only: every output row's logits, through a buffer made for it.
+                    let bytes = (rows_out * part.cfg.n_vocab * 4) as u64;
+                    let staging = part.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("logits_readback"),
+                        size: bytes,
+                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    });
+                    enc.copy_buffer_to_buffer(&part.acts.logits, 0, &staging, 0, bytes);
+                    logit_reads.push((staging, bytes));
+                }
+                drawn.push(Drawn { rows, plan: samples, base: bases[m] });
+            }
+            part.ctx.queue.submit([enc.finish()]);
+        }
+        for (s, m, bytes) in reads {
+            let x = if bytes == 0 { Vec::new() } else { crate::buffer::read_staging(&parts[s].ctx, &links[s], bytes).await.map_err(on(s))? };
+            hidden[m] = Some(x);
+        }
+    }
+    let tail = &parts[last];
+    let mut result = StepResult::default();
+    if drawn.is_empty() {
+        // A prompt chunk without outputs: wait for it, so work never piles up unseen.
+        tail.ctx.work_done().await.map_err(on(last))?;
+    } else {
+        result.sampled = tail.read_draws(&drawn, n_out).await.map_err(on(last))?;
+    }
+    for (staging, bytes) in logit_reads {
+        let data = crate::buffer::read_staging(&tail.ctx, &staging, bytes).await.map_err(on(last))?;
+        let all: Vec<f32> = bytemuck::pod_collect_to_vec(&data);
+        result.logits.extend(all.chunks_exact(tail.cfg.n_vocab).map(|r| r.to_vec()));
+    }
+    Ok(result)
 }
