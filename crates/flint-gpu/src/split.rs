@@ -265,3 +265,51 @@ impl Backend for SplitBackend {
         if self.parts.iter().any(|p| p.ctx.caps.cpu_like) { &[4, 8, 16] } else { &[] }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ten layers of 10 bytes; embedding 5, head 7, 3 a part whatever its layers.
+    fn costs() -> Costs {
+        Costs { layers: vec![10; 10], embed: 5, head: 7, each: 3 }
+    }
+
+    fn ranges(parts: &[(usize, Range<usize>)]) -> Vec<Range<usize>> {
+        parts.iter().map(|(_, r)| r.clone()).collect()
+    }
+
+    #[test]
+    fn layers_split_equally_or_in_proportions() {
+        let equal = plan(&costs(), 2, &SplitRule::default()).unwrap();
+        assert_eq!(equal, vec![(0, 0..5), (1, 5..10)]);
+        let three = plan(&costs(), 3, &SplitRule::default()).unwrap();
+        assert_eq!(ranges(&three), vec![0..3, 3..7, 7..10]);
+        let ts = SplitRule { proportions: Some(vec![3.0, 1.0]), budgets: None };
+        assert_eq!(ranges(&plan(&costs(), 2, &ts).unwrap()), vec![0..8, 8..10]);
+        // A middle device given no layer is left out; the first and last stay (embedding, head).
+        let ts = SplitRule { proportions: Some(vec![1.0, 0.0, 1.0]), budgets: None };
+        assert_eq!(plan(&costs(), 3, &ts).unwrap(), vec![(0, 0..5), (2, 5..10)]);
+        for bad in [vec![1.0], vec![0.0, 0.0], vec![1.0, -1.0], vec![f32::NAN, 1.0]] {
+            let rule = SplitRule { proportions: Some(bad.clone()), budgets: None };
+            assert!(plan(&costs(), 2, &rule).is_err(), "{bad:?} was taken");
+        }
+    }
+
+    #[test]
+    fn budgets_decide_whether_and_how_to_split() {
+        let rule = |b: &[u64]| SplitRule { proportions: None, budgets: Some(b.to_vec()) };
+        // The whole model costs 100 + 5 + 7 + 3 = 115.
+        assert_eq!(plan(&costs(), 2, &rule(&[115, 1])).unwrap(), vec![(0, 0..10)], "fits the first device");
+        assert_eq!(ranges(&plan(&costs(), 2, &rule(&[100, 100])).unwrap()), vec![0..5, 5..10]);
+        assert_eq!(ranges(&plan(&costs(), 2, &rule(&[90, 30])).unwrap()), vec![0..8, 8..10], "in the budgets' proportions");
+        // Proportions that overflow a budget give way to filling each device in turn:
+        // 1:1 would put 5 layers (60) on the second; the first takes 8 (88), the second 2 (30).
+        let tight = SplitRule { proportions: Some(vec![1.0, 1.0]), budgets: Some(vec![90, 30]) };
+        assert_eq!(ranges(&plan(&costs(), 2, &tight).unwrap()), vec![0..8, 8..10]);
+        let err = plan(&costs(), 2, &rule(&[50, 50])).unwrap_err();
+        assert!(err.contains("needs about") && err.contains("does not fit"), "{err}");
+        assert!(plan(&costs(), 2, &rule(&[200])).is_err(), "one budget for two devices");
+        assert!(plan(&costs(), 1, &rule(&[114])).is_err(), "one device too small");
+    }
+}

@@ -2,8 +2,9 @@
 //! driver reset would): both running requests end with the typed device-lost error within
 //! 2 s, and the next request opens a new device, loads the weights again and gives the same
 //! greedy ids as before the loss, without any prefix cached on the dead device; so does an
-//! explicit `reload()` after a loss while idle. Its own test binary: the device it destroys
-//! is the process's.
+//! explicit `reload()` after a loss while idle. The same with the model's layers split over
+//! two lavapipe devices, the second of which is lost. Its own test binary: the device it
+//! destroys is the process's.
 
 mod common;
 
@@ -35,12 +36,24 @@ fn complete(engine: &Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Summary) {
 
 #[test]
 fn a_lost_device_fails_running_requests_and_the_next_request_reloads() {
+    lost_device_drill(None, 0);
+}
+
+/// Split over two devices of one adapter, the second (the head's) lost.
+#[test]
+fn a_lost_device_under_a_layer_split_fails_running_requests_and_the_next_request_reloads() {
+    lost_device_drill(Some("llvmpipe,llvmpipe"), 1);
+}
+
+/// Loads the tiny qwen3 on `device` and loses the device of part `part` mid-generation.
+fn lost_device_drill(device: Option<&str>, part: usize) {
     if flint_gpu::testing::context().is_none() {
         return;
     }
     let dir = shared().join("golden/families/qwen3");
-    let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx: 512, ..LoadOptions::default() };
+    let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx: 512, device: device.map(str::to_string), ..LoadOptions::default() };
     let engine = Engine::load_path(&dir.join("model.gguf"), &opts).unwrap();
+    assert_eq!(engine.info().parts.len(), part + 1, "{:?}", engine.info().parts);
     let (r1, r2) = (json(dir.join("1.json")), json(dir.join("2.json")));
     let (p1, p2) = (ids(&r1["prompt_token_ids"]), ids(&r2["prompt_token_ids"]));
     let (before, _) = complete(&engine, &p1, 32);
@@ -67,7 +80,7 @@ fn a_lost_device_fails_running_requests_and_the_next_request_reloads() {
                 }
             }
             if lost_at.is_none() && tokens.iter().all(|&n| n > 0) {
-                engine.lose_device();
+                engine.lose_device_of(part);
                 lost_at = Some(Instant::now());
             }
         }
@@ -94,7 +107,7 @@ fn a_lost_device_fails_running_requests_and_the_next_request_reloads() {
     assert!(summary.cached_prompt_tokens > 0 || p1.len() < 16, "prefix reuse works again after the reload");
 
     // A loss while idle, then an explicit reload: the same ids again.
-    engine.lose_device();
+    engine.lose_device_of(part);
     futures::executor::block_on(engine.reload()).unwrap();
     let (reloaded, summary) = complete(&engine, &p1, 32);
     assert_eq!(reloaded, before, "greedy ids after reload() differ");

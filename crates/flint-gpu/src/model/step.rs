@@ -268,3 +268,23 @@ async fn run_micro_batches(parts: &mut [GpuModel], links: &[wgpu::Buffer], batch
     }
     Ok(result)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micro_batches_keep_order_and_balance_tokens() {
+        let toks: Vec<Vec<u32>> = [8, 1, 1, 1, 1, 4].iter().map(|&n| vec![0; n]).collect();
+        let entries = || toks.iter().map(|t| StepEntry { tokens: t, start: 0, tables: Vec::new(), outputs: Vec::new() }).collect::<Vec<_>>();
+        let sizes = |n: usize| micro_batches(entries(), n).iter().map(|c| c.iter().map(|e| e.tokens.len()).collect::<Vec<_>>()).collect::<Vec<_>>();
+        assert_eq!(sizes(1), vec![vec![8, 1, 1, 1, 1, 4]]);
+        assert_eq!(sizes(2), vec![vec![8], vec![1, 1, 1, 1, 4]]);
+        assert_eq!(sizes(3), vec![vec![8], vec![1, 1, 1], vec![1, 4]]);
+        // Never more micro-batches than entries, none empty.
+        assert_eq!(sizes(9).len(), 6);
+        let one = vec![vec![0u32; 3]];
+        let single = micro_batches(one.iter().map(|t| StepEntry { tokens: t, start: 0, tables: Vec::new(), outputs: Vec::new() }).collect(), 4);
+        assert_eq!(single.len(), 1);
+    }
+}
