@@ -260,18 +260,38 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     let engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
     let load_s = t0.elapsed().as_secs_f64();
     let prompt = engine.bench_prompt(args.prompt_tokens, 0).map_err(Failure::usage)?;
+    // A model split over several devices is measured against the first device alone, in the
+    // same run, repetitions interleaved.
+    let one = match engine.info().parts.len() {
+        0 | 1 => None,
+        _ => {
+            let first = opts.device.as_deref().and_then(|d| d.split(',').next()).map(str::to_string);
+            let one_opts = LoadOptions { device: first, split: flint::SplitOptions::default(), ..opts.clone() };
+            Some(Engine::load_path(&path, &one_opts).map_err(|e| Failure::usage(format!("{} on one device: {e}", path.display())))?)
+        }
+    };
 
     let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut one_prefill, mut one_decode) = (Vec::new(), Vec::new());
     for _ in 0..args.reps {
         let r = futures::executor::block_on(engine.bench_once(&prompt, args.gen_tokens)).map_err(Failure::runtime)?;
         ttft.push(r.ttft_s * 1e3);
         prefill.push(r.prefill_tok_s);
         decode.push(r.decode_tok_s);
+        if let Some(one) = &one {
+            let r = futures::executor::block_on(one.bench_once(&prompt, args.gen_tokens)).map_err(Failure::runtime)?;
+            one_prefill.push(r.prefill_tok_s);
+            one_decode.push(r.decode_tok_s);
+        }
     }
     let (concurrency, levels_peak) = if args.concurrency.is_empty() {
         (Vec::new(), 0.0)
     } else {
         run_levels(&engine, &levels, &args)?
+    };
+    let split = match &one {
+        Some(one) => Some(split_report(&engine, one, stats(one_prefill), stats(one_decode), &concurrency, &levels, &args)?),
+        None => None,
     };
     let copy_gbs = futures::executor::block_on(engine.copy_bandwidth_gbs()).map_err(Failure::runtime)?;
     let profile = if args.profile { Some(profile_steps(&engine, &prompt)?) } else { None };
@@ -315,6 +335,9 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
                 "heap_growth_mb": round2(l.heap_growth_mb),
             }))
             .collect::<Vec<_>>());
+    }
+    if let Some(split) = &split {
+        report["split"] = split.json(&prefill, &decode);
     }
     if let Some((prefill, decodes)) = &profile {
         report["prefill_profile_us"] = profile_json(prefill);
@@ -362,6 +385,9 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
                     );
                 }
             }
+            if let Some(split) = &split {
+                split.print(&prefill, &decode);
+            }
             if let Some((prefill, decodes)) = &profile {
                 print_profile(&format!("prefill ({} tokens)", args.prompt_tokens.min(PROFILE_MAX_TOKENS)), prefill);
                 for (n, p) in PROFILE_DECODE_SIZES.iter().zip(decodes) {
@@ -371,6 +397,91 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// A split model against its first device alone, measured in the same run.
+struct SplitReport {
+    parts: Vec<flint::ModelPart>,
+    one_adapter: String,
+    one_prefill: Stats,
+    one_decode: Stats,
+    /// Per concurrency level: the split's aggregate decode tok/s and the one device's.
+    levels: Vec<(usize, f64, f64)>,
+    /// Per boundary, the host's cost of carrying one decode row across, and the prompt's rows.
+    decode_copy_ms: Vec<f64>,
+    prefill_copy_ms: Vec<f64>,
+    n_embd: usize,
+}
+
+/// Boundary crossings timed for each figure.
+const COPY_REPS: usize = 20;
+
+/// `split_levels`: the split's concurrency levels, measured; the one device's are now.
+fn split_report(engine: &Engine, one: &Engine, one_prefill: Stats, one_decode: Stats, split_levels: &[Level], levels: &[usize], args: &BenchArgs) -> Result<SplitReport, Failure> {
+    let mut level_pairs = Vec::new();
+    if !split_levels.is_empty() {
+        let (one_levels, _) = run_levels(one, levels, args)?;
+        level_pairs = split_levels.iter().zip(&one_levels).map(|(s, o)| (s.concurrency, s.aggregate.median, o.aggregate.median)).collect();
+    }
+    let copy = |rows: usize| futures::executor::block_on(engine.boundary_copy_ms(rows, COPY_REPS)).map_err(Failure::runtime);
+    Ok(SplitReport {
+        parts: engine.info().parts.clone(),
+        one_adapter: one.adapter_name(),
+        one_prefill,
+        one_decode,
+        levels: level_pairs,
+        decode_copy_ms: copy(1)?,
+        prefill_copy_ms: copy(args.prompt_tokens.min(flint::DEFAULT_MAX_BATCH_TOKENS))?,
+        n_embd: engine.config().n_embd,
+    })
+}
+
+fn ratio_of(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { 0.0 }
+}
+
+impl SplitReport {
+    fn json(&self, prefill: &Stats, decode: &Stats) -> serde_json::Value {
+        json!({
+            "parts": self.parts.iter().map(|p| json!({"adapter": p.adapter, "layers": [p.layers.start, p.layers.end]})).collect::<Vec<_>>(),
+            "one_device": self.one_adapter,
+            "one_device_prefill_tok_s": stats_json(&self.one_prefill),
+            "one_device_decode_tok_s": stats_json(&self.one_decode),
+            "prefill_ratio": round2(ratio_of(prefill.median, self.one_prefill.median)),
+            "decode_ratio": round2(ratio_of(decode.median, self.one_decode.median)),
+            "concurrency": self.levels.iter().map(|(n, s, o)| json!({"concurrency": n, "aggregate_decode_tok_s": round2(*s), "one_device_aggregate_decode_tok_s": round2(*o), "ratio": round2(ratio_of(*s, *o))})).collect::<Vec<_>>(),
+            "boundary_bytes_per_token": self.n_embd * 4,
+            "boundary_copy_ms_decode_row": self.decode_copy_ms.iter().map(|&m| round3(m)).collect::<Vec<_>>(),
+            "boundary_copy_ms_prompt": self.prefill_copy_ms.iter().map(|&m| round3(m)).collect::<Vec<_>>(),
+        })
+    }
+
+    fn print(&self, prefill: &Stats, decode: &Stats) {
+        let parts: Vec<String> = self.parts.iter().map(|p| format!("layers {}..{} on {}", p.layers.start, p.layers.end, p.adapter)).collect();
+        println!("split      {}", parts.join("; "));
+        println!(
+            "vs one     {}: prefill {:.2} tok/s, decode {:.2} tok/s; split/one: prefill {:.2}x, decode {:.2}x",
+            self.one_adapter,
+            self.one_prefill.median,
+            self.one_decode.median,
+            ratio_of(prefill.median, self.one_prefill.median),
+            ratio_of(decode.median, self.one_decode.median)
+        );
+        for (n, s, o) in &self.levels {
+            println!("  {n:>3} streams  split {s:.2} tok/s, one device {o:.2} tok/s: {:.2}x", ratio_of(*s, *o));
+        }
+        let ms = |v: &[f64]| v.iter().map(|m| format!("{m:.3}")).collect::<Vec<_>>().join(", ");
+        println!(
+            "boundary   {} bytes a token; host copy per boundary: {} ms for one decode row, {} ms for the prompt's rows",
+            self.n_embd * 4,
+            ms(&self.decode_copy_ms),
+            ms(&self.prefill_copy_ms)
+        );
+    }
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
 }
 
 /// Positions a `--spec-type` bench engine holds per sequence: room for a prompt of a few

@@ -27,3 +27,35 @@ pub async fn copy_bandwidth_gbs(ctx: &GpuContext, clock: fn() -> f64) -> Result<
     let ms = clock() - t0;
     Ok(if ms > 0.0 { 2.0 * (size * COPY_REPS as u64) as f64 / (ms * 1e6) } else { 0.0 })
 }
+
+/// What a layer split's boundary costs the host: `bytes` of residual stream copied into a
+/// staging buffer on `from`, mapped and read, written into a buffer of `to` and waited for,
+/// as a step does between two parts with both devices otherwise idle. Median over `reps`,
+/// in milliseconds.
+pub async fn boundary_copy_ms(from: &GpuContext, to: &GpuContext, bytes: u64, reps: usize, clock: fn() -> f64) -> Result<f64> {
+    let bytes = bytes.next_multiple_of(4).max(4);
+    let src = crate::buffer::storage(from, "boundary_src", bytes)?;
+    let dst = crate::buffer::storage(to, "boundary_dst", bytes)?;
+    let staging = from.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("boundary_staging"),
+        size: bytes,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut times = Vec::with_capacity(reps + 1);
+    // The first crossing (first map, first write) is not counted.
+    for _ in 0..=reps.max(1) {
+        let t0 = clock();
+        let mut enc = from.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("boundary") });
+        enc.copy_buffer_to_buffer(&src, 0, &staging, 0, bytes);
+        from.queue.submit([enc.finish()]);
+        let x = crate::buffer::read_staging(from, &staging, bytes).await?;
+        to.queue.write_buffer(&dst, 0, &x);
+        to.queue.submit([]);
+        to.work_done().await?;
+        times.push(clock() - t0);
+    }
+    let mut times = times.split_off(1);
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[times.len() / 2])
+}

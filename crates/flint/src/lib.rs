@@ -243,8 +243,8 @@ pub struct EngineInfo {
     pub self_test: Option<SelfTestReport>,
     /// The speculation settings it was loaded with.
     pub spec: SpecConfig,
-    /// The device's copy bandwidth (GB/s), natively measured on request.
-    gpu: Option<Arc<GpuContext>>,
+    /// The devices, in layer order (the copy bandwidth is the first's, measured on request).
+    gpus: Vec<Arc<GpuContext>>,
     clock: Clock,
 }
 
@@ -511,7 +511,7 @@ impl Engine {
             kv_bytes_per_position,
             config,
             self_test,
-            gpu: gpus.first().cloned(),
+            gpus: gpus.clone(),
             clock,
             spec,
         };
@@ -674,10 +674,22 @@ impl Engine {
 
     /// The device's buffer-copy bandwidth (GB/s, bytes read + written), measured now.
     pub async fn copy_bandwidth_gbs(&self) -> Result<f64, EngineError> {
-        match &self.info.gpu {
+        match self.info.gpus.first() {
             Some(ctx) => Ok(flint_gpu::bench::copy_bandwidth_gbs(ctx, self.info.clock).await?),
             None => Ok(bench::host_copy_bandwidth_gbs(self.info.clock)),
         }
+    }
+
+    /// What each boundary of a layer split costs the host for a micro-batch of `rows`
+    /// tokens (milliseconds, median of `reps`; see [`flint_gpu::bench::boundary_copy_ms`]),
+    /// one figure per boundary; empty when the model runs on one device.
+    pub async fn boundary_copy_ms(&self, rows: usize, reps: usize) -> Result<Vec<f64>, EngineError> {
+        let bytes = (rows * self.info.config.n_embd * 4) as u64;
+        let mut out = Vec::new();
+        for pair in self.info.gpus.windows(2) {
+            out.push(flint_gpu::bench::boundary_copy_ms(&pair[0], &pair[1], bytes, reps, self.info.clock).await?);
+        }
+        Ok(out)
     }
 
     /// Bytes a decode step must read at context length `n_ctx`: every weight matrix the step
