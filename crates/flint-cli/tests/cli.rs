@@ -461,29 +461,18 @@ fn malformed_family_files_exit_2() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Lavapipe's and SwiftShader's Vulkan ICD files (Debian's mesa-vulkan-drivers and chromium).
-fn both_icds() -> String {
-    let lvp = std::fs::read_dir("/usr/share/vulkan/icd.d")
-        .expect("mesa's Vulkan ICDs")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("lvp_icd")))
-        .expect("lavapipe's ICD file");
-    let swiftshader = std::path::Path::new("/usr/lib/chromium/vk_swiftshader_icd.json");
-    assert!(swiftshader.exists(), "{} is missing (Debian's chromium ships it)", swiftshader.display());
-    format!("{}:{}", lvp.display(), swiftshader.display())
-}
-
 /// `flint devices` (and `flint --list-devices`) lists every adapter with the index `--device`
 /// takes; `-dev/--device` runs the model on the adapter named by index or by a
 /// case-insensitive name substring (with lavapipe and SwiftShader both installed, bench's
-/// report names the one used); an unknown name, or several devices, exit 2 with one line.
+/// report names the one used); an unknown name exits 2 with one line. Several devices split
+/// the model (the same text as one device; bench compares the two), and bad split flags or
+/// budgets too small exit 2 with one line.
 #[test]
 fn devices_are_listed_and_chosen() {
     if flint_gpu::testing::context().is_none() {
         return;
     }
-    let icds = both_icds();
+    let icds = flint_gpu::testing::lavapipe_and_swiftshader_icds();
     let model = shared().join("golden/families/qwen3/model.gguf");
     let m = model.to_str().unwrap();
     let flint_on = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_flint")).args(args).env("VK_ICD_FILENAMES", &icds).output().unwrap();
@@ -512,5 +501,31 @@ fn devices_are_listed_and_chosen() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("no GPU adapter found matching \"no-such-gpu\"") && stderr.contains("SwiftShader"), "{stderr}");
-    assert_usage_error(&["run", "-m", m, "-dev", "0,0", "hi"], "several devices");
+
+    // Several devices split the layers: the same greedy text as one device, over both
+    // adapters and over lavapipe twice in 2:1 proportions.
+    let text_on = |dev: &str, extra: &[&str]| {
+        let args = [&["run", "-m", m, "-dev", dev, "--raw", "-n", "8", "--temp", "0"][..], extra, &["hello"]].concat();
+        let out = flint_on(&args);
+        assert!(out.status.success(), "--device {dev} {extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let whole = text_on(&lavapipe, &[]);
+    assert_eq!(text_on(&format!("{swiftshader},{lavapipe}"), &[]), whole, "split over SwiftShader and lavapipe");
+    assert_eq!(text_on(&format!("{lavapipe},{lavapipe}"), &["-ts", "2,1"]), whole, "split 2:1 over lavapipe twice");
+    assert_eq!(text_on(&format!("{lavapipe},{swiftshader}"), &["-sm", "none"]), whole, "-sm none: the first device alone");
+    // bench measures the split against the first device alone.
+    let two = format!("{lavapipe},{lavapipe}");
+    let out = flint_on(&["bench", "-m", m, "-dev", &two, "-p", "8", "-n", "2", "--reps", "1", "--format", "json"]);
+    assert!(out.status.success(), "bench -dev {two}: {}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let split = &report["split"];
+    assert_eq!(split["parts"].as_array().map(Vec::len), Some(2), "{report}");
+    assert!(split["decode_ratio"].as_f64().unwrap() > 0.0 && split["one_device_decode_tok_s"]["median"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(split["boundary_copy_ms_decode_row"][0].as_f64().unwrap() > 0.0, "{report}");
+
+    assert_usage_error(&["run", "-m", m, "-ts", "1", "hi"], "--tensor-split needs several devices");
+    assert_usage_error(&["run", "-m", m, "-dev", "0,0", "-ts", "1", "hi"], "needs 2 non-negative proportions");
+    assert_usage_error(&["run", "-m", m, "-dev", "0,0", "--device-mem-mb", "64", "hi"], "needs 2 budgets");
+    assert_usage_error(&["run", "-m", m, "-dev", "0,0", "--device-mem-mb", "1,1", "--raw", "hi"], "does not fit the devices' budgets");
 }

@@ -51,7 +51,11 @@ pub struct GpuContext {
 /// The process's contexts (native), one per adapter choice and ordinal: see
 /// [`GpuContext::shared_nth`].
 #[cfg(not(target_arch = "wasm32"))]
-static SHARED: Mutex<Vec<((Option<String>, usize), Arc<GpuContext>)>> = Mutex::new(Vec::new());
+static SHARED: Mutex<Vec<(SharedKey, Arc<GpuContext>)>> = Mutex::new(Vec::new());
+
+/// The adapter choice (None: the default) and which device opened on it.
+#[cfg(not(target_arch = "wasm32"))]
+type SharedKey = (Option<String>, usize);
 
 /// An adapter wgpu finds (native), as `flint devices` lists it: its index (the `--device`
 /// number), its description and the limits it reports.
@@ -121,7 +125,7 @@ impl GpuContext {
     pub async fn shared_nth(device: Option<&str>, nth: usize) -> Result<Arc<GpuContext>> {
         let key = (device.map(str::to_string), nth);
         let lock = || SHARED.lock().map_err(|_| GpuError::DeviceLost("shared context poisoned".into()));
-        let find = |g: &[((Option<String>, usize), Arc<GpuContext>)]| g.iter().find(|(k, c)| *k == key && !c.is_lost()).map(|(_, c)| c.clone());
+        let find = |g: &[(SharedKey, Arc<GpuContext>)]| g.iter().find(|(k, c)| *k == key && !c.is_lost()).map(|(_, c)| c.clone());
         if let Some(ctx) = find(&lock()?) {
             return Ok(ctx);
         }

@@ -130,3 +130,18 @@ pub fn random_quant(ty: flint_core::quant::QuantType, n_elems: usize, rng: &mut 
         }
     }
 }
+
+/// `VK_ICD_FILENAMES` naming both software Vulkan devices: Mesa's lavapipe and SwiftShader
+/// (which Debian's chromium ships), for tests that run on two different adapters at once.
+/// Panics when either is missing.
+pub fn lavapipe_and_swiftshader_icds() -> String {
+    let lvp = std::fs::read_dir("/usr/share/vulkan/icd.d")
+        .expect("mesa's Vulkan ICDs")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("lvp_icd")))
+        .expect("lavapipe's ICD file");
+    let swiftshader = std::path::Path::new("/usr/lib/chromium/vk_swiftshader_icd.json");
+    assert!(swiftshader.exists(), "{} is missing (Debian's chromium ships it)", swiftshader.display());
+    format!("{}:{}", lvp.display(), swiftshader.display())
+}

@@ -9,8 +9,6 @@ mod common;
 use common::{check_golden, golden_prompt, together, Job};
 use flint::{BackendKind, Engine, LoadOptions, ModelPart, SplitOptions};
 
-/// Both Vulkan ICDs: lavapipe's and SwiftShader's (Debian's chromium ships the latter).
-const BOTH_ICDS: &str = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json:/usr/lib/chromium/vk_swiftshader_icd.json";
 /// Set (to anything) in the child this binary re-runs itself as, with `VK_ICD_FILENAMES`.
 const CHILD: &str = "FLINT_SPLIT_TEST_CHILD";
 
@@ -69,15 +67,14 @@ fn gemma_3_270m_split_over_lavapipe_and_swiftshader_matches_the_f32_reference() 
     }
     let name = "gemma_3_270m_split_over_lavapipe_and_swiftshader_matches_the_f32_reference";
     if std::env::var_os(CHILD).is_some() {
-        golden_split("gemma-3-270m", "gemma", "llvmpipe,swiftshader", &[1, 2, 3, 4]);
+        golden_split("gemma-3-270m", "gemma", "swiftshader,llvmpipe", &[1, 2, 3, 4]);
         return;
     }
-    let swiftshader = BOTH_ICDS.split(':').nth(1).unwrap();
-    assert!(std::path::Path::new(swiftshader).exists(), "SwiftShader's Vulkan ICD is missing: {swiftshader} (Debian's chromium ships it)");
+    let icds = flint_gpu::testing::lavapipe_and_swiftshader_icds();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
-        .env("VK_ICD_FILENAMES", BOTH_ICDS)
+        .env("VK_ICD_FILENAMES", icds)
         .env_remove("FLINT_ADAPTER")
         .output()
         .unwrap();

@@ -283,7 +283,7 @@ mod tests {
         assert_eq!(sizes(3), vec![vec![8], vec![1, 1, 1], vec![1, 4]]);
         // Never more micro-batches than entries, none empty.
         assert_eq!(sizes(9).len(), 6);
-        let one = vec![vec![0u32; 3]];
+        let one = [vec![0u32; 3]];
         let single = micro_batches(one.iter().map(|t| StepEntry { tokens: t, start: 0, tables: Vec::new(), outputs: Vec::new() }).collect(), 4);
         assert_eq!(single.len(), 1);
     }
