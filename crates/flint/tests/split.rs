@@ -1,6 +1,7 @@
 //! One model split by layers over several devices (`--device A,B`): golden greedy ids (and
 //! first logits) for both models with the layers over two lavapipe devices, several prompts
-//! batched (so steps run in micro-batches that cross the devices as a wavefront); gemma
+//! batched (their shared prompt step runs as micro-batches that cross the devices as a
+//! wavefront); gemma
 //! prompts 1–4 over lavapipe and SwiftShader at once; the automatic split from per-device
 //! budgets, and its error when the model fits none of them together.
 
@@ -40,6 +41,10 @@ fn golden_split(name: &str, golden: &str, device: &str, prompts: &[usize]) {
     assert_eq!(parts[1].layers, half..n_layer);
     let t0 = std::time::Instant::now();
     let jobs: Vec<Job> = prompts.iter().map(|&i| Job::greedy(golden_prompt(&engine, golden, i), N_GEN)).collect();
+    // The prompts share the first step, which is long enough to run as two micro-batches
+    // (the decode steps after it go through whole).
+    let prompt_tokens: usize = jobs.iter().map(|j| j.prompt.len()).sum();
+    assert!(prompt_tokens <= flint::DEFAULT_MAX_BATCH_TOKENS && prompt_tokens >= 2 * flint_gpu::model::MIN_MICRO_TOKENS, "{prompt_tokens} prompt tokens");
     let outs = together(&engine, &jobs);
     eprintln!("{name}: {} prompts together over {device} in {:.1}s", prompts.len(), t0.elapsed().as_secs_f64());
     for (&i, out) in prompts.iter().zip(&outs) {

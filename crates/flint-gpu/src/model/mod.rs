@@ -18,7 +18,7 @@ mod probe;
 mod profile;
 mod step;
 
-pub use step::{run_parts, PartFailure};
+pub use step::{run_parts, PartFailure, MIN_MICRO_TOKENS};
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -148,11 +148,18 @@ impl GpuModel {
     }
 }
 
+/// The fewest tokens a split step's micro-batch holds. A step of few tokens is bound by
+/// reading the weights, which every micro-batch reads again: cut in two on two devices it
+/// takes three half-model reads' time instead of two, so decode steps go through whole.
+/// Past a few dozen tokens the matmuls' arithmetic dominates, and micro-batches let the
+/// devices overlap (two micro-batches on two devices: three ticks of a quarter step each).
+pub const MIN_MICRO_TOKENS: usize = 32;
+
 /// Cuts a step's entries into at most `n` consecutive micro-batches of about equal tokens
-/// (entries keep their order, so output rows do too).
+/// and at least [`MIN_MICRO_TOKENS`] each (entries keep their order, so output rows do too).
 fn micro_batches(entries: Vec<StepEntry<'_>>, n: usize) -> Vec<Vec<StepEntry<'_>>> {
-    let n = n.clamp(1, entries.len().max(1));
     let total: usize = entries.iter().map(|e| e.tokens.len()).sum();
+    let n = n.min(total / MIN_MICRO_TOKENS).clamp(1, entries.len().max(1));
     let mut left = entries.len();
     let (mut chunks, mut cur, mut acc) = (Vec::with_capacity(n), Vec::new(), 0);
     for e in entries {
@@ -275,16 +282,21 @@ mod tests {
 
     #[test]
     fn micro_batches_keep_order_and_balance_tokens() {
-        let toks: Vec<Vec<u32>> = [8, 1, 1, 1, 1, 4].iter().map(|&n| vec![0; n]).collect();
-        let entries = || toks.iter().map(|t| StepEntry { tokens: t, start: 0, tables: Vec::new(), outputs: Vec::new() }).collect::<Vec<_>>();
-        let sizes = |n: usize| micro_batches(entries(), n).iter().map(|c| c.iter().map(|e| e.tokens.len()).collect::<Vec<_>>()).collect::<Vec<_>>();
-        assert_eq!(sizes(1), vec![vec![8, 1, 1, 1, 1, 4]]);
-        assert_eq!(sizes(2), vec![vec![8], vec![1, 1, 1, 1, 4]]);
-        assert_eq!(sizes(3), vec![vec![8], vec![1, 1, 1], vec![1, 4]]);
+        let sizes = |lens: &[usize], n: usize| {
+            let toks: Vec<Vec<u32>> = lens.iter().map(|&n| vec![0; n]).collect();
+            let entries = toks.iter().map(|t| StepEntry { tokens: t, start: 0, tables: Vec::new(), outputs: Vec::new() }).collect();
+            micro_batches(entries, n).iter().map(|c| c.iter().map(|e| e.tokens.len()).collect::<Vec<_>>()).collect::<Vec<_>>()
+        };
+        let prompts = [80, 10, 10, 10, 10, 40];
+        assert_eq!(sizes(&prompts, 1), vec![prompts.to_vec()]);
+        assert_eq!(sizes(&prompts, 2), vec![vec![80], vec![10, 10, 10, 10, 40]]);
+        assert_eq!(sizes(&prompts, 3), vec![vec![80], vec![10, 10, 10], vec![10, 40]]);
         // Never more micro-batches than entries, none empty.
-        assert_eq!(sizes(9).len(), 6);
-        let one = [vec![0u32; 3]];
-        let single = micro_batches(one.iter().map(|t| StepEntry { tokens: t, start: 0, tables: Vec::new(), outputs: Vec::new() }).collect(), 4);
-        assert_eq!(single.len(), 1);
+        assert_eq!(sizes(&[200, 200, 200], 9).len(), 3);
+        assert_eq!(sizes(&[300], 4), vec![vec![300]]);
+        // Decode steps (a token or a few per sequence) go through whole.
+        assert_eq!(sizes(&[1; 8], 2).len(), 1);
+        assert_eq!(sizes(&[5; 8], 2).len(), 1, "40 tokens: not two micro-batches of 32");
+        assert_eq!(sizes(&[8; 8], 2), vec![vec![8; 4], vec![8; 4]]);
     }
 }
