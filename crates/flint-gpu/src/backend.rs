@@ -115,7 +115,7 @@ impl Backend for GpuBackend {
     }
     fn probe<'a>(&'a mut self, probe: &'a Probe) -> LocalBoxFuture<'a, Result<Vec<Tap>, BackendError>> {
         Box::pin(async move {
-            let r = self.model.probe(probe).await;
+            let r = self.model.probe(None, probe).await;
             r.map_err(|e| self.failed(e))
         })
     }

@@ -256,6 +256,18 @@ impl Backend for SplitBackend {
             })
         })
     }
+    /// The embedding and layer 0 on the first device, the head on the last.
+    fn probe<'a>(&'a mut self, probe: &'a flint_core::selftest::Probe) -> LocalBoxFuture<'a, Result<Vec<flint_core::selftest::Tap>, BackendError>> {
+        Box::pin(async move {
+            let (first, rest) = self.parts.split_first_mut().expect("a split has parts");
+            let r = first.probe(rest.last_mut(), probe).await;
+            r.map_err(|e| {
+                // A lost device is the one that reports it.
+                let lost = self.parts.iter().find(|p| p.ctx.is_lost()).unwrap_or(&self.parts[0]);
+                failure(&lost.ctx, e)
+            })
+        })
+    }
     fn name(&self) -> String {
         let parts: Vec<String> = self.parts.iter().map(|p| format!("{} {}..{}", p.ctx.info.name, p.part.layers.start, p.part.layers.end)).collect();
         format!("gpu split ({})", parts.join(" | "))

@@ -286,9 +286,11 @@ impl BackendMaker {
                 (backend, ctxs, parts)
             }
         };
-        let self_test = match (opts.self_test, gpus.as_slice()) {
-            (true, [ctx]) => Some(selftest::run(backend.as_mut(), file.clone(), config, &ctx.adapter_name(), self.clock).await?),
-            (true, [_, _, ..]) => return Err(EngineError::Config("the self-test runs on one device; a split model cannot take --self-test".into())),
+        let self_test = match (opts.self_test, gpus.is_empty()) {
+            (true, false) => {
+                let adapter = gpus.iter().map(|g| g.adapter_name()).collect::<Vec<_>>().join(" + ");
+                Some(selftest::run(backend.as_mut(), file.clone(), config, &adapter, self.clock).await?)
+            }
             _ => None,
         };
         Ok(Made { backend, gpus, parts, self_test })

@@ -94,7 +94,8 @@ fn gemma_3_270m_split_over_lavapipe_and_swiftshader_matches_the_f32_reference() 
 /// Budgets per device decide the split (tiny qwen3, whose parts cost a few MiB): a model
 /// that fits the first device stays whole there; one that does not is spread in the
 /// budgets' proportions; one that fits none of them together is refused, saying what it
-/// needs and what there is. The split engine's greedy ids equal the whole one's.
+/// needs and what there is. The split engine's greedy ids equal the whole one's, and the
+/// load-time self-test runs across its devices.
 #[test]
 fn device_budgets_make_the_automatic_split() {
     if flint_gpu::testing::context().is_none() {
@@ -112,8 +113,12 @@ fn device_budgets_make_the_automatic_split() {
     drop(whole);
 
     // Too large for the first device alone: spread 1:1, then 3:5 by the budgets.
-    let even = split_engine(&path, "llvmpipe,llvmpipe", budgets(&[3, 3])).unwrap();
+    let opts = LoadOptions { backend: BackendKind::Gpu, device: Some("llvmpipe,llvmpipe".into()), split: budgets(&[3, 3]), self_test: true, ..LoadOptions::default() };
+    let even = Engine::load_path(&path, &opts).unwrap();
     assert_eq!(layers(&even), vec![0..cut(n, 0.5), cut(n, 0.5)..n]);
+    // The self-test ran across the split: embedding and layer 0 on one device, head on the other.
+    let report = even.info().self_test.as_ref().expect("the self-test ran");
+    assert!(report.adapter.contains(" + "), "{}", report.adapter);
     let got = together(&even, &jobs);
     assert_eq!(got[0].ids, want[0].ids, "the split's greedy ids differ from the whole model's");
     assert_eq!(got[0].logits, want[0].logits, "one adapter twice runs the same kernels: the logits must be equal bit for bit");

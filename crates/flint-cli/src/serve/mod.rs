@@ -212,6 +212,7 @@ pub fn serve(args: ServeArgs) -> Result<(), Failure> {
     let opts = LoadOptions {
         backend: args.backend.kind(),
         device: args.device.device()?,
+        split: args.device.split()?,
         n_ctx: args.ctx_size,
         kv_budget_mb: args.kv_budget_mb,
         kv_budget_positions,
