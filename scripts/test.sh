@@ -46,7 +46,7 @@ pull_models() {
 run_tests() {
   local log="$target_dir/test-output.log" status=0
   mkdir -p "$target_dir"
-  cargo test --release --workspace 2>&1 | tee "$log" || status=$?
+  cargo test --release --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
   awk '/^test result:/ { for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } }
        END { printf "==> all test binaries: %d passed, %d failed, %d ignored (output in %s)\n", p, f, g, FILENAME }' "$log" >&2
   return "$status"
