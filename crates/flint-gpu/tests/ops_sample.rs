@@ -551,7 +551,14 @@ fn rows_draw_from_their_own_distributions_and_as_they_do_alone() {
             for (i, ((logits, cpu), (got, _, edited))) in cases.iter().zip(&together).enumerate() {
                 let mut want = logits.clone();
                 cpu.penalize(&mut want);
-                assert_eq!(edited, &want, "{n_rows} rows: row {i}'s edits");
+                // Vulkan lets a GPU divide within 2.5 ulp and fuse a multiply with an add, so
+                // the edits match the CPU's within f32 rounding (the NVIDIA H200 differs by 1 ulp
+                // in a repetition penalty); the bans are exact, and a row's edits are the same
+                // bits alone as batched (checked below).
+                let finite = |v: &[f32]| v.iter().copied().filter(|v| v.is_finite()).collect::<Vec<_>>();
+                assert!(edited.iter().zip(&want).all(|(g, w)| g.is_finite() == w.is_finite()), "{n_rows} rows: row {i}'s bans");
+                let e = flint_gpu::testing::nmse(&finite(edited), &finite(&want));
+                assert!(e <= flint_gpu::testing::NMSE_F32, "{n_rows} rows: row {i}'s edits, nmse {e}");
                 let dist: Vec<(u32, f64)> = cpu.distribution(&want).into_iter().filter(|d| d.1 > 0.0).collect();
                 let (ok, chi2, cells) = chi_square_ok(&dist, got);
                 eprintln!("{n_rows} rows, row {i}: {} candidates, chi2 {chi2:.2} over {cells} cells", dist.len());
@@ -561,6 +568,7 @@ fn rows_draw_from_their_own_distributions_and_as_they_do_alone() {
             for (i, (logits, cpu)) in cases.iter().enumerate() {
                 let alone = r.sample_rows(ctx, &[Row { logits, cpu }], 300, 64).await.pop().unwrap();
                 assert_eq!(alone.0[..], together[i].0[..64], "{n_rows} rows: row {i} drew otherwise alone");
+                assert!(alone.2.iter().zip(&together[i].2).all(|(a, b)| a.to_bits() == b.to_bits()), "{n_rows} rows: row {i}'s edits differ alone");
             }
         }
     });
