@@ -22,8 +22,9 @@ export B=$pack/bin L=$pack/llama M=$FLINT_HOME
 
 log devices
 $B/flint devices > "$out/devices.txt" 2>&1
-if ! grep -qi nvidia "$out/devices.txt"; then
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+if ! grep -qi nvidia "$out/devices.txt" && [[ -f $icd ]]; then
+  export VK_DRIVER_FILES=$icd
   { $B/flint devices; VK_LOADER_DEBUG=error,warn $B/flint devices 2>&1 | head -20; } > "$out/devices.txt" 2>&1
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,memory.total --format=csv >> "$out/devices.txt" 2>&1
@@ -54,7 +55,7 @@ lb() { log "llama-bench $*"; GGML_VK_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=$L timeou
 # step past the 8-token kernel).
 log matmul_speed
 for shape in "Q5_0 896 4864" "Q6_K 4864 896" "Q4_K 3584 18944" "Q6_K 18944 3584"; do
-  for tokens in 1 8 9 16 256; do timeout 20 $B/matmul_speed $shape $tokens 20 2>&1 | tail -1; done
+  for tokens in 1 8 9 16 256; do timeout 20 $B/matmul_speed $shape $tokens 20 2>&1 | grep -v "^note:" | tail -1; done
 done > "$out/matmul.txt"
 cat "$out/matmul.txt"
 
