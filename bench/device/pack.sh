@@ -8,7 +8,7 @@
 # Then: device run `bash bench/device/run.sh`, carrying .gl and .dev/device.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-root=$PWD out=.dev/device target=${CARGO_TARGET_DIR:-target}
+out=.dev/device target=${CARGO_TARGET_DIR:-target}
 grep -qx '/.dev/' .git/info/exclude 2>/dev/null || echo /.dev/ >> .git/info/exclude
 grep -qx '/.gl/' .git/info/exclude || echo /.gl/ >> .git/info/exclude
 rm -rf "$out" && mkdir -p "$out"/stage/{bin,llama,skel} "$out"/shared/golden/families .gl

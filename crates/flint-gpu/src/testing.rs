@@ -50,6 +50,19 @@ pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
     num / den
 }
 
+/// Edited logits against the CPU's: None unless `got` is non-finite exactly where `want` is
+/// (banned and masked tokens), else the NMSE over the finite values (0 when there are none).
+/// A GPU may divide within 2.5 ulp and fuse a multiply with an add, so edits are compared
+/// within f32 rounding, not bit for bit.
+pub fn finite_nmse(got: &[f32], want: &[f32]) -> Option<f64> {
+    assert_eq!(got.len(), want.len(), "length mismatch");
+    if got.iter().zip(want).any(|(g, w)| g.is_finite() != w.is_finite()) {
+        return None;
+    }
+    let (g, w): (Vec<f32>, Vec<f32>) = got.iter().zip(want).filter(|(_, w)| w.is_finite()).map(|(g, w)| (*g, *w)).unzip();
+    Some(if w.is_empty() { 0.0 } else { nmse(&g, &w) })
+}
+
 /// Tolerance presets (llama.cpp's test-backend-ops).
 pub const NMSE_F32: f64 = 1e-7;
 pub const NMSE_QUANT: f64 = 5e-4;

@@ -8,7 +8,7 @@ use flint_core::sampling::{LogitEdit, Penalties, Sampler, SamplingParams};
 use flint_gpu::buffer::{read_f32, storage_init};
 use flint_gpu::ops::penalize::{mask_words, Penalize, StepEdits};
 use flint_gpu::pipeline::PipelineCache;
-use flint_gpu::testing::{nmse, TestRng, NMSE_F32};
+use flint_gpu::testing::{finite_nmse, TestRng, NMSE_F32};
 use flint_gpu::GpuContext;
 
 const SENTINEL: f32 = 12345.0;
@@ -109,10 +109,7 @@ fn penalize_matches_cpu() {
                     }
                     exact += (got[i].to_bits() == want[i].to_bits()) as usize;
                 }
-                let finite: Vec<usize> = (0..n).filter(|&i| want[i].is_finite()).collect();
-                let g: Vec<f32> = finite.iter().map(|&i| got[i]).collect();
-                let w: Vec<f32> = finite.iter().map(|&i| want[i]).collect();
-                let e = if w.is_empty() { 0.0 } else { nmse(&g, &w) };
+                let e = finite_nmse(got, &want).unwrap_or_else(|| panic!("{label}: non-finite logits where the CPU's are finite"));
                 eprintln!("{label}: {} edits, {exact}/{n} bit-exact, nmse {e:.2e}", touched.len());
                 assert!(e <= NMSE_F32, "{label}: nmse {e}");
             }
@@ -192,9 +189,7 @@ fn rows_edit_their_own_logits() {
                 let mut want = logits[r].clone();
                 s.penalize(&mut want);
                 let got = &together[r * n..(r + 1) * n];
-                let finite: Vec<usize> = (0..n).filter(|&i| want[i].is_finite()).collect();
-                assert!(finite.iter().all(|&i| got[i].is_finite()) && (0..n).all(|i| got[i].is_finite() == want[i].is_finite()), "{n_rows} rows: row {r}'s bans");
-                let e = nmse(&finite.iter().map(|&i| got[i]).collect::<Vec<_>>(), &finite.iter().map(|&i| want[i]).collect::<Vec<_>>());
+                let e = finite_nmse(got, &want).unwrap_or_else(|| panic!("{n_rows} rows: row {r}'s bans"));
                 assert!(e <= NMSE_F32, "{n_rows} rows: row {r} nmse {e}");
                 // Alone, the row edits to the same bits.
                 ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits[r]));
