@@ -216,7 +216,11 @@ fn steady_tok_s(runs: &[StreamRun]) -> f64 {
     let start = runs.iter().map(|r| r.first_ms).fold(0.0, f64::max);
     let end = runs.iter().map(|r| r.last_ms).fold(0.0, f64::max);
     let tokens = runs.iter().flat_map(|r| &r.token_ms).filter(|&&t| t > start).count();
-    if end > start { tokens as f64 * 1e3 / (end - start) } else { 0.0 }
+    if end > start {
+        tokens as f64 * 1e3 / (end - start)
+    } else {
+        0.0
+    }
 }
 
 pub fn bench(args: BenchArgs) -> Result<(), Failure> {
@@ -284,11 +288,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             one_decode.push(r.decode_tok_s);
         }
     }
-    let (concurrency, levels_peak) = if args.concurrency.is_empty() {
-        (Vec::new(), 0.0)
-    } else {
-        run_levels(&engine, &levels, &args)?
-    };
+    let (concurrency, levels_peak) = if args.concurrency.is_empty() { (Vec::new(), 0.0) } else { run_levels(&engine, &levels, &args)? };
     let split = match &one {
         Some(one) => Some(split_report(&engine, one, stats(one_prefill), stats(one_decode), &concurrency, &levels, &args)?),
         None => None,
@@ -341,21 +341,15 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     }
     if let Some((prefill, decodes)) = &profile {
         report["prefill_profile_us"] = profile_json(prefill);
-        report["decode_profile_us"] = json!(PROFILE_DECODE_SIZES
-            .iter()
-            .zip(decodes)
-            .map(|(n, p)| json!({"sequences": n, "ops": profile_json(p)}))
-            .collect::<Vec<_>>());
+        report["decode_profile_us"] =
+            json!(PROFILE_DECODE_SIZES.iter().zip(decodes).map(|(n, p)| json!({"sequences": n, "ops": profile_json(p)})).collect::<Vec<_>>());
     }
     match args.format {
         BenchFormat::Json => println!("{report}"),
         BenchFormat::Text => {
             println!("model      {} on {} ({})", args.model, engine.backend_name(), engine.adapter_name());
             println!("load       {load_s:.2} s");
-            println!(
-                "prefill    {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens",
-                prefill.median, prefill.min, prefill.max, args.prompt_tokens
-            );
+            println!("prefill    {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens", prefill.median, prefill.min, prefill.max, args.prompt_tokens);
             println!("decode     {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens", decode.median, decode.min, decode.max, args.gen_tokens);
             println!("ttft       {:.1} ms (min {:.1}, max {:.1})", ttft.median, ttft.min, ttft.max);
             println!("peak rss   {peak_rss:.0} MB");
@@ -417,7 +411,15 @@ struct SplitReport {
 const COPY_REPS: usize = 20;
 
 /// `split_levels`: the split's concurrency levels, measured; the one device's are now.
-fn split_report(engine: &Engine, one: &Engine, one_prefill: Stats, one_decode: Stats, split_levels: &[Level], levels: &[usize], args: &BenchArgs) -> Result<SplitReport, Failure> {
+fn split_report(
+    engine: &Engine,
+    one: &Engine,
+    one_prefill: Stats,
+    one_decode: Stats,
+    split_levels: &[Level],
+    levels: &[usize],
+    args: &BenchArgs,
+) -> Result<SplitReport, Failure> {
     let mut level_pairs = Vec::new();
     if !split_levels.is_empty() {
         let (one_levels, _) = run_levels(one, levels, args)?;
@@ -437,7 +439,11 @@ fn split_report(engine: &Engine, one: &Engine, one_prefill: Stats, one_decode: S
 }
 
 fn ratio_of(a: f64, b: f64) -> f64 {
-    if b > 0.0 { a / b } else { 0.0 }
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
 }
 
 impl SplitReport {
@@ -496,7 +502,9 @@ fn bench_spec(args: &BenchArgs, spec: flint::SpecConfig) -> Result<(), Failure> 
         return Err(Failure::usage("--spec-type and --model-draft runs are one stream: no --concurrency or --profile"));
     }
     let Some(file) = &args.file else {
-        return Err(Failure::usage("--spec-type and --model-draft need -f FILE: the synthetic bench prompt repeats one sentence, which would inflate acceptance"));
+        return Err(Failure::usage(
+            "--spec-type and --model-draft need -f FILE: the synthetic bench prompt repeats one sentence, which would inflate acceptance",
+        ));
     };
     let text = std::fs::read_to_string(file).map_err(|e| Failure::usage(format!("{}: {e}", file.display())))?;
     let path = crate::resolve(&args.model)?;
@@ -515,17 +523,19 @@ fn bench_spec(args: &BenchArgs, spec: flint::SpecConfig) -> Result<(), Failure> 
         ..LoadOptions::default()
     };
     let engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
-    let prompt = if args.raw {
-        engine.tokenize_raw(&text)
-    } else {
-        engine.tokenize_chat(&[json!({"role": "user", "content": text})])
-    }
-    .map_err(|e| Failure::usage(format!("{}: {e}", file.display())))?;
+    let prompt = if args.raw { engine.tokenize_raw(&text) } else { engine.tokenize_chat(&[json!({"role": "user", "content": text})]) }
+        .map_err(|e| Failure::usage(format!("{}: {e}", file.display())))?;
     if prompt.len() + args.gen_tokens + spec.draft_max + 2 > engine.n_ctx() {
-        return Err(Failure::usage(format!("the prompt ({} tokens) and -n {} do not fit the bench's {}-token context", prompt.len(), args.gen_tokens, engine.n_ctx())));
+        return Err(Failure::usage(format!(
+            "the prompt ({} tokens) and -n {} do not fit the bench's {}-token context",
+            prompt.len(),
+            args.gen_tokens,
+            engine.n_ctx()
+        )));
     }
     let prefill_steps = prompt.len().div_ceil(flint::DEFAULT_MAX_BATCH_TOKENS) as u64;
-    let once = |speculative: bool, n: usize| futures::executor::block_on(engine.bench_spec_once(&prompt, n, speculative, prefill_steps)).map_err(Failure::runtime);
+    let once =
+        |speculative: bool, n: usize| futures::executor::block_on(engine.bench_spec_once(&prompt, n, speculative, prefill_steps)).map_err(Failure::runtime);
     once(false, args.gen_tokens.min(16))?;
     once(true, args.gen_tokens.min(16))?;
     let (mut plain, mut drafted) = (Vec::new(), Vec::new());
@@ -537,7 +547,8 @@ fn bench_spec(args: &BenchArgs, spec: flint::SpecConfig) -> Result<(), Failure> 
     let decode = |runs: &[flint::SpecRun]| stats(runs.iter().map(|r| r.run.decode_tok_s).collect());
     let (p, d) = (decode(&plain), decode(&drafted));
     let ratio = if p.median > 0.0 { d.median / p.median } else { 0.0 };
-    let (n_drafted, n_accepted, steps): (usize, usize, u64) = drafted.iter().fold((0, 0, 0), |(a, b, c), r| (a + r.drafted, b + r.accepted, c + r.decode_steps));
+    let (n_drafted, n_accepted, steps): (usize, usize, u64) =
+        drafted.iter().fold((0, 0, 0), |(a, b, c), r| (a + r.drafted, b + r.accepted, c + r.decode_steps));
     let rate = if n_drafted > 0 { n_accepted as f64 / n_drafted as f64 } else { 0.0 };
     let per_step = if steps > 0 { (args.gen_tokens * args.reps) as f64 / steps as f64 } else { 0.0 };
     let report = json!({

@@ -152,8 +152,8 @@ impl Sample {
 /// A distinct prompt of about `words` tokens (common words, about a token each).
 fn prompt(i: usize, words: usize) -> String {
     const WORDS: [&str; 24] = [
-        "the", "river", "runs", "past", "a", "small", "town", "where", "people", "walk", "every", "morning", "and", "talk", "about", "their",
-        "work", "while", "birds", "sing", "in", "old", "green", "trees",
+        "the", "river", "runs", "past", "a", "small", "town", "where", "people", "walk", "every", "morning", "and", "talk", "about", "their", "work", "while",
+        "birds", "sing", "in", "old", "green", "trees",
     ];
     let mut out = format!("Story {i}:");
     for k in 0..words.saturating_sub(3) {
@@ -182,9 +182,11 @@ fn request_body(args: &BenchServeArgs, model: &str, i: usize) -> Value {
 
 /// Whether an SSE chunk carries generated text.
 fn has_text(chunk: &Value) -> bool {
-    chunk["choices"].as_array().into_iter().flatten().any(|c| {
-        c["text"].as_str().is_some_and(|t| !t.is_empty()) || c["delta"]["content"].as_str().is_some_and(|t| !t.is_empty())
-    })
+    chunk["choices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["text"].as_str().is_some_and(|t| !t.is_empty()) || c["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()))
 }
 
 /// Sends one streamed request and times its chunks.

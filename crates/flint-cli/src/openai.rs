@@ -326,7 +326,8 @@ fn prompts(obj: &Map<String, Value>) -> Result<Vec<Input>, ApiError> {
 
 /// Reads a request body of `endpoint`.
 pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &Defaults) -> Result<Parsed, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("malformed JSON: {e}")))?;
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("malformed JSON: {e}")))?;
     let Value::Object(obj) = value else {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "the body must be a JSON object"));
     };
@@ -364,7 +365,9 @@ pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &Defaults) -> Result<Par
     let stream = boolean(&obj, "stream")?.unwrap_or(false);
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => boolean(o, "include_usage").map_err(|_| ApiError::invalid("stream_options", "`include_usage` must be true or false"))?.unwrap_or(false),
+        Some(Value::Object(o)) => {
+            boolean(o, "include_usage").map_err(|_| ApiError::invalid("stream_options", "`include_usage` must be true or false"))?.unwrap_or(false)
+        }
         Some(_) => return Err(ApiError::invalid("stream_options", "`stream_options` must be an object")),
     };
     if obj.get("user").is_some_and(|u| !u.is_string() && !u.is_null()) {
@@ -418,7 +421,8 @@ mod tests {
     #[test]
     fn openai_defaults_and_fields() {
         let msgs = json!([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]);
-        let p = chat(json!({"model": "m", "messages": msgs, "max_completion_tokens": 5, "n": 2, "stop": "x", "seed": 3, "logprobs": true, "top_logprobs": 2})).unwrap();
+        let p = chat(json!({"model": "m", "messages": msgs, "max_completion_tokens": 5, "n": 2, "stop": "x", "seed": 3, "logprobs": true, "top_logprobs": 2}))
+            .unwrap();
         assert_eq!((p.params.sampling.temperature, p.params.sampling.top_p, p.params.sampling.top_k), (1.0, 1.0, 0));
         assert_eq!((p.params.max_tokens, p.n, p.top_logprobs, p.params.sampling.seed), (Some(5), 2, Some(2), Some(3)));
         assert_eq!(p.params.stop, vec!["x".to_string()]);

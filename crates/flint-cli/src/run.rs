@@ -420,10 +420,7 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
     let opened = Opened::open(&args.model)?;
     let chat = !args.raw && opened.has_template();
     if args.model.system.is_some() && !chat {
-        return Err(Failure::usage(format!(
-            "{} has no chat template, so --system cannot apply (pass --chat-template-file FILE)",
-            opened.path().display()
-        )));
+        return Err(Failure::usage(format!("{} has no chat template, so --system cannot apply (pass --chat-template-file FILE)", opened.path().display())));
     }
     let path = opened.path().to_path_buf();
     let engine = opened.load(&args.model)?;

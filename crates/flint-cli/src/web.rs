@@ -51,10 +51,7 @@ pub struct WebArgs {
 
 pub fn web(args: WebArgs) -> Result<(), Failure> {
     if !args.root.join("index.html").is_file() {
-        return Err(Failure::usage(format!(
-            "{} has no index.html: build the site with `bash scripts/build-web.sh` or pass --root",
-            args.root.display()
-        )));
+        return Err(Failure::usage(format!("{} has no index.html: build the site with `bash scripts/build-web.sh` or pass --root", args.root.display())));
     }
     let mut router: Router = site(Some(args.root));
     if args.log {

@@ -128,20 +128,14 @@ fn ctrl_c_ends_the_reply_not_the_program() {
     let question = "Write a long, detailed essay about the history of computing.";
     tmux.type_line(question);
     // Some reply text after the question line.
-    tmux.wait_for("the reply to start", Duration::from_secs(180), |s| {
-        s.split_once(question).is_some_and(|(_, after)| after.trim().len() >= 20)
-    });
+    tmux.wait_for("the reply to start", Duration::from_secs(180), |s| s.split_once(question).is_some_and(|(_, after)| after.trim().len() >= 20));
     tmux.send(&["C-c"]);
-    let screen = tmux.wait_for("the reply to end and the prompt to return", Duration::from_secs(60), |s| {
-        s.contains("interrupted]") && last_line(s) == ">>>"
-    });
+    let screen = tmux.wait_for("the reply to end and the prompt to return", Duration::from_secs(60), |s| s.contains("interrupted]") && last_line(s) == ">>>");
     assert!(!screen.contains("FLINT-EXIT"), "flint exited on Ctrl-C:\n{screen}");
 
     // The REPL takes the next line: the stats of the cut reply.
     tmux.type_line("/stats");
-    tmux.wait_for("/stats after the interrupted reply", Duration::from_secs(30), |s| {
-        s.contains("finish reason: abort") && last_line(s) == ">>>"
-    });
+    tmux.wait_for("/stats after the interrupted reply", Duration::from_secs(30), |s| s.contains("finish reason: abort") && last_line(s) == ">>>");
     // Ctrl-C at the prompt only says how to leave.
     tmux.send(&["C-c"]);
     tmux.wait_for("the exit hint", Duration::from_secs(30), |s| s.contains("Use /bye or Ctrl-D to exit"));

@@ -28,14 +28,10 @@ fn golden_cli(model: &str, golden: &str, sixth: &str) {
     for index in 1..=6 {
         let prompt = if index == 6 { sixth.to_string() } else { format!("p{index}.txt") };
         let prompt = shared().join("golden/prompts").join(prompt);
-        let out = flint(&[
-            "run", "-m", &path, "--raw", "--backend", "cpu", "--temp", "0", "-n", "32", "--format", "jsonl", "-f",
-            prompt.to_str().unwrap(),
-        ]);
+        let out = flint(&["run", "-m", &path, "--raw", "--backend", "cpu", "--temp", "0", "-n", "32", "--format", "jsonl", "-f", prompt.to_str().unwrap()]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{golden} {index}: flint failed: {stderr}");
-        let lines: Vec<Value> =
-            String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<Value> = String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         let (summary, tokens) = lines.split_last().unwrap();
         let got: Vec<u64> = tokens.iter().filter_map(|l| l["token"].as_u64()).collect();
         let reference = json_file(&format!("golden/f32/{golden}/{index}.json"));
@@ -210,8 +206,7 @@ fn system_needs_a_chat_template() {
 fn jsonl_run(args: &[&str]) -> (Vec<Value>, Value) {
     let out = flint(args);
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    let mut lines: Vec<Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut lines: Vec<Value> = String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let summary = lines.pop().expect("a summary line");
     assert_eq!(summary["done"], true);
     (lines, summary)
@@ -224,8 +219,22 @@ fn stop_string_across_tokens() {
     let prompt = shared().join("golden/prompts/p1.txt");
     let stop = " United St";
     let (lines, summary) = jsonl_run(&[
-        "run", "-m", &model_path("gemma-3-270m"), "--backend", "cpu", "--temp", "0", "--raw", "-n", "32", "--format",
-        "jsonl", "--stop", stop, "-f", prompt.to_str().unwrap(),
+        "run",
+        "-m",
+        &model_path("gemma-3-270m"),
+        "--backend",
+        "cpu",
+        "--temp",
+        "0",
+        "--raw",
+        "-n",
+        "32",
+        "--format",
+        "jsonl",
+        "--stop",
+        stop,
+        "-f",
+        prompt.to_str().unwrap(),
     ]);
     let greedy = json_file("golden/f32/gemma/1.json")["greedy_text"].as_str().unwrap().to_string();
     let want = &greedy[..greedy.find(stop).expect("the stop string is in the reference text")];
@@ -241,8 +250,20 @@ fn stop_string_across_tokens() {
 #[test]
 fn logprobs_in_jsonl() {
     let (lines, summary) = jsonl_run(&[
-        "run", "-m", &model_path("qwen2.5-coder-0.5b"), "--backend", "cpu", "--temp", "0", "-n", "6", "--format", "jsonl",
-        "--logprobs", "3", "Name three colors.",
+        "run",
+        "-m",
+        &model_path("qwen2.5-coder-0.5b"),
+        "--backend",
+        "cpu",
+        "--temp",
+        "0",
+        "-n",
+        "6",
+        "--format",
+        "jsonl",
+        "--logprobs",
+        "3",
+        "Name three colors.",
     ]);
     assert!(summary["cached_prompt_tokens"].is_u64(), "summary lacks cached_prompt_tokens: {summary}");
     let tokens: Vec<&Value> = lines.iter().filter(|l| l.get("token").is_some()).collect();

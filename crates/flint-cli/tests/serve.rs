@@ -211,8 +211,26 @@ fn flint_serve_over_http() {
     let data: Vec<u8> = (0..=255u8).collect();
     std::fs::write(site.join("pkg/a b.bin"), &data).unwrap();
     let server = Server::start(&[
-        "-m", &model, "--port", "0", "-c", "256", "--parallel", "8", "--api-key", KEY, "--max-queue", "8", "--header-timeout", "1",
-        "--shutdown-timeout", "1", "--cors", "http://app.example", "--static", site.to_str().unwrap(),
+        "-m",
+        &model,
+        "--port",
+        "0",
+        "-c",
+        "256",
+        "--parallel",
+        "8",
+        "--api-key",
+        KEY,
+        "--max-queue",
+        "8",
+        "--header-timeout",
+        "1",
+        "--shutdown-timeout",
+        "1",
+        "--cors",
+        "http://app.example",
+        "--static",
+        site.to_str().unwrap(),
         // The warm-up (on by default) runs in tests/web/serve.test.mjs; here it would only
         // compile the 2-4-token kernels that nothing below uses.
         "--no-warmup",
@@ -284,7 +302,9 @@ fn flint_serve_over_http() {
         let jobs: Vec<_> = (1..=6)
             .map(|i| {
                 let server = &server;
-                s.spawn(move || server.post("/v1/completions", &json!({"model": "gemma-3-270m", "prompt": golden_prompt(i), "max_tokens": 16, "temperature": 0})))
+                s.spawn(move || {
+                    server.post("/v1/completions", &json!({"model": "gemma-3-270m", "prompt": golden_prompt(i), "max_tokens": 16, "temperature": 0}))
+                })
             })
             .collect();
         jobs.into_iter().map(|j| j.join().unwrap()).collect()
@@ -329,7 +349,10 @@ fn flint_serve_over_http() {
     assert!(server.metric("flint_spec_accepted_tokens_total") >= right as f64);
 
     // SSE as OpenAI sends it: data lines, one id, the finish chunk, usage, [DONE].
-    let r = server.post("/v1/completions", &json!({"prompt": golden_prompt(1), "max_tokens": 4, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}));
+    let r = server.post(
+        "/v1/completions",
+        &json!({"prompt": golden_prompt(1), "max_tokens": 4, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}),
+    );
     assert_eq!(r.status, 200);
     assert!(r.header("content-type").is_some_and(|c| c.starts_with("text/event-stream")));
     let data = sse_data(&r.text());
@@ -359,7 +382,8 @@ fn flint_serve_over_http() {
     assert_eq!((r.status, r.error().2), (400, json!("context_length_exceeded")));
     let r = bad(&json!({"prompt": "a", "max_tokens": 300}));
     assert_eq!((r.status, r.error().2), (400, json!("context_length_exceeded")));
-    let r = server.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}));
+    let r = server
+        .post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}));
     assert_eq!((r.status, r.error().1), (400, json!("tools")));
     let r = server.request("POST", "/v1/completions", &[("authorization", &format!("Bearer {KEY}"))], b"{\"prompt\": ");
     assert_eq!((r.status, r.error().0.as_str()), (400, "invalid_request_error"));
@@ -447,7 +471,8 @@ fn hostile_chat_template_is_a_400() {
     let file = std::env::temp_dir().join(format!("flint-serve-hostile-{}.jinja", std::process::id()));
     std::fs::write(&file, "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}").unwrap();
     let model = model_path("gemma-3-270m");
-    let server = Server::start(&["-m", &model, "--port", "0", "--backend", "cpu", "--no-warmup", "--api-key", KEY, "--chat-template-file", file.to_str().unwrap()]);
+    let server =
+        Server::start(&["-m", &model, "--port", "0", "--backend", "cpu", "--no-warmup", "--api-key", KEY, "--chat-template-file", file.to_str().unwrap()]);
     let t0 = Instant::now();
     while server.request("GET", "/health", &[], b"").status != 200 {
         assert!(t0.elapsed() < Duration::from_secs(120), "the model never loaded");
@@ -520,10 +545,8 @@ fn a_lost_device_ends_the_stream_and_the_server_recovers() {
         return;
     }
     let model = shared().join("golden/families/qwen3/model.gguf");
-    let server = Server::start_env(
-        &["-m", model.to_str().unwrap(), "--port", "0", "-c", "512", "--api-key", KEY, "--no-warmup"],
-        &[("FLINT_TEST_FAULTS", "1")],
-    );
+    let server =
+        Server::start_env(&["-m", model.to_str().unwrap(), "--port", "0", "-c", "512", "--api-key", KEY, "--no-warmup"], &[("FLINT_TEST_FAULTS", "1")]);
     let t0 = Instant::now();
     while server.request("GET", "/health", &[], b"").status != 200 {
         assert!(t0.elapsed() < Duration::from_secs(300), "the model never loaded");
@@ -672,8 +695,20 @@ fn the_server_under_load_and_faults_loses_nothing() {
     }
     let model = shared().join("golden/families/qwen3/model.gguf");
     let server = Server::start(&[
-        "-m", model.to_str().unwrap(), "--port", "0", "-c", "512", "--parallel", "8", "--api-key", KEY, "--max-queue", "16",
-        "--header-timeout", "2",
+        "-m",
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "-c",
+        "512",
+        "--parallel",
+        "8",
+        "--api-key",
+        KEY,
+        "--max-queue",
+        "16",
+        "--header-timeout",
+        "2",
     ]);
     let t0 = Instant::now();
     while server.request("GET", "/health", &[], b"").status != 200 {

@@ -152,14 +152,7 @@ impl Generation {
     /// Choice `choice` of a request for `prompt`; it draws from the random stream
     /// (`seed`, `choice`). Settings are validated here, so a request that cannot run fails
     /// before any work.
-    pub fn new(
-        prompt: &[u32],
-        params: &GenerateParams,
-        seed: u64,
-        choice: usize,
-        n_vocab: usize,
-        t_submit: f64,
-    ) -> Result<Generation, GenerateError> {
+    pub fn new(prompt: &[u32], params: &GenerateParams, seed: u64, choice: usize, n_vocab: usize, t_submit: f64) -> Result<Generation, GenerateError> {
         if prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
@@ -305,10 +298,7 @@ impl Generation {
 /// Length of the longest suffix of `text` that is a proper prefix of `stop` (at a char boundary).
 fn longest_prefix_suffix(text: &str, stop: &str) -> usize {
     let max = stop.len().saturating_sub(1).min(text.len());
-    (1..=max)
-        .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && stop.is_char_boundary(n) && text.ends_with(&stop[..n]))
-        .unwrap_or(0)
+    (1..=max).rev().find(|&n| text.is_char_boundary(text.len() - n) && stop.is_char_boundary(n) && text.ends_with(&stop[..n])).unwrap_or(0)
 }
 
 #[cfg(test)]

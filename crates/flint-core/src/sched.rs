@@ -167,16 +167,7 @@ impl Scheduler {
         if cfg.max_batch_tokens == 0 || cfg.max_seqs == 0 || cfg.n_ctx == 0 {
             return Err(SchedError::Invalid("max_batch_tokens, max_seqs and n_ctx must be positive"));
         }
-        Ok(Scheduler {
-            cfg,
-            kv,
-            seqs: HashMap::new(),
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            next_id: 1,
-            stats: SchedStats::default(),
-            draft_rows: 0,
-        })
+        Ok(Scheduler { cfg, kv, seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), next_id: 1, stats: SchedStats::default(), draft_rows: 0 })
     }
 
     pub fn config(&self) -> &SchedConfig {
@@ -254,9 +245,11 @@ impl Scheduler {
         let ids: Vec<SeqId> = (0..=n_forks as u64).map(|i| self.next_id + i).collect();
         self.next_id += ids.len() as u64;
         for &id in &ids[1..] {
-            self.seqs.insert(id, Seq { tokens: prompt.clone(), computed: 0, cached: None, forks: Vec::new(), state: State::Pending, draft: Vec::new(), drafted: 0 });
+            self.seqs
+                .insert(id, Seq { tokens: prompt.clone(), computed: 0, cached: None, forks: Vec::new(), state: State::Pending, draft: Vec::new(), drafted: 0 });
         }
-        self.seqs.insert(ids[0], Seq { tokens: prompt, computed: 0, cached: None, forks: ids[1..].to_vec(), state: State::Waiting, draft: Vec::new(), drafted: 0 });
+        self.seqs
+            .insert(ids[0], Seq { tokens: prompt, computed: 0, cached: None, forks: ids[1..].to_vec(), state: State::Waiting, draft: Vec::new(), drafted: 0 });
         self.kv.open(ids[0]);
         self.waiting.push_back(ids[0]);
         Ok(ids)
@@ -561,11 +554,7 @@ impl StepPlan {
 
     /// Every sequence that gets output rows and how many, in row order.
     pub fn output_rows(&self) -> Vec<(SeqId, usize)> {
-        self.entries
-            .iter()
-            .filter(|e| e.output)
-            .flat_map(|e| std::iter::once((e.seq, 1 + e.drafted)).chain(e.forked.iter().map(|&f| (f, 1))))
-            .collect()
+        self.entries.iter().filter(|e| e.output).flat_map(|e| std::iter::once((e.seq, 1 + e.drafted)).chain(e.forked.iter().map(|&f| (f, 1)))).collect()
     }
 }
 

@@ -136,9 +136,7 @@ pub fn prediction_draft(prediction: &[u32], generated: &[u32], k: usize) -> Vec<
     }
     for n in (1..=NGRAM_MAX.min(at)).rev() {
         let tail = &generated[at - n..];
-        let end = (n..len)
-            .filter(|&e| &prediction[e - n..e] == tail)
-            .min_by_key(|&e| e.abs_diff(at));
+        let end = (n..len).filter(|&e| &prediction[e - n..e] == tail).min_by_key(|&e| e.abs_diff(at));
         if let Some(e) = end {
             return prediction[e..(e + k).min(len)].to_vec();
         }
@@ -189,7 +187,13 @@ pub fn verify_exact(p: &[(u32, f64)], q: &[f64], x: u32) -> (f64, Vec<(u32, f64)
     let q_at = |id: u32| q.get(id as usize).copied().unwrap_or(0.0);
     let px = p.iter().find(|(id, _)| *id == x).map_or(0.0, |&(_, v)| v);
     let qx = q_at(x);
-    let keep = if qx > 0.0 { (px / qx).min(1.0) } else if px > 0.0 { 1.0 } else { 0.0 };
+    let keep = if qx > 0.0 {
+        (px / qx).min(1.0)
+    } else if px > 0.0 {
+        1.0
+    } else {
+        0.0
+    };
     let rest: Vec<(u32, f64)> = p.iter().map(|&(id, v)| (id, v - q_at(id))).filter(|&(_, r)| r > 0.0).collect();
     let mass: f64 = rest.iter().map(|r| r.1).sum();
     (keep, rest.into_iter().map(|(id, r)| (id, r / mass)).collect())

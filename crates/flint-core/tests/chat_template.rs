@@ -16,8 +16,7 @@ use serde_json::{json, Value as Json};
 
 const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared");
 const GEMMA_BOS: u32 = 2;
-const QWEN_SYSTEM_DEFAULT: &str =
-    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n";
+const QWEN_SYSTEM_DEFAULT: &str = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n";
 
 struct Loaded {
     md: Metadata,
@@ -69,14 +68,12 @@ fn qwen_gguf_template_is_the_golden_one() {
 
 #[test]
 fn qwen_golden_chat_prompt_byte_for_byte() {
-    let messages: Vec<ChatMessage> =
-        serde_json::from_str(&read("golden/prompts/chat_messages_qwen6.json")).expect("chat_messages_qwen6.json");
+    let messages: Vec<ChatMessage> = serde_json::from_str(&read("golden/prompts/chat_messages_qwen6.json")).expect("chat_messages_qwen6.json");
     let rendered = qwen_template().render(&messages, true).unwrap();
     assert_eq!(rendered, read("golden/prompts/p6q.txt"));
 
     let golden: Json = serde_json::from_str(&read("golden/qwen/6.json")).unwrap();
-    let want: Vec<u32> =
-        golden["prompt_token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let want: Vec<u32> = golden["prompt_token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     assert_eq!(tokenize_rendered(&qwen().tok, &rendered).unwrap(), want);
 }
 
@@ -88,8 +85,7 @@ fn qwen_without_system_message_uses_default_prompt() {
 
 #[test]
 fn qwen_multiple_turns() {
-    let messages =
-        [msg("system", "Be brief."), msg("user", "What is 2+2?"), msg("assistant", "4"), msg("user", "And 3+3?")];
+    let messages = [msg("system", "Be brief."), msg("user", "What is 2+2?"), msg("assistant", "4"), msg("user", "And 3+3?")];
     let out = qwen_template().render(&messages, true).unwrap();
     assert_eq!(
         out,
@@ -102,10 +98,7 @@ fn qwen_multiple_turns() {
 fn qwen_without_generation_prompt() {
     let messages = [msg("user", "Hello"), msg("assistant", "Hi! How can I help?")];
     let out = qwen_template().render(&messages, false).unwrap();
-    assert_eq!(
-        out,
-        format!("{QWEN_SYSTEM_DEFAULT}<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nHi! How can I help?<|im_end|>\n")
-    );
+    assert_eq!(out, format!("{QWEN_SYSTEM_DEFAULT}<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nHi! How can I help?<|im_end|>\n"));
 }
 
 #[test]
@@ -209,13 +202,7 @@ fn python_methods_loop_controls_and_whitespace_match_jinja2() {
         [{{ m.role | upper }}|{{ m.content.strip() }}|{{ m.content.split(' ')[0] }}|{{ m.content.startswith(' hi') }}]\n\
         {% endfor %}\n{% for k, v in {'z': 1, 'a': none}.items() %}{{ k }}={{ v }};{% endfor %}\n\n\
         n={{ ns.n }} {{ 'x' * 3 }} {{ messages[1:] | length }} {{ tools is none }} {{ true }}\n";
-    let messages = [
-        msg("system", "sys"),
-        msg("user", " hi there "),
-        msg("assistant", "yo"),
-        msg("user", "a b"),
-        msg("user", "dropped"),
-    ];
+    let messages = [msg("system", "sys"), msg("user", " hi there "), msg("assistant", "yo"), msg("user", "a b"), msg("user", "dropped")];
     let out = template(source).render(&messages, false).unwrap();
     assert_eq!(out, "[USER|hi there||True]\n[ASSISTANT|yo|yo|False]\nz=1;a=None;\nn=2 xxx 4 True True");
 }
@@ -226,8 +213,7 @@ fn bos_and_eos_tokens_are_variables() {
     assert_eq!(t.render(&[msg("user", "x")], false).unwrap(), "<s>x</s>");
 }
 
-const GEMMA_STYLE: &str =
-    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}\
+const GEMMA_STYLE: &str = "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}\
     {% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
 
 #[test]

@@ -36,10 +36,7 @@ impl ByteSource for RangedSource {
     fn read_at<'a>(&'a self, offset: u64, buf: &'a mut [u8]) -> LocalBoxFuture<'a, Result<(), GgufError>> {
         self.reads.borrow_mut().push((offset, buf.len()));
         Box::pin(async move {
-            let end = offset
-                .checked_add(buf.len() as u64)
-                .filter(|&e| e <= self.len())
-                .ok_or(GgufError::Truncated { what: "read", offset })?;
+            let end = offset.checked_add(buf.len() as u64).filter(|&e| e <= self.len()).ok_or(GgufError::Truncated { what: "read", offset })?;
             buf.copy_from_slice(&self.data[offset as usize..end as usize]);
             Ok(())
         })
@@ -63,11 +60,7 @@ fn read_all_ways(build: &dyn Fn() -> GgufWriter) -> Vec<(&'static str, Result<Gg
     let (ranged, _) = open_ranged(plain.clone());
     let (ranged_padded, reads) = open_ranged(padded.clone());
     assert!(reads[0].1 < padded.len(), "the padded file's first read should be a prefix: {reads:?}");
-    vec![
-        ("from_bytes", GgufFile::from_bytes(plain)),
-        ("from_source", ranged),
-        ("from_source, 2.5 MiB header", ranged_padded),
-    ]
+    vec![("from_bytes", GgufFile::from_bytes(plain)), ("from_source", ranged), ("from_source, 2.5 MiB header", ranged_padded)]
 }
 
 /// Asserts that every way of reading the file fails with an error matching the pattern.
@@ -86,10 +79,7 @@ macro_rules! assert_rejects {
 /// Parses the file every way, asserting success; for files that are valid but hold a key of the
 /// wrong type, which only a typed accessor refuses.
 fn parse_all_ways(build: impl Fn() -> GgufWriter) -> Vec<GgufFile> {
-    read_all_ways(&build)
-        .into_iter()
-        .map(|(how, res)| res.unwrap_or_else(|e| panic!("{how}: expected a valid file, got {e:?}")))
-        .collect()
+    read_all_ways(&build).into_iter().map(|(how, res)| res.unwrap_or_else(|e| panic!("{how}: expected a valid file, got {e:?}"))).collect()
 }
 
 /// A small valid file: one KV and one F32 tensor, the base most cases break one thing in.
@@ -135,17 +125,7 @@ fn rich_file(version: u32) -> GgufWriter {
         .kv("tokenizer.ggml.token_type", Val::i32_array(&[2, 3, 3, 1, 1, 1]))
         .kv("t.bools", Val::array(vt::BOOL, &[Val::bool(false), Val::bool(true)]))
         .kv("t.empty_array", Val::u32_array(&[]))
-        .kv(
-            "t.nested",
-            Val::array(
-                vt::ARRAY,
-                &[
-                    Val::i32_array(&[1, -2, 3]),
-                    Val::str_array(&["x", "yz"]),
-                    Val::array(vt::ARRAY, &[Val::u8_array(&[9])]),
-                ],
-            ),
-        )
+        .kv("t.nested", Val::array(vt::ARRAY, &[Val::i32_array(&[1, -2, 3]), Val::str_array(&["x", "yz"]), Val::array(vt::ARRAY, &[Val::u8_array(&[9])])]))
         .tensor("token_embd.weight", &[8, 3], ggml::F32)
         .tensor("blk.0.attn_q.weight", &[64, 2], ggml::Q8_0)
         .tensor("output.weight", &[256, 2], ggml::Q4_K)
@@ -175,11 +155,7 @@ fn expected_values() -> Vec<(&'static str, Value)> {
         ("t.empty_array", Value::Array(Array::U32(vec![]))),
         (
             "t.nested",
-            Value::Array(Array::Array(vec![
-                Array::I32(vec![1, -2, 3]),
-                Array::String(vec!["x".into(), "yz".into()]),
-                Array::Array(vec![Array::U8(vec![9])]),
-            ])),
+            Value::Array(Array::Array(vec![Array::I32(vec![1, -2, 3]), Array::String(vec!["x".into(), "yz".into()]), Array::Array(vec![Array::U8(vec![9])])])),
         ),
     ]
 }
@@ -296,26 +272,19 @@ fn alignment_1_and_64_are_honoured() {
 /// The only errors a prefix of a valid file may give: it ran out, or a count or length read
 /// from it no longer fits what remains.
 fn is_truncation_error(e: &GgufError) -> bool {
-    matches!(
-        e,
-        GgufError::Truncated { .. }
-            | GgufError::StringTooLong { .. }
-            | GgufError::CountTooLarge { .. }
-            | GgufError::TensorOutOfBounds { .. }
-    )
+    matches!(e, GgufError::Truncated { .. } | GgufError::StringTooLong { .. } | GgufError::CountTooLarge { .. } | GgufError::TensorOutOfBounds { .. })
 }
 
 fn check_prefix(full: &[u8], len: usize) -> GgufError {
     let prefix = full[..len].to_vec();
-    let sync = catch_unwind(AssertUnwindSafe(|| GgufFile::from_bytes(prefix.clone())))
-        .unwrap_or_else(|_| panic!("from_bytes panicked on the {len}-byte prefix"));
+    let sync =
+        catch_unwind(AssertUnwindSafe(|| GgufFile::from_bytes(prefix.clone()))).unwrap_or_else(|_| panic!("from_bytes panicked on the {len}-byte prefix"));
     let e = match sync {
         Ok(_) => panic!("the {len}-byte prefix of a {}-byte file parsed", full.len()),
         Err(e) => e,
     };
     assert!(is_truncation_error(&e), "{len}-byte prefix: unexpected {e:?}");
-    let ranged = catch_unwind(AssertUnwindSafe(|| open_ranged(prefix.clone()).0))
-        .unwrap_or_else(|_| panic!("from_source panicked on the {len}-byte prefix"));
+    let ranged = catch_unwind(AssertUnwindSafe(|| open_ranged(prefix.clone()).0)).unwrap_or_else(|_| panic!("from_source panicked on the {len}-byte prefix"));
     let e2 = ranged.err().unwrap_or_else(|| panic!("from_source parsed the {len}-byte prefix"));
     assert_eq!(discriminant(&e), discriminant(&e2), "{len}-byte prefix: from_bytes {e:?}, from_source {e2:?}");
     e
@@ -345,18 +314,9 @@ fn truncated_prefixes_of_a_large_header_are_rejected_by_the_ranged_reader() {
     let full = w.finish();
     let header = w.header_len() as usize;
     let first_read = 1usize << 20;
-    for len in [
-        first_read - 1,
-        first_read,
-        first_read + 1,
-        FILLER_LEN,
-        FILLER_LEN + 40,
-        header - 50,
-        header - 1,
-        header,
-        w.data_offset() as usize,
-        full.len() - 1,
-    ] {
+    for len in
+        [first_read - 1, first_read, first_read + 1, FILLER_LEN, FILLER_LEN + 40, header - 50, header - 1, header, w.data_offset() as usize, full.len() - 1]
+    {
         check_prefix(&full, len);
     }
 }
@@ -452,10 +412,7 @@ fn key_length_u64_max_is_rejected() {
 
 #[test]
 fn string_value_length_past_the_end_is_rejected() {
-    assert_rejects!(
-        || base_kv_only().kv("general.name", Val::string_claiming(1000, b"abc")),
-        GgufError::StringTooLong { len: 1000, .. }
-    );
+    assert_rejects!(|| base_kv_only().kv("general.name", Val::string_claiming(1000, b"abc")), GgufError::StringTooLong { len: 1000, .. });
 }
 
 #[test]
@@ -469,10 +426,7 @@ fn string_value_length_past_the_end_with_tensors_after_it_is_rejected() {
 
 #[test]
 fn string_value_length_u64_max_is_rejected() {
-    assert_rejects!(
-        || base().kv("general.name", Val::string_claiming(u64::MAX, b"abc")),
-        GgufError::StringTooLong { len: u64::MAX, .. }
-    );
+    assert_rejects!(|| base().kv("general.name", Val::string_claiming(u64::MAX, b"abc")), GgufError::StringTooLong { len: u64::MAX, .. });
 }
 
 #[test]
@@ -486,18 +440,12 @@ fn array_length_past_the_end_is_rejected() {
 #[test]
 fn array_length_one_past_the_elements_present_is_rejected() {
     // Three u32 claimed, two present, nothing after: 12 bytes do not fit in 8.
-    assert_rejects!(
-        || base_kv_only().kv("a", Val::array_claiming(vt::U32, 3, vec![1, 0, 0, 0, 2, 0, 0, 0])),
-        GgufError::CountTooLarge { count: 3, .. }
-    );
+    assert_rejects!(|| base_kv_only().kv("a", Val::array_claiming(vt::U32, 3, vec![1, 0, 0, 0, 2, 0, 0, 0])), GgufError::CountTooLarge { count: 3, .. });
 }
 
 #[test]
 fn byte_array_length_u64_max_is_rejected() {
-    assert_rejects!(
-        || base().kv("a", Val::array_claiming(vt::U8, u64::MAX, vec![1, 2, 3])),
-        GgufError::CountTooLarge { count: u64::MAX, .. }
-    );
+    assert_rejects!(|| base().kv("a", Val::array_claiming(vt::U8, u64::MAX, vec![1, 2, 3])), GgufError::CountTooLarge { count: u64::MAX, .. });
 }
 
 #[test]
@@ -527,10 +475,7 @@ fn arrays_nested_256_deep_are_rejected() {
 
 #[test]
 fn arrays_nested_one_past_the_limit_are_rejected() {
-    assert_rejects!(
-        || base().kv("deep", Val::nested(MAX_ARRAY_DEPTH + 1)),
-        GgufError::NestingTooDeep { max: MAX_ARRAY_DEPTH, .. }
-    );
+    assert_rejects!(|| base().kv("deep", Val::nested(MAX_ARRAY_DEPTH + 1)), GgufError::NestingTooDeep { max: MAX_ARRAY_DEPTH, .. });
 }
 
 #[test]
@@ -593,10 +538,7 @@ fn bool_byte_2_is_rejected() {
 
 #[test]
 fn bool_byte_255_in_an_array_is_rejected() {
-    assert_rejects!(
-        || base().kv("b", Val::array(vt::BOOL, &[Val::bool(true), Val::bool_byte(255)])),
-        GgufError::BadBool { byte: 255, .. }
-    );
+    assert_rejects!(|| base().kv("b", Val::array(vt::BOOL, &[Val::bool(true), Val::bool_byte(255)])), GgufError::BadBool { byte: 255, .. });
 }
 
 #[test]
@@ -613,10 +555,7 @@ fn invalid_utf8_in_a_string_value_is_rejected() {
 #[test]
 fn utf16_surrogate_in_a_vocabulary_string_is_rejected() {
     assert_rejects!(
-        || base().kv(
-            "tokenizer.ggml.tokens",
-            Val::array(vt::STRING, &[Val::string("a"), Val::string_bytes(b"\xed\xa0\x80")])
-        ),
+        || base().kv("tokenizer.ggml.tokens", Val::array(vt::STRING, &[Val::string("a"), Val::string_bytes(b"\xed\xa0\x80")])),
         GgufError::InvalidUtf8 { .. }
     );
 }
@@ -694,10 +633,7 @@ fn zero_dimensions_are_rejected() {
 
 #[test]
 fn five_dimensions_are_rejected() {
-    assert_rejects!(
-        || base().tensor_spec(tensor_with("b", &[32, 1, 1, 1, 1], ggml::F32)),
-        GgufError::BadDimCount { n_dims: 5, .. }
-    );
+    assert_rejects!(|| base().tensor_spec(tensor_with("b", &[32, 1, 1, 1, 1], ggml::F32)), GgufError::BadDimCount { n_dims: 5, .. });
 }
 
 #[test]
@@ -729,44 +665,29 @@ fn dimension_of_2_pow_63_is_rejected() {
 
 #[test]
 fn dimension_of_u64_max_is_rejected() {
-    assert_rejects!(
-        || base().tensor_spec(tensor_with("b", &[u64::MAX, 2], ggml::F32)),
-        GgufError::BadDim { dim: u64::MAX, .. }
-    );
+    assert_rejects!(|| base().tensor_spec(tensor_with("b", &[u64::MAX, 2], ggml::F32)), GgufError::BadDim { dim: u64::MAX, .. });
 }
 
 #[test]
 fn element_count_overflowing_u64_is_rejected() {
-    assert_rejects!(
-        || base().tensor_spec(tensor_with("b", &[1 << 32, 1 << 32], ggml::F32)),
-        GgufError::SizeOverflow { .. }
-    );
+    assert_rejects!(|| base().tensor_spec(tensor_with("b", &[1 << 32, 1 << 32], ggml::F32)), GgufError::SizeOverflow { .. });
 }
 
 #[test]
 fn element_count_past_i64_max_is_rejected() {
-    assert_rejects!(
-        || base().tensor_spec(tensor_with("b", &[1 << 32, 1 << 31], ggml::F16)),
-        GgufError::SizeOverflow { .. }
-    );
+    assert_rejects!(|| base().tensor_spec(tensor_with("b", &[1 << 32, 1 << 31], ggml::F16)), GgufError::SizeOverflow { .. });
 }
 
 #[test]
 fn byte_size_overflowing_u64_is_rejected() {
     // 2^62 elements is a legal count; 2^62 f32 is 2^64 bytes.
-    assert_rejects!(
-        || base().tensor_spec(tensor_with("b", &[1 << 32, 1 << 30], ggml::F32)),
-        GgufError::SizeOverflow { .. }
-    );
+    assert_rejects!(|| base().tensor_spec(tensor_with("b", &[1 << 32, 1 << 30], ggml::F32)), GgufError::SizeOverflow { .. });
 }
 
 #[test]
 fn huge_but_representable_tensor_is_out_of_bounds() {
     // 2^62 Q8_0 elements need about 2^62 bytes: no overflow, just far past the end of the file.
-    assert_rejects!(
-        || base().tensor_spec(tensor_with("b", &[1 << 32, 1 << 30], ggml::Q8_0)),
-        GgufError::TensorOutOfBounds { .. }
-    );
+    assert_rejects!(|| base().tensor_spec(tensor_with("b", &[1 << 32, 1 << 30], ggml::Q8_0)), GgufError::TensorOutOfBounds { .. });
 }
 
 #[test]
@@ -788,26 +709,17 @@ fn removed_tensor_type_q4_2_is_rejected() {
 
 #[test]
 fn tensor_type_u32_max_is_rejected() {
-    assert_rejects!(
-        || base().tensor_spec(tensor_with("b", &[32], u32::MAX)),
-        GgufError::UnknownTensorType { id: u32::MAX, .. }
-    );
+    assert_rejects!(|| base().tensor_spec(tensor_with("b", &[32], u32::MAX)), GgufError::UnknownTensorType { id: u32::MAX, .. });
 }
 
 #[test]
 fn q8_0_row_not_a_multiple_of_32_is_rejected() {
-    assert_rejects!(
-        || base().tensor("b", &[48, 2], ggml::Q8_0),
-        GgufError::RowNotBlockAligned { row: 48, block: 32, .. }
-    );
+    assert_rejects!(|| base().tensor("b", &[48, 2], ggml::Q8_0), GgufError::RowNotBlockAligned { row: 48, block: 32, .. });
 }
 
 #[test]
 fn q4_k_row_of_128_is_rejected_even_when_the_total_is_a_whole_block() {
-    assert_rejects!(
-        || base().tensor("b", &[128, 2], ggml::Q4_K),
-        GgufError::RowNotBlockAligned { row: 128, block: 256, .. }
-    );
+    assert_rejects!(|| base().tensor("b", &[128, 2], ggml::Q4_K), GgufError::RowNotBlockAligned { row: 128, block: 256, .. });
 }
 
 #[test]
@@ -853,10 +765,7 @@ fn misaligned_tensor_offset_is_rejected() {
 fn offset_aligned_to_32_but_not_to_the_declared_64_is_rejected() {
     let mut t = TensorSpec::new("b", &[32], ggml::F32);
     t.offset = Some(160);
-    assert_rejects!(
-        || base().alignment_kv(64).tensor_spec(t.clone()),
-        GgufError::TensorMisaligned { offset: 160, alignment: 64, .. }
-    );
+    assert_rejects!(|| base().alignment_kv(64).tensor_spec(t.clone()), GgufError::TensorMisaligned { offset: 160, alignment: 64, .. });
 }
 
 #[test]
@@ -895,10 +804,7 @@ fn tensor_range_read_at_u64_max_is_rejected_without_overflow() {
 fn scores_stored_as_i8_array_are_the_wrong_type() {
     for f in parse_all_ways(|| base().kv("tokenizer.ggml.scores", Val::i8_array(&[1, -2, 3]))) {
         let e = f.metadata.opt_f32_array("tokenizer.ggml.scores").unwrap_err();
-        assert!(
-            matches!(&e, GgufError::WrongType { key, got, .. } if key == "tokenizer.ggml.scores" && got == "array<i8>"),
-            "{e:?}"
-        );
+        assert!(matches!(&e, GgufError::WrongType { key, got, .. } if key == "tokenizer.ggml.scores" && got == "array<i8>"), "{e:?}");
     }
 }
 
@@ -906,10 +812,7 @@ fn scores_stored_as_i8_array_are_the_wrong_type() {
 fn architecture_stored_as_u32_is_the_wrong_type() {
     for f in parse_all_ways(|| GgufWriter::new().kv("general.architecture", Val::u32(1))) {
         let e = f.metadata.str("general.architecture").unwrap_err();
-        assert!(
-            matches!(&e, GgufError::WrongType { key, got, .. } if key == "general.architecture" && got == "u32"),
-            "{e:?}"
-        );
+        assert!(matches!(&e, GgufError::WrongType { key, got, .. } if key == "general.architecture" && got == "u32"), "{e:?}");
     }
 }
 
@@ -917,10 +820,7 @@ fn architecture_stored_as_u32_is_the_wrong_type() {
 fn u32_key_stored_as_string_is_the_wrong_type() {
     for f in parse_all_ways(|| base().kv("llama.block_count", Val::string("32"))) {
         let e = f.metadata.u32("llama.block_count").unwrap_err();
-        assert!(
-            matches!(&e, GgufError::WrongType { key, got, .. } if key == "llama.block_count" && got == "string"),
-            "{e:?}"
-        );
+        assert!(matches!(&e, GgufError::WrongType { key, got, .. } if key == "llama.block_count" && got == "string"), "{e:?}");
     }
 }
 
@@ -982,10 +882,7 @@ fn spm_vocab() -> GgufWriter {
 }
 
 fn tokenizer_errors(build: impl Fn() -> GgufWriter) -> Vec<TokenizerError> {
-    parse_all_ways(build)
-        .iter()
-        .map(|f| Tokenizer::from_metadata(&f.metadata).expect_err("the tokenizer should refuse this vocabulary"))
-        .collect()
+    parse_all_ways(build).iter().map(|f| Tokenizer::from_metadata(&f.metadata).expect_err("the tokenizer should refuse this vocabulary")).collect()
 }
 
 #[test]
@@ -1000,10 +897,7 @@ fn tiny_spm_vocabulary_builds_a_tokenizer() {
 #[test]
 fn bos_token_id_equal_to_the_vocab_size_is_out_of_range() {
     for e in tokenizer_errors(|| spm_vocab().kv("tokenizer.ggml.bos_token_id", Val::u32(8))) {
-        assert!(
-            matches!(&e, TokenizerError::SpecialTokenOutOfRange { key, id: 8, vocab: 8 } if key == "tokenizer.ggml.bos_token_id"),
-            "{e:?}"
-        );
+        assert!(matches!(&e, TokenizerError::SpecialTokenOutOfRange { key, id: 8, vocab: 8 } if key == "tokenizer.ggml.bos_token_id"), "{e:?}");
     }
 }
 
@@ -1017,10 +911,7 @@ fn eos_token_id_u32_max_is_out_of_range() {
 #[test]
 fn padding_token_id_past_the_vocab_is_out_of_range() {
     for e in tokenizer_errors(|| spm_vocab().kv("tokenizer.ggml.padding_token_id", Val::u32(100))) {
-        assert!(
-            matches!(&e, TokenizerError::SpecialTokenOutOfRange { key, id: 100, .. } if key == "tokenizer.ggml.padding_token_id"),
-            "{e:?}"
-        );
+        assert!(matches!(&e, TokenizerError::SpecialTokenOutOfRange { key, id: 100, .. } if key == "tokenizer.ggml.padding_token_id"), "{e:?}");
     }
 }
 
@@ -1039,10 +930,7 @@ fn tokenizer_scores_stored_as_i8_array_are_the_wrong_type() {
         w
     };
     for e in tokenizer_errors(build) {
-        assert!(
-            matches!(&e, TokenizerError::Gguf(GgufError::WrongType { key, got, .. }) if key == "tokenizer.ggml.scores" && got == "array<i8>"),
-            "{e:?}"
-        );
+        assert!(matches!(&e, TokenizerError::Gguf(GgufError::WrongType { key, got, .. }) if key == "tokenizer.ggml.scores" && got == "array<i8>"), "{e:?}");
     }
 }
 
@@ -1110,10 +998,7 @@ fn without(arch: &str, tensor: &'static str) -> GgufWriter {
 }
 
 fn arch_errors(build: impl Fn() -> GgufWriter) -> Vec<ArchError> {
-    parse_all_ways(build)
-        .iter()
-        .map(|f| ModelConfig::from_gguf(f).expect_err("the architecture check should refuse this model"))
-        .collect()
+    parse_all_ways(build).iter().map(|f| ModelConfig::from_gguf(f).expect_err("the architecture check should refuse this model")).collect()
 }
 
 macro_rules! assert_arch_rejects {
@@ -1131,10 +1016,7 @@ macro_rules! assert_arch_rejects {
 fn tiny_llama_model_passes_the_architecture_checks() {
     for f in parse_all_ways(|| tiny_model("llama", keep)) {
         let c = ModelConfig::from_gguf(&f).unwrap();
-        assert_eq!(
-            (c.n_vocab, c.n_embd, c.n_layer, c.n_head, c.n_head_kv, c.head_dim, c.n_ff),
-            (8, 32, 1, 2, 2, 16, 64)
-        );
+        assert_eq!((c.n_vocab, c.n_embd, c.n_layer, c.n_head, c.n_head_kv, c.head_dim, c.n_ff), (8, 32, 1, 2, 2, 16, 64));
         assert!(!c.tied_output && !c.qkv_bias);
         assert!(Tokenizer::from_metadata(&f.metadata).is_ok());
     }
@@ -1225,11 +1107,7 @@ fn qwen2_without_its_q_bias_is_a_missing_tensor() {
 
 #[test]
 fn embedding_rows_disagreeing_with_the_token_list_are_invalid() {
-    let build = || {
-        tiny_model("llama", |name, dims| {
-            Some(if name.ends_with("token_embd.weight") || name == "output.weight" { vec![32, 9] } else { dims })
-        })
-    };
+    let build = || tiny_model("llama", |name, dims| Some(if name.ends_with("token_embd.weight") || name == "output.weight" { vec![32, 9] } else { dims }));
     assert_arch_rejects!(build, ArchError::Invalid { key, .. } if key == "tokenizer.ggml.tokens");
 }
 

@@ -5,16 +5,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use bytemuck::Pod;
-use flint_core::quant::{
-    dequantize, dot_row, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
-    BlockQ8_0, QuantError, QuantType,
-};
+use flint_core::quant::{dequantize, dot_row, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantError, QuantType};
 use serde_json::Value;
 
-const GOLDEN_DIR: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/golden/dequant"
-);
+const GOLDEN_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/golden/dequant");
 /// `dot_row` may sum in any order: its error is bounded relative to `sum |w_i * x_i|`.
 const DOT_REL_TOL: f64 = 1e-5;
 const SEED: u64 = 0x5eed_f117;
@@ -52,26 +46,13 @@ impl Rng {
 
 fn decode_hex(hex: &str) -> Vec<u8> {
     assert!(hex.len() % 2 == 0, "odd hex length {}", hex.len());
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| {
-            u8::from_str_radix(&hex[i..i + 2], 16).unwrap_or_else(|e| panic!("bad hex at {i}: {e}"))
-        })
-        .collect()
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap_or_else(|e| panic!("bad hex at {i}: {e}"))).collect()
 }
 
 fn golden_files() -> Vec<PathBuf> {
     let dir = Path::new(GOLDEN_DIR);
-    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| {
-        panic!(
-            "golden dir {} unreadable ({e}); shared/ must sit beside the repo",
-            dir.display()
-        )
-    });
-    let mut files: Vec<PathBuf> = entries
-        .map(|e| e.expect("golden dir entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("golden dir {} unreadable ({e}); shared/ must sit beside the repo", dir.display()));
+    let mut files: Vec<PathBuf> = entries.map(|e| e.expect("golden dir entry").path()).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
     files.sort();
     assert!(!files.is_empty(), "no golden files in {}", dir.display());
     files
@@ -99,22 +80,11 @@ fn dequantized(ty: QuantType, src: &[u8]) -> Vec<f32> {
 /// Asserts `dot_row(ty, row, x)` matches an f64 dot of the dequantized row.
 fn check_dot(ty: QuantType, row: &[u8], x: &[f32], what: &str) {
     let w = dequantized(ty, row);
-    let exact: f64 = w
-        .iter()
-        .zip(x)
-        .map(|(&w, &x)| f64::from(w) * f64::from(x))
-        .sum();
-    let magnitude: f64 = w
-        .iter()
-        .zip(x)
-        .map(|(&w, &x)| (f64::from(w) * f64::from(x)).abs())
-        .sum();
+    let exact: f64 = w.iter().zip(x).map(|(&w, &x)| f64::from(w) * f64::from(x)).sum();
+    let magnitude: f64 = w.iter().zip(x).map(|(&w, &x)| (f64::from(w) * f64::from(x)).abs()).sum();
     let got = dot_row(ty, row, x).unwrap_or_else(|e| panic!("{what}: {e}"));
     let err = (f64::from(got) - exact).abs();
-    assert!(
-        err <= DOT_REL_TOL * magnitude + f64::from(f32::MIN_POSITIVE),
-        "{what}: dot_row {got} vs {exact} (err {err:e}, sum|wx| {magnitude:e})"
-    );
+    assert!(err <= DOT_REL_TOL * magnitude + f64::from(f32::MIN_POSITIVE), "{what}: dot_row {got} vs {exact} (err {err:e}, sum|wx| {magnitude:e})");
 }
 
 #[test]
@@ -125,71 +95,32 @@ fn dequantize_matches_gguf_py_goldens_bit_exactly() {
         let file = path.display();
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
         let json: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
-        let name = json["type"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{file}: no \"type\""));
-        let ty = type_by_name(name)
-            .unwrap_or_else(|| panic!("{file}: golden for unsupported type {name}"));
-        assert_eq!(
-            json["ggml_type_id"].as_u64(),
-            Some(u64::from(ty.ggml_id())),
-            "{file}: ggml_type_id"
-        );
-        assert_eq!(
-            json["block_elems"].as_u64(),
-            Some(ty.block_elems() as u64),
-            "{file}: block_elems"
-        );
-        assert_eq!(
-            json["block_bytes"].as_u64(),
-            Some(ty.block_bytes() as u64),
-            "{file}: block_bytes"
-        );
-        let cases = json["cases"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{file}: no cases"));
+        let name = json["type"].as_str().unwrap_or_else(|| panic!("{file}: no \"type\""));
+        let ty = type_by_name(name).unwrap_or_else(|| panic!("{file}: golden for unsupported type {name}"));
+        assert_eq!(json["ggml_type_id"].as_u64(), Some(u64::from(ty.ggml_id())), "{file}: ggml_type_id");
+        assert_eq!(json["block_elems"].as_u64(), Some(ty.block_elems() as u64), "{file}: block_elems");
+        assert_eq!(json["block_bytes"].as_u64(), Some(ty.block_bytes() as u64), "{file}: block_bytes");
+        let cases = json["cases"].as_array().unwrap_or_else(|| panic!("{file}: no cases"));
         assert!(!cases.is_empty(), "{file}: empty cases");
         for case in cases {
             let source = case["source"].as_str().unwrap_or("?");
             let what = format!("{name} [{source}]");
-            let bytes = decode_hex(
-                case["bytes_hex"]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("{what}: no bytes_hex")),
-            );
+            let bytes = decode_hex(case["bytes_hex"].as_str().unwrap_or_else(|| panic!("{what}: no bytes_hex")));
             let expected: Vec<u32> = case["values_f32_bits"]
                 .as_array()
                 .unwrap_or_else(|| panic!("{what}: no values_f32_bits"))
                 .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .and_then(|v| u32::try_from(v).ok())
-                        .expect("f32 bits fit u32")
-                })
+                .map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok()).expect("f32 bits fit u32"))
                 .collect();
-            assert_eq!(
-                case["n_bytes"].as_u64(),
-                Some(bytes.len() as u64),
-                "{what}: n_bytes"
-            );
-            assert_eq!(
-                case["n_values"].as_u64(),
-                Some(expected.len() as u64),
-                "{what}: n_values"
-            );
+            assert_eq!(case["n_bytes"].as_u64(), Some(bytes.len() as u64), "{what}: n_bytes");
+            assert_eq!(case["n_values"].as_u64(), Some(expected.len() as u64), "{what}: n_values");
 
             let padded = misaligned(&bytes);
             for (src, align) in [(&bytes[..], "aligned"), (&padded[1..], "unaligned")] {
                 let got = dequantized(ty, src);
                 assert_eq!(got.len(), expected.len(), "{what}: element count");
                 for (i, (g, &e)) in got.iter().zip(&expected).enumerate() {
-                    assert_eq!(
-                        g.to_bits(),
-                        e,
-                        "{what} ({align}) element {i}: got {g:e} ({:#010x}), expected {:e} ({e:#010x})",
-                        g.to_bits(),
-                        f32::from_bits(e)
-                    );
+                    assert_eq!(g.to_bits(), e, "{what} ({align}) element {i}: got {g:e} ({:#010x}), expected {:e} ({e:#010x})", g.to_bits(), f32::from_bits(e));
                 }
             }
             let x = rng.vec(expected.len());
@@ -197,11 +128,7 @@ fn dequantize_matches_gguf_py_goldens_bit_exactly() {
         }
         covered.insert(name.to_owned());
     }
-    let missing: Vec<&str> = QuantType::ALL
-        .iter()
-        .map(|ty| ty.name())
-        .filter(|n| !covered.contains(*n))
-        .collect();
+    let missing: Vec<&str> = QuantType::ALL.iter().map(|ty| ty.name()).filter(|n| !covered.contains(*n)).collect();
     assert!(missing.is_empty(), "no dequant golden for {missing:?}");
 }
 
@@ -217,40 +144,20 @@ fn sanitize<B: Pod>(row: &mut [u8], rng: &mut Rng, fix: impl Fn(&mut B, &mut Rng
 /// A random row of `n` elements of `ty` whose values are all finite.
 fn random_row(ty: QuantType, n: usize, rng: &mut Rng) -> Vec<u8> {
     let mut row = match ty {
-        QuantType::F32 => {
-            return (0..n)
-                .flat_map(|_| (rng.signed() * 4.0).to_le_bytes())
-                .collect()
-        }
+        QuantType::F32 => return (0..n).flat_map(|_| (rng.signed() * 4.0).to_le_bytes()).collect(),
         QuantType::F16 => return (0..n).flat_map(|_| rng.f16(4.0).to_le_bytes()).collect(),
-        QuantType::BF16 => {
-            return (0..n)
-                .flat_map(|_| {
-                    half::bf16::from_f32(rng.signed() * 4.0)
-                        .to_bits()
-                        .to_le_bytes()
-                })
-                .collect()
-        }
+        QuantType::BF16 => return (0..n).flat_map(|_| half::bf16::from_f32(rng.signed() * 4.0).to_bits().to_le_bytes()).collect(),
         _ => rng.bytes(n / ty.block_elems() * ty.block_bytes()),
     };
     let r = &mut *rng;
     match ty {
         QuantType::Q4_0 => sanitize(&mut row, r, |b: &mut BlockQ4_0, r| b.d = r.f16(0.1)),
-        QuantType::Q4_1 => sanitize(&mut row, r, |b: &mut BlockQ4_1, r| {
-            (b.d, b.m) = (r.f16(0.1), r.f16(1.0))
-        }),
+        QuantType::Q4_1 => sanitize(&mut row, r, |b: &mut BlockQ4_1, r| (b.d, b.m) = (r.f16(0.1), r.f16(1.0))),
         QuantType::Q5_0 => sanitize(&mut row, r, |b: &mut BlockQ5_0, r| b.d = r.f16(0.1)),
-        QuantType::Q5_1 => sanitize(&mut row, r, |b: &mut BlockQ5_1, r| {
-            (b.d, b.m) = (r.f16(0.1), r.f16(1.0))
-        }),
+        QuantType::Q5_1 => sanitize(&mut row, r, |b: &mut BlockQ5_1, r| (b.d, b.m) = (r.f16(0.1), r.f16(1.0))),
         QuantType::Q8_0 => sanitize(&mut row, r, |b: &mut BlockQ8_0, r| b.d = r.f16(0.01)),
-        QuantType::Q4K => sanitize(&mut row, r, |b: &mut BlockQ4K, r| {
-            (b.d, b.dmin) = (r.f16(0.01), r.f16(0.01))
-        }),
-        QuantType::Q5K => sanitize(&mut row, r, |b: &mut BlockQ5K, r| {
-            (b.d, b.dmin) = (r.f16(0.01), r.f16(0.01))
-        }),
+        QuantType::Q4K => sanitize(&mut row, r, |b: &mut BlockQ4K, r| (b.d, b.dmin) = (r.f16(0.01), r.f16(0.01))),
+        QuantType::Q5K => sanitize(&mut row, r, |b: &mut BlockQ5K, r| (b.d, b.dmin) = (r.f16(0.01), r.f16(0.01))),
         QuantType::Q6K => sanitize(&mut row, r, |b: &mut BlockQ6K, r| b.d = r.f16(0.001)),
         QuantType::F32 | QuantType::F16 | QuantType::BF16 => unreachable!("handled above"),
     }
@@ -262,25 +169,14 @@ fn dot_row_matches_dequantize_then_dot() {
     let mut rng = Rng(SEED ^ 1);
     for ty in QuantType::ALL {
         // Odd lengths exercise the float path's tail; block formats take 1, 3 and 7 blocks.
-        let lengths: Vec<usize> = if ty.block_elems() == 1 {
-            vec![1, 15, 64, 131, 1000, 4099]
-        } else {
-            [1, 3, 7].iter().map(|b| b * ty.block_elems()).collect()
-        };
+        let lengths: Vec<usize> =
+            if ty.block_elems() == 1 { vec![1, 15, 64, 131, 1000, 4099] } else { [1, 3, 7].iter().map(|b| b * ty.block_elems()).collect() };
         for n in lengths {
             let row = random_row(ty, n, &mut rng);
             let x = rng.vec(n);
-            assert!(
-                dequantized(ty, &row).iter().all(|v| v.is_finite()),
-                "{ty}: non-finite test row"
-            );
+            assert!(dequantized(ty, &row).iter().all(|v| v.is_finite()), "{ty}: non-finite test row");
             check_dot(ty, &row, &x, &format!("{ty} n={n}"));
-            check_dot(
-                ty,
-                &misaligned(&row)[1..],
-                &x,
-                &format!("{ty} n={n} unaligned"),
-            );
+            check_dot(ty, &misaligned(&row)[1..], &x, &format!("{ty} n={n} unaligned"));
         }
     }
 }
@@ -324,10 +220,7 @@ fn ggml_id_round_trips_and_unsupported_ids_are_none() {
     }
     let supported: Vec<u32> = QuantType::ALL.iter().map(|ty| ty.ggml_id()).collect();
     // 4 and 5 were Q4_2/Q4_3; 9 Q8_1; 10, 11, 15 Q2_K, Q3_K, Q8_K; then IQ and integer types.
-    for id in (0..64)
-        .chain([u32::MAX])
-        .filter(|id| !supported.contains(id))
-    {
+    for id in (0..64).chain([u32::MAX]).filter(|id| !supported.contains(id)) {
         assert_eq!(QuantType::from_ggml_id(id), None, "id {id}");
     }
 }
@@ -356,58 +249,18 @@ fn length_mismatches_are_errors() {
     two.extend_from_slice(&block);
 
     let mut out = vec![0.0; 256];
-    assert!(matches!(
-        dequantize(ty, &block[..143], &mut out),
-        Err(QuantError::LengthMismatch {
-            ty: QuantType::Q4K,
-            bytes: 143,
-            elems: 256,
-            ..
-        })
-    ));
-    assert!(matches!(
-        dequantize(ty, &two, &mut out),
-        Err(QuantError::LengthMismatch { bytes: 288, .. })
-    ));
-    assert!(matches!(
-        dequantize(ty, &block, &mut out[..255]),
-        Err(QuantError::PartialBlock {
-            ty: QuantType::Q4K,
-            elems: 255,
-            block_elems: 256,
-            ..
-        })
-    ));
-    assert!(matches!(
-        dequantize(QuantType::F32, &[0; 7], &mut [0.0; 2]),
-        Err(QuantError::LengthMismatch { .. })
-    ));
+    assert!(matches!(dequantize(ty, &block[..143], &mut out), Err(QuantError::LengthMismatch { ty: QuantType::Q4K, bytes: 143, elems: 256, .. })));
+    assert!(matches!(dequantize(ty, &two, &mut out), Err(QuantError::LengthMismatch { bytes: 288, .. })));
+    assert!(matches!(dequantize(ty, &block, &mut out[..255]), Err(QuantError::PartialBlock { ty: QuantType::Q4K, elems: 255, block_elems: 256, .. })));
+    assert!(matches!(dequantize(QuantType::F32, &[0; 7], &mut [0.0; 2]), Err(QuantError::LengthMismatch { .. })));
     assert_eq!(dequantize(ty, &[], &mut []), Ok(()));
 
     let x = vec![0.5; 256];
-    assert!(matches!(
-        dot_row(ty, &two, &x),
-        Err(QuantError::LengthMismatch { op: "dot_row", .. })
-    ));
-    assert!(matches!(
-        dot_row(ty, &block, &x[..200]),
-        Err(QuantError::PartialBlock { op: "dot_row", .. })
-    ));
-    assert!(matches!(
-        dot_row(QuantType::Q8_0, &[0; 34], &x[..31]),
-        Err(QuantError::PartialBlock {
-            elems: 31,
-            block_elems: 32,
-            ..
-        })
-    ));
+    assert!(matches!(dot_row(ty, &two, &x), Err(QuantError::LengthMismatch { op: "dot_row", .. })));
+    assert!(matches!(dot_row(ty, &block, &x[..200]), Err(QuantError::PartialBlock { op: "dot_row", .. })));
+    assert!(matches!(dot_row(QuantType::Q8_0, &[0; 34], &x[..31]), Err(QuantError::PartialBlock { elems: 31, block_elems: 32, .. })));
     assert!(dot_row(ty, &block, &x).is_ok());
 
-    let msg = dequantize(ty, &block[..143], &mut out)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        msg.contains("dequantize") && msg.contains("Q4_K") && msg.contains("143"),
-        "{msg}"
-    );
+    let msg = dequantize(ty, &block[..143], &mut out).unwrap_err().to_string();
+    assert!(msg.contains("dequantize") && msg.contains("Q4_K") && msg.contains("143"), "{msg}");
 }

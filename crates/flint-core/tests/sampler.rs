@@ -80,12 +80,8 @@ fn window_slides_and_edits_are_sorted_and_unique() {
 
 #[test]
 fn logit_bias_adds_after_penalties_and_bans() {
-    let p = SamplingParams {
-        temperature: 0.0,
-        repeat_penalty: 2.0,
-        logit_bias: vec![(0, 1.5), (7, f32::NEG_INFINITY), (0, 0.5), (4, -2.0), (3, 1.0)],
-        ..params()
-    };
+    let p =
+        SamplingParams { temperature: 0.0, repeat_penalty: 2.0, logit_bias: vec![(0, 1.5), (7, f32::NEG_INFINITY), (0, 0.5), (4, -2.0), (3, 1.0)], ..params() };
     let mut s = Sampler::new(p.clone()).unwrap();
     s.accept(3);
     let mut l = LOGITS.to_vec();

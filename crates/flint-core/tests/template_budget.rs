@@ -50,15 +50,27 @@ fn strings_built_while_rendering_are_bounded() {
     assert_budget("explicit chain of ~", &chain);
     let plus: String = "{% set a = 'xy' %}".to_string() + &"{% set a = a + a %}".repeat(40) + "{{ a | length }}";
     assert_budget("explicit chain of +", &plus);
-    assert_budget("join of a doubled list", "{% set ns = namespace(l=['abcdefgh']) %}{% for i in range(24) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | join('') }}");
+    assert_budget(
+        "join of a doubled list",
+        "{% set ns = namespace(l=['abcdefgh']) %}{% for i in range(24) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | join('') }}",
+    );
     // Lists: `+` of two lists is lazy in minijinja, but 33 nested concatenations are
     // materialized in one go (2^33 items here) and an empty list doubled has no items but
     // 2^k lazy nodes; the vendored patch (vendor/README.md) charges both.
     let lists: String = "{% set a = [1] %}".to_string() + &"{% set a = a + a %}".repeat(40) + "{{ a | length }}";
     assert_budget("explicit chain of list +", &lists);
-    assert_budget("list doubled in a loop", "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}");
-    assert_budget("empty list doubled in a loop", "{% set ns = namespace(l=[]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}");
-    assert_budget("replace that grows", "{% set ns = namespace(s='aa') %}{% for i in range(40) %}{% set ns.s = ns.s | replace('a', 'aa') %}{% endfor %}{{ ns.s }}");
+    assert_budget(
+        "list doubled in a loop",
+        "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
+    );
+    assert_budget(
+        "empty list doubled in a loop",
+        "{% set ns = namespace(l=[]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}",
+    );
+    assert_budget(
+        "replace that grows",
+        "{% set ns = namespace(s='aa') %}{% for i in range(40) %}{% set ns.s = ns.s | replace('a', 'aa') %}{% endfor %}{{ ns.s }}",
+    );
 }
 
 #[test]

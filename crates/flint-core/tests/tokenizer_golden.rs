@@ -33,12 +33,7 @@ fn load(name: &str) -> Loaded {
     let t1 = Instant::now();
     let tok = Tokenizer::from_metadata(&file.metadata).unwrap_or_else(|e| panic!("{name}: {e}"));
     let t2 = Instant::now();
-    eprintln!(
-        "{name}: GGUF header {:.3}s, tokenizer build {:.3}s ({} tokens)",
-        (t1 - t0).as_secs_f64(),
-        (t2 - t1).as_secs_f64(),
-        tok.vocab_size()
-    );
+    eprintln!("{name}: GGUF header {:.3}s, tokenizer build {:.3}s ({} tokens)", (t1 - t0).as_secs_f64(), (t2 - t1).as_secs_f64(), tok.vocab_size());
     if !cfg!(debug_assertions) {
         assert!((t2 - t1).as_secs_f64() < MAX_BUILD_SECS, "{name}: building the tokenizer took {:?}", t2 - t1);
     }
@@ -190,8 +185,7 @@ proptest! {
 fn gemma_equals_reference_on_runs_and_periodic_text() {
     // Runs and periodic strings are where equal-score candidate pairs overlap most.
     let g = gemma();
-    let units =
-        ["a", "-", "=", "0", "1", "9", ".", "*", "#", "x", "e", "▁", "ab", "aab", "▁a", "a▁", "01", "-=", "🙂", "日"];
+    let units = ["a", "-", "=", "0", "1", "9", ".", "*", "#", "x", "e", "▁", "ab", "aab", "▁a", "a▁", "01", "-=", "🙂", "日"];
     let mut checked = 0;
     for unit in units {
         for n in 1..=120 {
@@ -261,8 +255,7 @@ fn reference_spm(md: &Metadata, text: &str) -> Vec<u32> {
         try_add(&mut heap, Some(i - 1), Some(i), &end);
     }
     while let Some(b) = heap.pop() {
-        if !alive[b.left] || !alive[b.right] || end[b.right] - starts[b.left] != b.size || next[b.left] != Some(b.right)
-        {
+        if !alive[b.left] || !alive[b.right] || end[b.right] - starts[b.left] != b.size || next[b.left] != Some(b.right) {
             continue;
         }
         end[b.left] = end[b.right];
@@ -352,14 +345,8 @@ fn md(pairs: Vec<(&str, Value)>) -> Metadata {
 fn tiny_spm() -> Vec<(&'static str, Value)> {
     vec![
         ("tokenizer.ggml.model", Value::String("llama".into())),
-        (
-            "tokenizer.ggml.tokens",
-            strs(&["<unk>", "<s>", "</s>", "▁", "a", "b", "▁a", "ab", "▁ab", "<0x0A>", "<0xC3>", "<br>"]),
-        ),
-        (
-            "tokenizer.ggml.scores",
-            Value::Array(Array::F32(vec![0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, 0.0, 0.0, 0.0])),
-        ),
+        ("tokenizer.ggml.tokens", strs(&["<unk>", "<s>", "</s>", "▁", "a", "b", "▁a", "ab", "▁ab", "<0x0A>", "<0xC3>", "<br>"])),
+        ("tokenizer.ggml.scores", Value::Array(Array::F32(vec![0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, 0.0, 0.0, 0.0]))),
         ("tokenizer.ggml.token_type", Value::Array(Array::I32(vec![2, 3, 3, 1, 1, 1, 1, 1, 1, 6, 6, 4]))),
         ("tokenizer.ggml.add_space_prefix", Value::Bool(false)),
     ]
@@ -403,9 +390,7 @@ fn tiny_spm_vocabulary_encodes_and_decodes() {
     assert_eq!(tok.decode(&[1, 6, 5, 9, 11], true).unwrap(), " ab\n<br>");
     assert!(tok.is_eog(2) && !tok.is_eog(1));
 
-    let prefixed =
-        Tokenizer::from_metadata(&md(replace(tiny_spm(), "tokenizer.ggml.add_space_prefix", Value::Bool(true))))
-            .unwrap();
+    let prefixed = Tokenizer::from_metadata(&md(replace(tiny_spm(), "tokenizer.ggml.add_space_prefix", Value::Bool(true)))).unwrap();
     assert_eq!(prefixed.encode("ab", false, false).unwrap(), vec![8]);
     assert_eq!(prefixed.encode("a</s>ab", false, true).unwrap(), vec![6, 2, 8]);
 }
@@ -440,12 +425,7 @@ fn unknown_model_type_is_refused() {
 
 #[test]
 fn special_token_id_outside_vocabulary_is_refused() {
-    for key in [
-        "tokenizer.ggml.bos_token_id",
-        "tokenizer.ggml.eos_token_id",
-        "tokenizer.ggml.padding_token_id",
-        "tokenizer.ggml.eot_token_id",
-    ] {
+    for key in ["tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.eot_token_id"] {
         match build_err(replace(tiny_spm(), key, Value::U32(12))) {
             TokenizerError::SpecialTokenOutOfRange { key: k, id, vocab } => {
                 assert_eq!((k.as_str(), id, vocab), (key, 12, 12))
@@ -469,32 +449,20 @@ fn scores_of_the_wrong_type_are_refused() {
 #[test]
 fn malformed_vocabularies_are_refused() {
     let missing: Vec<_> = tiny_spm().into_iter().filter(|(k, _)| *k != "tokenizer.ggml.tokens").collect();
-    assert!(
-        matches!(build_err(missing), TokenizerError::Gguf(GgufError::MissingKey(k)) if k == "tokenizer.ggml.tokens")
-    );
+    assert!(matches!(build_err(missing), TokenizerError::Gguf(GgufError::MissingKey(k)) if k == "tokenizer.ggml.tokens"));
     let no_model: Vec<_> = tiny_spm().into_iter().filter(|(k, _)| *k != "tokenizer.ggml.model").collect();
     assert!(matches!(build_err(no_model), TokenizerError::Gguf(GgufError::MissingKey(_))));
     let short_scores = replace(tiny_spm(), "tokenizer.ggml.scores", Value::Array(Array::F32(vec![0.0; 11])));
-    assert!(matches!(
-        build_err(short_scores),
-        TokenizerError::LengthMismatch { key: "tokenizer.ggml.scores", len: 11, vocab: 12 }
-    ));
+    assert!(matches!(build_err(short_scores), TokenizerError::LengthMismatch { key: "tokenizer.ggml.scores", len: 11, vocab: 12 }));
     let long_types = replace(tiny_spm(), "tokenizer.ggml.token_type", Value::Array(Array::I32(vec![1; 13])));
-    assert!(matches!(
-        build_err(long_types),
-        TokenizerError::LengthMismatch { key: "tokenizer.ggml.token_type", len: 13, .. }
-    ));
+    assert!(matches!(build_err(long_types), TokenizerError::LengthMismatch { key: "tokenizer.ggml.token_type", len: 13, .. }));
     let types_u8 = replace(tiny_spm(), "tokenizer.ggml.token_type", Value::Array(Array::U8(vec![1; 12])));
     assert!(matches!(build_err(types_u8), TokenizerError::Gguf(GgufError::WrongType { .. })));
     let tokens_u8 = replace(tiny_spm(), "tokenizer.ggml.tokens", Value::Array(Array::U8(vec![1; 12])));
     assert!(matches!(build_err(tokens_u8), TokenizerError::Gguf(GgufError::WrongType { .. })));
     let empty = replace(tiny_spm(), "tokenizer.ggml.tokens", strs(&[]));
     assert!(matches!(build_err(empty), TokenizerError::EmptyVocab | TokenizerError::LengthMismatch { .. }));
-    let dup = replace(
-        tiny_spm(),
-        "tokenizer.ggml.tokens",
-        strs(&["a", "b", "a", "c", "d", "e", "f", "g", "h", "i", "j", "k"]),
-    );
+    let dup = replace(tiny_spm(), "tokenizer.ggml.tokens", strs(&["a", "b", "a", "c", "d", "e", "f", "g", "h", "i", "j", "k"]));
     assert!(matches!(build_err(dup), TokenizerError::DuplicateToken { first: 0, second: 2, .. }));
     let neg_bos = replace(tiny_spm(), "tokenizer.ggml.bos_token_id", Value::I32(-1));
     assert!(matches!(build_err(neg_bos), TokenizerError::Gguf(_)));

@@ -21,8 +21,7 @@ fn cases(name: &str) -> Vec<(String, Vec<u32>)> {
             strings.pop();
         }
     }
-    let ids: Vec<Vec<u32>> =
-        out.lines().map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect()).collect();
+    let ids: Vec<Vec<u32>> = out.lines().map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect()).collect();
     assert_eq!(strings.len(), ids.len(), "{name}: {} strings, {} id lines", strings.len(), ids.len());
     strings.into_iter().map(str::to_string).zip(ids).collect()
 }

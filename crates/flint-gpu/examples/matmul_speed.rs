@@ -14,10 +14,7 @@ use flint_gpu::GpuContext;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let ty = QuantType::ALL
-        .into_iter()
-        .find(|t| t.to_string().eq_ignore_ascii_case(args.first().map_or("Q5_0", |s| s)))
-        .expect("unknown format");
+    let ty = QuantType::ALL.into_iter().find(|t| t.to_string().eq_ignore_ascii_case(args.first().map_or("Q5_0", |s| s))).expect("unknown format");
     let num = |i: usize, d: u32| args.get(i).map_or(d, |s| s.parse().expect("a number"));
     let (n_in, n_rows, n_tok, reps) = (num(1, 896), num(2, 4864), num(3, 128), num(4, 3));
     futures::executor::block_on(async {
@@ -50,6 +47,10 @@ fn main() {
         read_f32(&ctx, &y, 0, 1).await.unwrap();
         let ms = t0.elapsed().as_secs_f64() * 1e3 / reps as f64;
         let gmac = n_in as f64 * n_rows as f64 * n_tok as f64 / (ms * 1e6);
-        println!("{ty} {n_in}x{n_rows} x {n_tok} tokens ({:?}) on {}: {ms:.2} ms, {gmac:.2} GMAC/s; pipeline + first dispatch {first_s:.1} s", mm.shape(n_tok), ctx.adapter_name());
+        println!(
+            "{ty} {n_in}x{n_rows} x {n_tok} tokens ({:?}) on {}: {ms:.2} ms, {gmac:.2} GMAC/s; pipeline + first dispatch {first_s:.1} s",
+            mm.shape(n_tok),
+            ctx.adapter_name()
+        );
     });
 }

@@ -126,6 +126,10 @@ impl Backend for GpuBackend {
     /// than the last (lavapipe, qwen2.5-coder-0.5b: 8 tokens 579 ms, 9 tokens 1249 ms); on a GPU
     /// a decode step is bound by reading the weights, whatever the block.
     fn verify_sizes(&self) -> &'static [usize] {
-        if self.model.ctx.caps.cpu_like { &[4, 8, 16] } else { &[] }
+        if self.model.ctx.caps.cpu_like {
+            &[4, 8, 16]
+        } else {
+            &[]
+        }
     }
 }

@@ -6,8 +6,7 @@ use wgpu::util::DeviceExt;
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 
-pub const STORAGE: wgpu::BufferUsages =
-    wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_DST).union(wgpu::BufferUsages::COPY_SRC);
+pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_DST).union(wgpu::BufferUsages::COPY_SRC);
 
 /// A zero-filled storage buffer of `size` bytes (rounded up to 4), checked against the limits.
 pub fn storage(ctx: &GpuContext, label: &str, size: u64) -> Result<wgpu::Buffer> {
@@ -59,9 +58,7 @@ pub async fn read_staging(ctx: &GpuContext, staging: &wgpu::Buffer, size: u64) -
         let _ = tx.send(r);
     });
     ctx.poll_wait()?;
-    rx.await
-        .map_err(|_| GpuError::Readback("map callback dropped".into()))?
-        .map_err(|e| GpuError::Readback(e.to_string()))?;
+    rx.await.map_err(|_| GpuError::Readback("map callback dropped".into()))?.map_err(|e| GpuError::Readback(e.to_string()))?;
     let data = {
         let view = staging.slice(..size.next_multiple_of(4)).get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?;
         view[..size as usize].to_vec()

@@ -70,7 +70,13 @@ pub struct AdapterEntry {
 #[cfg(not(target_arch = "wasm32"))]
 pub async fn adapters() -> Vec<AdapterEntry> {
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-    instance.enumerate_adapters(wgpu::Backends::all()).await.iter().enumerate().map(|(index, a)| AdapterEntry { index, info: a.get_info(), limits: a.limits() }).collect()
+    instance
+        .enumerate_adapters(wgpu::Backends::all())
+        .await
+        .iter()
+        .enumerate()
+        .map(|(index, a)| AdapterEntry { index, info: a.get_info(), limits: a.limits() })
+        .collect()
 }
 
 /// The adapter `wanted` names among `names` (enumeration order): a number is an index, other
@@ -163,11 +169,9 @@ impl GpuContext {
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             cpu_like: info.device_type == wgpu::DeviceType::Cpu,
         };
-        for (on, f) in [
-            (caps.shader_f16, wgpu::Features::SHADER_F16),
-            (caps.subgroups, wgpu::Features::SUBGROUP),
-            (caps.timestamps, wgpu::Features::TIMESTAMP_QUERY),
-        ] {
+        for (on, f) in
+            [(caps.shader_f16, wgpu::Features::SHADER_F16), (caps.subgroups, wgpu::Features::SUBGROUP), (caps.timestamps, wgpu::Features::TIMESTAMP_QUERY)]
+        {
             if on {
                 required |= f;
             }
@@ -299,9 +303,7 @@ impl GpuContext {
     /// Waits for submitted work natively; a no-op in the browser, where mapping drives it.
     pub fn poll_wait(&self) -> Result<()> {
         #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::DeviceLost(e.to_string()))?;
         Ok(())
     }
 }

@@ -6,11 +6,11 @@ pub mod bench;
 pub mod buffer;
 pub mod context;
 pub mod error;
-pub mod pipeline;
 pub mod model;
+pub mod ops;
+pub mod pipeline;
 pub mod shader;
 pub mod split;
-pub mod ops;
 pub mod testing;
 pub mod weights;
 

@@ -36,12 +36,19 @@ impl PipelineKey {
 /// caller shows that rather than sit silent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CompileEvent {
-    Start { label: String },
+    Start {
+        label: String,
+    },
     /// `compiled`: pipelines this cache has compiled so far.
-    Done { label: String, compiled: usize },
+    Done {
+        label: String,
+        compiled: usize,
+    },
     /// A step that runs kernels for the first time starts or ends: a driver that compiles on
     /// first use (Mesa's llvmpipe) spends their compile inside it.
-    FirstUse { done: bool },
+    FirstUse {
+        done: bool,
+    },
 }
 
 /// Called on the compiling thread, before and after each compile.

@@ -37,11 +37,7 @@ pub const SHADERS: &[(&str, &str)] = &[
 const MAX_INCLUDE_DEPTH: usize = 8;
 
 pub fn source(name: &str) -> Result<&'static str> {
-    SHADERS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, s)| *s)
-        .ok_or_else(|| GpuError::Shader { shader: name.into(), message: "no such shader file".into() })
+    SHADERS.iter().find(|(n, _)| *n == name).map(|(_, s)| *s).ok_or_else(|| GpuError::Shader { shader: name.into(), message: "no such shader file".into() })
 }
 
 /// Compile-time parameters of one shader variant; ordered so equal sets compare equal.
@@ -97,11 +93,7 @@ impl ShaderDefs {
 
     /// A compact label suffix: `Q_Q4_K.BLOCK_BYTES=144u...`.
     pub fn label(&self) -> String {
-        self.defs
-            .iter()
-            .map(|(k, v)| if v == "true" || v.contains('\n') { k.clone() } else { format!("{k}={v}") })
-            .collect::<Vec<_>>()
-            .join(",")
+        self.defs.iter().map(|(k, v)| if v == "true" || v.contains('\n') { k.clone() } else { format!("{k}={v}") }).collect::<Vec<_>>().join(",")
     }
 }
 

@@ -274,7 +274,11 @@ impl Backend for SplitBackend {
     }
     /// As [`crate::backend::GpuBackend`]'s, when any part runs on a CPU-type adapter.
     fn verify_sizes(&self) -> &'static [usize] {
-        if self.parts.iter().any(|p| p.ctx.caps.cpu_like) { &[4, 8, 16] } else { &[] }
+        if self.parts.iter().any(|p| p.ctx.caps.cpu_like) {
+            &[4, 8, 16]
+        } else {
+            &[]
+        }
     }
 }
 

@@ -234,10 +234,7 @@ impl<'a> Uploader<'a> {
     pub async fn vector(&mut self, name: &str) -> Result<wgpu::Buffer> {
         let t = self.file.require_tensor(name).map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?.clone();
         let mut raw = vec![0u8; t.n_bytes as usize];
-        self.file
-            .read_tensor_range(&t, 0, &mut raw)
-            .await
-            .map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?;
+        self.file.read_tensor_range(&t, 0, &mut raw).await.map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?;
         let mut v = vec![0f32; t.n_elems as usize];
         quant::dequantize(t.ty, &raw, &mut v).map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?;
         crate::buffer::storage_init(self.ctx, name, bytemuck::cast_slice(&v))

@@ -2,11 +2,11 @@
 //! block tables, GQA, sliding windows, prefill and long decode, forced split counts,
 //! sentinels; and batch invariance: a token's output is bit-identical whatever shares its step.
 
+use flint_core::arch::RopeStyle;
+use flint_core::reference::ops::rope;
 use flint_gpu::buffer::{read_f32, storage, storage_init};
 use flint_gpu::ops::attention::{Attention, AttentionDesc, MAX_SPLITS, ROWS_TARGET_INVOCATIONS, SPLIT_MIN_POSITIONS, SPLIT_TARGET_GROUPS};
 use flint_gpu::ops::kv_write::{encode_block_copy, KvWrite};
-use flint_core::arch::RopeStyle;
-use flint_core::reference::ops::rope;
 use flint_gpu::ops::rope::RopeSpec;
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
@@ -122,8 +122,7 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
     }
 
     // The step's tokens: (sequence, position), optionally interleaved.
-    let mut toks: Vec<(usize, usize)> =
-        c.seqs.iter().enumerate().flat_map(|(s, &(p, n))| (p..p + n).map(move |pos| (s, pos as usize))).collect();
+    let mut toks: Vec<(usize, usize)> = c.seqs.iter().enumerate().flat_map(|(s, &(p, n))| (p..p + n).map(move |pos| (s, pos as usize))).collect();
     if c.shuffle_tokens {
         shuffle(&mut toks, &mut rng);
     }
@@ -209,11 +208,7 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
 
     let (got, tail) = out.split_at(n_tok as usize * out_dim);
     assert!(tail.iter().all(|&x| x == SENTINEL), "attention wrote past its {n_tok} tokens");
-    let want: Vec<f32> = toks
-        .iter()
-        .enumerate()
-        .flat_map(|(t, &(s, p))| reference(d, &q_ref[t * q_dim..][..q_dim], &hist[s].0, &hist[s].1, p))
-        .collect();
+    let want: Vec<f32> = toks.iter().enumerate().flat_map(|(t, &(s, p))| reference(d, &q_ref[t * q_dim..][..q_dim], &hist[s].0, &hist[s].1, p)).collect();
     assert!(got.iter().all(|x| x.is_finite()), "non-finite attention output");
     (nmse(got, &want), attn.serial())
 }
@@ -242,28 +237,14 @@ fn decode_one_sequence_gqa_hd64() {
 #[test]
 fn three_sequences_prefill_decode_and_chunk() {
     // A fresh prefill, a decode and a continued (chunked) prefill in one batch, interleaved.
-    check(Case {
-        desc: desc(14, 2, 64, None),
-        block_size: 16,
-        seqs: &[(0, 5), (37, 1), (20, 3)],
-        split: Split::Auto,
-        shuffle_tokens: true,
-        seed: 2,
-    });
+    check(Case { desc: desc(14, 2, 64, None), block_size: 16, seqs: &[(0, 5), (37, 1), (20, 3)], split: Split::Auto, shuffle_tokens: true, seed: 2 });
 }
 
 #[test]
 fn three_sequences_odd_block_size_forced_splits() {
     // Contexts past several splits, a block size that is no power of two, split counts 1..=5.
     for n in [1, 2, 5] {
-        check(Case {
-            desc: desc(14, 2, 64, None),
-            block_size: 7,
-            seqs: &[(300, 1), (0, 6), (130, 4)],
-            split: Split::Fixed(n),
-            shuffle_tokens: true,
-            seed: 3,
-        });
+        check(Case { desc: desc(14, 2, 64, None), block_size: 7, seqs: &[(300, 1), (0, 6), (130, 4)], split: Split::Fixed(n), shuffle_tokens: true, seed: 3 });
     }
 }
 
@@ -276,14 +257,7 @@ fn prefill_one_sequence_hd128() {
 #[test]
 fn gqa_4_1_hd256_sliding_window() {
     // Window 100 < context: the visible range starts mid-block and crosses split boundaries.
-    check(Case {
-        desc: desc(4, 1, 256, Some(100)),
-        block_size: 16,
-        seqs: &[(350, 1), (90, 12), (3, 2)],
-        split: Split::Kv,
-        shuffle_tokens: true,
-        seed: 5,
-    });
+    check(Case { desc: desc(4, 1, 256, Some(100)), block_size: 16, seqs: &[(350, 1), (90, 12), (3, 2)], split: Split::Kv, shuffle_tokens: true, seed: 5 });
 }
 
 #[test]
@@ -304,11 +278,25 @@ fn fused_rope_both_styles_partial_rotation() {
         check(Case { desc: AttentionDesc { rope, ..desc(14, 2, 64, None) }, block_size: 16, seqs, split: Split::Auto, shuffle_tokens: true, seed: 11 });
     }
     let rope = Some(RopeSpec { rope_dim: 256, style: RopeStyle::Neox, base: 1e6, freq_scale: 1.0, freq_factors: None });
-    check(Case { desc: AttentionDesc { rope, ..desc(4, 1, 256, Some(50)) }, block_size: 16, seqs: &[(100, 3)], split: Split::Kv, shuffle_tokens: false, seed: 12 });
+    check(Case {
+        desc: AttentionDesc { rope, ..desc(4, 1, 256, Some(50)) },
+        block_size: 16,
+        seqs: &[(100, 3)],
+        split: Split::Kv,
+        shuffle_tokens: false,
+        seed: 12,
+    });
     // Llama 3's per-dimension frequency factors (rope_freqs.weight), 1 to 17, on q and K.
     let factors: Vec<f32> = TestRng::new(31).vec(32).iter().map(|x| 1.0 + 16.0 * x.abs()).collect();
     let rope = Some(RopeSpec { rope_dim: 64, style: RopeStyle::Normal, base: 5e5, freq_scale: 1.0, freq_factors: Some(factors.into()) });
-    check(Case { desc: AttentionDesc { rope, ..desc(8, 2, 64, None) }, block_size: 16, seqs: &[(200, 2), (0, 5)], split: Split::Auto, shuffle_tokens: true, seed: 16 });
+    check(Case {
+        desc: AttentionDesc { rope, ..desc(8, 2, 64, None) },
+        block_size: 16,
+        seqs: &[(200, 2), (0, 5)],
+        split: Split::Auto,
+        shuffle_tokens: true,
+        seed: 16,
+    });
 }
 
 #[test]
@@ -339,14 +327,7 @@ fn long_decode_1500() {
 
 #[test]
 fn long_decode_1500_windowed_hd256() {
-    check(Case {
-        desc: desc(4, 1, 256, Some(512)),
-        block_size: 16,
-        seqs: &[(1499, 1), (700, 1)],
-        split: Split::Kv,
-        shuffle_tokens: false,
-        seed: 9,
-    });
+    check(Case { desc: desc(4, 1, 256, Some(512)), block_size: 16, seqs: &[(1499, 1), (700, 1)], split: Split::Kv, shuffle_tokens: false, seed: 9 });
 }
 
 #[test]
@@ -381,10 +362,12 @@ async fn outputs_for(ctx: &GpuContext, d: &AttentionDesc, force_split: bool, tok
     let max_pos = toks.iter().map(|t| t.1).max().unwrap() + 1;
     let blocks_per_seq = max_pos.div_ceil(bs);
     // Sequence s's history is the same whatever step it runs in (seeded by s).
-    let hist: Vec<Vec<Vec<f32>>> = (0..n_seq).map(|s| {
-        let mut rng = TestRng::new(seed + s as u64);
-        (0..max_pos).map(|_| rng.vec(kv_dim)).collect()
-    }).collect();
+    let hist: Vec<Vec<Vec<f32>>> = (0..n_seq)
+        .map(|s| {
+            let mut rng = TestRng::new(seed + s as u64);
+            (0..max_pos).map(|_| rng.vec(kv_dim)).collect()
+        })
+        .collect();
     let tables: Vec<Vec<u32>> = (0..n_seq).map(|s| (0..blocks_per_seq as u32).map(|b| s as u32 * blocks_per_seq as u32 + b).collect()).collect();
     let n_slots = n_seq * blocks_per_seq * bs;
     let mut kc = vec![0f32; n_slots * kv_dim];

@@ -6,11 +6,11 @@ use std::sync::LazyLock;
 
 use flint_core::quant::{self, QuantType};
 use flint_gpu::buffer::{read_f32, storage_init};
-use flint_gpu::weights::layout;
 use flint_gpu::ops::embed::Embed;
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
 use flint_gpu::testing::{random_quant, TestRng};
+use flint_gpu::weights::layout;
 use flint_gpu::GpuContext;
 
 /// Written into every cell of x the op must not touch.
@@ -57,9 +57,7 @@ async fn run(ctx: &GpuContext, ty: QuantType, n_embd: usize, vocab: usize, split
     let mut ops = Vec::new();
     for &(first, count) in &parts {
         let buf = storage_init(ctx, "table_part", &gpu_table[first * row_bytes..(first + count) * row_bytes]).unwrap();
-        let op = Embed::new(ctx, &CACHE, &batch, ty, n_embd as u32, count as u32, first as u32, &buf, &x, scale)
-            .await
-            .unwrap_or_else(|e| panic!("{ty}: {e}"));
+        let op = Embed::new(ctx, &CACHE, &batch, ty, n_embd as u32, count as u32, first as u32, &buf, &x, scale).await.unwrap_or_else(|e| panic!("{ty}: {e}"));
         ops.push((op, buf));
     }
 

@@ -3,12 +3,12 @@
 //! partial rotation) or copied exactly; every other slot keeps its sentinel. And the
 //! copy-on-write block copy moves exactly one block.
 
+use flint_core::arch::rope_inv_freq;
 use flint_core::arch::RopeStyle;
 use flint_core::reference::ops::rope;
 use flint_gpu::buffer::{read_f32, storage, storage_init};
 use flint_gpu::ops::attention::AttentionDesc;
 use flint_gpu::ops::kv_write::{encode_block_copy, KvWrite};
-use flint_core::arch::rope_inv_freq;
 use flint_gpu::ops::rope::RopeSpec;
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;

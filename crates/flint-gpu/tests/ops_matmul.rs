@@ -8,11 +8,11 @@ use std::sync::LazyLock;
 
 use flint_core::quant::{self, QuantType};
 use flint_gpu::buffer::{read_f32, storage_init};
-use flint_gpu::weights::layout;
 use flint_gpu::ops::matmul::{Matmul, MatmulDesc, TOKEN_BLOCKS};
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
 use flint_gpu::testing::{f16_nearest, nmse, random_quant, TestRng, NMSE_F32, NMSE_QUANT};
+use flint_gpu::weights::layout;
 use flint_gpu::GpuContext;
 
 /// Written into every cell of y the op must not touch.
@@ -52,17 +52,7 @@ struct Case {
 
 impl Case {
     fn new(ty: QuantType, n_rows: u32, n_tok: u32) -> Case {
-        Case {
-            ty,
-            n_in: odd_n_in(ty),
-            n_rows,
-            n_tok,
-            row_offset: 0,
-            y_stride: n_rows,
-            max_tokens: None,
-            bias: false,
-            accumulate: false,
-        }
+        Case { ty, n_in: odd_n_in(ty), n_rows, n_tok, row_offset: 0, y_stride: n_rows, max_tokens: None, bias: false, accumulate: false }
     }
 }
 
@@ -88,18 +78,14 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case, seed: u64) 
     let b = rng.vec(n_rows);
     // y: old values (read when accumulating) inside the written range, sentinels elsewhere.
     let inside = |t: usize, c: usize| t < want_tok && (row_offset as usize..row_offset as usize + n_rows).contains(&c);
-    let y0: Vec<f32> = (0..buf_tok * y_stride_u)
-        .map(|i| if inside(i / y_stride_u, i % y_stride_u) { rng.f32() } else { SENTINEL })
-        .collect();
+    let y0: Vec<f32> = (0..buf_tok * y_stride_u).map(|i| if inside(i / y_stride_u, i % y_stride_u) { rng.f32() } else { SENTINEL }).collect();
 
     let w_buf = storage_init(ctx, "w", &layout::to_gpu(ty, n_in, &w_bytes)).unwrap();
     let x_buf = storage_init(ctx, "x", bytemuck::cast_slice(&x)).unwrap();
     let y_buf = storage_init(ctx, "y", bytemuck::cast_slice(&y0)).unwrap();
     let b_buf = storage_init(ctx, "bias", bytemuck::cast_slice(&b)).unwrap();
     let desc = MatmulDesc { label: "test", ty, n_in: n_in as u32, n_rows: n_rows as u32, row_offset, y_stride, max_tokens, accumulate, ids: None };
-    let mm = Matmul::new(ctx, cache, &batch.info, &desc, &w_buf, &x_buf, &y_buf, bias.then_some(&b_buf))
-        .await
-        .unwrap_or_else(|e| panic!("{case:?}: {e}"));
+    let mm = Matmul::new(ctx, cache, &batch.info, &desc, &w_buf, &x_buf, &y_buf, bias.then_some(&b_buf)).await.unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let mut enc = ctx.device.create_command_encoder(&Default::default());
     {
         let mut pass = enc.begin_compute_pass(&Default::default());

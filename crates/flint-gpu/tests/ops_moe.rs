@@ -7,12 +7,12 @@
 use flint_core::quant::{self, QuantType};
 use flint_core::reference::ops;
 use flint_gpu::buffer::{read_f32, read_u32, storage_init};
-use flint_gpu::weights::layout;
 use flint_gpu::ops::matmul::{Matmul, MatmulDesc, MatmulIds};
 use flint_gpu::ops::moe::{MoeCombine, MoeDesc, MoeRoute, MoeRoutes};
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
 use flint_gpu::testing::{f16_nearest, nmse, random_quant, TestRng, NMSE_F32, NMSE_QUANT};
+use flint_gpu::weights::layout;
 use flint_gpu::GpuContext;
 
 const SENTINEL: u32 = 0xdead_beef;

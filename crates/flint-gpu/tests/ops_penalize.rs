@@ -70,7 +70,13 @@ fn cases() -> Vec<Case> {
     vec![
         Case { label: "penalties, window 64", params: pen.clone(), history: 300, n_bias: 0, mask: false },
         Case { label: "penalties, whole context", params: SamplingParams { repeat_last_n: -1, ..pen.clone() }, history: 3000, n_bias: 0, mask: false },
-        Case { label: "repeat < 1", params: SamplingParams { repeat_penalty: 0.7, frequency_penalty: -1.5, ..pen.clone() }, history: 100, n_bias: 0, mask: false },
+        Case {
+            label: "repeat < 1",
+            params: SamplingParams { repeat_penalty: 0.7, frequency_penalty: -1.5, ..pen.clone() },
+            history: 100,
+            n_bias: 0,
+            mask: false,
+        },
         Case { label: "bias only", params: SamplingParams::default(), history: 50, n_bias: 300, mask: false },
         Case { label: "mask only", params: SamplingParams::default(), history: 0, n_bias: 0, mask: true },
         Case { label: "everything", params: SamplingParams { repeat_last_n: 256, ..pen }, history: 1000, n_bias: 200, mask: true },

@@ -226,7 +226,11 @@ fn gumbel_truncated_matches_distribution() {
 
 fn order_key(v: f32) -> u32 {
     let b = v.to_bits();
-    if b & 0x8000_0000 != 0 { !b } else { b | 0x8000_0000 }
+    if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
 }
 
 /// The tokens the GPU's state says survive (sorted ids).
@@ -235,10 +239,12 @@ fn gpu_survivors(logits: &[f32], st: &[u32], p: &SamplingParams) -> Vec<u32> {
     let lmax = f32::from_bits(st[state::MAX_BITS]);
     let log_min_p = if p.min_p > 0.0 { (p.min_p as f64).ln() as f32 } else { -f32::MAX };
     let thr = (st[state::THR_V], st[state::THR_I]);
-    (0..n).filter(|&i| {
-        let l = logits[i as usize];
-        l - lmax >= log_min_p && (order_key(l), n - 1 - i) >= thr
-    }).collect()
+    (0..n)
+        .filter(|&i| {
+            let l = logits[i as usize];
+            l - lmax >= log_min_p && (order_key(l), n - 1 - i) >= thr
+        })
+        .collect()
 }
 
 /// The CPU's cumulative top-p mass at each kept position near the boundary, to tell a real
@@ -636,8 +642,7 @@ async fn linked_step(ctx: &GpuContext, r: &Rig, rows: &[(&[f32], &SamplingParams
     for (i, row) in rows.iter().enumerate() {
         ctx.queue.write_buffer(&r.logits, (i * r.n_vocab * 4) as u64, bytemuck::cast_slice(row.0));
     }
-    let specs: Vec<SampleRow> =
-        rows.iter().map(|(_, p, link)| SampleRow { link: *link, ..SampleRow::new(p, p.seed.unwrap_or(0), 0, 500) }).collect();
+    let specs: Vec<SampleRow> = rows.iter().map(|(_, p, link)| SampleRow { link: *link, ..SampleRow::new(p, p.seed.unwrap_or(0), 0, 500) }).collect();
     let plan = r.sampler.prepare(ctx, &specs, n).unwrap();
     assert_eq!(plan.verify, specs.iter().any(|s| matches!(s.link, Some(DraftLink::Verify { .. }))));
     submit(ctx, |p| r.sampler.encode(p, &plan));

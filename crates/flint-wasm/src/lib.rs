@@ -74,9 +74,7 @@ fn error_name(e: &EngineError, loading: bool) -> &'static str {
         EngineError::Gpu(GpuError::DeviceLost(_)) => "DeviceLostError",
         EngineError::Gpu(_) if loading => "ModelLoadError",
         EngineError::Gpu(_) => "GPUError",
-        EngineError::Generate(GenerateError::ContextExceeded { .. }) | EngineError::Sched(SchedError::ContextExceeded { .. }) => {
-            "ContextWindowExceededError"
-        }
+        EngineError::Generate(GenerateError::ContextExceeded { .. }) | EngineError::Sched(SchedError::ContextExceeded { .. }) => "ContextWindowExceededError",
         EngineError::Generate(GenerateError::Backend(b)) | EngineError::Backend(b) => backend_error_name(b, loading),
         EngineError::Step(b) => backend_error_name(b, false),
         EngineError::Generate(_) | EngineError::Sched(_) => "InvalidRequestError",
@@ -117,10 +115,7 @@ impl JsSource {
     }
 
     async fn read_js(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
-        let promise = self
-            .read
-            .call2(&self.reader, &JsValue::from_f64(offset as f64), &JsValue::from_f64(buf.len() as f64))
-            .map_err(describe)?;
+        let promise = self.read.call2(&self.reader, &JsValue::from_f64(offset as f64), &JsValue::from_f64(buf.len() as f64)).map_err(describe)?;
         let value = JsFuture::from(Promise::resolve(&promise)).await.map_err(describe)?;
         let bytes = value.dyn_into::<Uint8Array>().map_err(|_| "read() must resolve to a Uint8Array".to_string())?;
         if bytes.length() as usize != buf.len() {
@@ -191,8 +186,7 @@ pub fn load_engine(source: JsValue, options: String, on_compile: JsValue, draft_
     ON_COMPILE.with(|cb| *cb.borrow_mut() = on_compile.dyn_into::<Function>().ok());
     future_to_promise(async move {
         let source = JsSource::new(source)?;
-        let opts: serde_json::Value =
-            serde_json::from_str(&options).map_err(|e| js_error("InvalidRequestError", format!("options: {e}")))?;
+        let opts: serde_json::Value = serde_json::from_str(&options).map_err(|e| js_error("InvalidRequestError", format!("options: {e}")))?;
         let mut load = LoadOptions {
             template_clock: Some(unix_seconds),
             clock: Some(performance_now),
@@ -216,17 +210,21 @@ pub fn load_engine(source: JsValue, options: String, on_compile: JsValue, draft_
             load.spec.kind = kind;
         }
         if let Some(p) = opts.get("draft_p_min") {
-            let p = p.as_f64().filter(|p| (0.0..=1.0).contains(p)).ok_or_else(|| js_error("InvalidRequestError", format!("draftPMin must be a number in [0, 1], got {p}")))?;
+            let p = p
+                .as_f64()
+                .filter(|p| (0.0..=1.0).contains(p))
+                .ok_or_else(|| js_error("InvalidRequestError", format!("draftPMin must be a number in [0, 1], got {p}")))?;
             load.draft_p_min = p as f32;
         }
         if let Some(n) = opts.get("draft_max") {
-            let n = n.as_u64().filter(|&n| (1..=64).contains(&n)).ok_or_else(|| js_error("InvalidRequestError", format!("draftMax must be an integer in 1..=64, got {n}")))?;
+            let n = n
+                .as_u64()
+                .filter(|&n| (1..=64).contains(&n))
+                .ok_or_else(|| js_error("InvalidRequestError", format!("draftMax must be an integer in 1..=64, got {n}")))?;
             load.spec.draft_max = n as usize;
         }
         load.chat_template = opts.get("chat_template").and_then(|v| v.as_str()).map(str::to_string);
-        let file = flint::GgufFile::from_source(Box::new(source))
-            .await
-            .map_err(|e| js_error("ModelLoadError", format!("malformed model file: {e}")))?;
+        let file = flint::GgufFile::from_source(Box::new(source)).await.map_err(|e| js_error("ModelLoadError", format!("malformed model file: {e}")))?;
         let loaded = if draft_source.is_null() || draft_source.is_undefined() {
             Engine::load_local(file, &load).await
         } else {
@@ -353,8 +351,7 @@ impl WasmEngine {
     /// Renders chat messages (JSON array) with the model's template, as the engine would.
     #[wasm_bindgen(js_name = applyChatTemplate)]
     pub fn apply_chat_template(&self, messages: String, add_generation_prompt: bool) -> Result<String, JsValue> {
-        let messages: Vec<serde_json::Value> =
-            serde_json::from_str(&messages).map_err(|e| js_error("InvalidRequestError", format!("messages: {e}")))?;
+        let messages: Vec<serde_json::Value> = serde_json::from_str(&messages).map_err(|e| js_error("InvalidRequestError", format!("messages: {e}")))?;
         self.engine.apply_chat_template(&messages, add_generation_prompt).map_err(|e| engine_error(&e, false))
     }
 

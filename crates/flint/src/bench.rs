@@ -8,8 +8,7 @@ use flint_core::generate::Clock;
 use crate::{Engine, EngineError, Event, GenerateParams, Input, Request, SamplingParams};
 
 /// Ordinary text, repeated to the requested length.
-const BENCH_TEXT: &str =
-    "The history of the printing press begins in the fifteenth century, when movable type spread across Europe. ";
+const BENCH_TEXT: &str = "The history of the printing press begins in the fifteenth century, when movable type spread across Europe. ";
 
 /// Timings of one benchmark repetition, in seconds.
 #[derive(Clone, Debug)]
@@ -58,7 +57,11 @@ impl StreamRun {
     /// Tokens after the first per second.
     pub fn decode_tok_s(&self) -> f64 {
         let ms = self.last_ms - self.first_ms;
-        if ms > 0.0 { (self.tokens.saturating_sub(1)) as f64 * 1e3 / ms } else { 0.0 }
+        if ms > 0.0 {
+            (self.tokens.saturating_sub(1)) as f64 * 1e3 / ms
+        } else {
+            0.0
+        }
     }
 }
 
@@ -70,7 +73,11 @@ pub(crate) fn host_copy_bandwidth_gbs(clock: Clock) -> f64 {
     dst.copy_from_slice(&src);
     let ms = clock() - t0;
     std::hint::black_box(&dst);
-    if ms > 0.0 { 2.0 * BYTES as f64 / (ms * 1e6) } else { 0.0 }
+    if ms > 0.0 {
+        2.0 * BYTES as f64 / (ms * 1e6)
+    } else {
+        0.0
+    }
 }
 
 /// One run of `flint bench --spec-type`: a prompt and greedy tokens, with or without drafts.

@@ -77,7 +77,9 @@ impl DraftModel {
         self.q_slots = 0;
         self.linked = Some((max_seqs, draft_max));
         let (Some(t), Some(d)) = (target.as_any_mut(), self.backend.as_any_mut()) else { return Ok(()) };
-        let (Some(t), Some(d)) = (t.downcast_mut::<flint_gpu::backend::GpuBackend>(), d.downcast_mut::<flint_gpu::backend::GpuBackend>()) else { return Ok(()) };
+        let (Some(t), Some(d)) = (t.downcast_mut::<flint_gpu::backend::GpuBackend>(), d.downcast_mut::<flint_gpu::backend::GpuBackend>()) else {
+            return Ok(());
+        };
         // A draft that could sample ids the target lacks would have to drop those draws,
         // which skews the distribution its drafts come from: such a draft drafts greedily.
         if draft_max == 0 || self.draft_vocab > self.n_vocab {

@@ -20,13 +20,8 @@ use futures::channel::{mpsc, oneshot};
 use futures::Stream;
 use thiserror::Error;
 
-/// The GPU adapters wgpu finds (native), as `--device` indexes and names them.
-#[cfg(not(target_arch = "wasm32"))]
-pub use flint_gpu::context::{adapters as gpu_adapters, AdapterEntry};
 pub use bench::{BenchRun, SpecRun, StreamRun};
 pub use flint_core::arch::{ArchError, ModelConfig};
-pub use flint_gpu::pipeline::CompileEvent;
-pub use flint_gpu::GpuError;
 pub use flint_core::backend::BackendError;
 pub use flint_core::chat::{ChatError, ChatTemplate, KEY_CHAT_TEMPLATE};
 pub use flint_core::generate::{Event, FinishReason, GenerateError, GenerateParams, Summary, TokenLogprobs};
@@ -34,11 +29,16 @@ pub use flint_core::gguf::{GgufError, GgufFile};
 pub use flint_core::kv::KvError;
 pub use flint_core::sampling::{SamplingError, SamplingParams};
 pub use flint_core::sched::{BlockCounts, Histogram, SchedError, SchedStats};
+pub use flint_core::selftest::{SelfTestError, TapReport};
 pub use flint_core::tokenizer::{Tokenizer, TokenizerError};
+/// The GPU adapters wgpu finds (native), as `--device` indexes and names them.
+#[cfg(not(target_arch = "wasm32"))]
+pub use flint_gpu::context::{adapters as gpu_adapters, AdapterEntry};
+pub use flint_gpu::pipeline::CompileEvent;
+pub use flint_gpu::GpuError;
 pub use request::{Input, Request, MAX_N};
 pub use runner::{EventResult, OpTimes};
 pub use selftest::SelfTestReport;
-pub use flint_core::selftest::{SelfTestError, TapReport};
 
 use flint_core::backend::{Backend, BackendOptions};
 use flint_core::generate::{default_clock, Clock};
@@ -464,7 +464,9 @@ impl Engine {
         let label = opts.draft_model.as_ref().map_or_else(String::new, |p| format!(" {}", p.display()));
         let draft_file = match draft {
             Some(file) => Some(open_draft(file, &label, &tokenizer, &mut spec)?),
-            None if opts.draft_model.is_some() => return Err(EngineError::Config("a draft model path is opened by Engine::load_path; give its file to load_local_with_draft".into())),
+            None if opts.draft_model.is_some() => {
+                return Err(EngineError::Config("a draft model path is opened by Engine::load_path; give its file to load_local_with_draft".into()))
+            }
             None => None,
         };
         // An output row per drafted token a step may verify.

@@ -86,7 +86,9 @@ pub(crate) fn prepare(
         return Err(GenerateError::BadN { n: req.n, max: MAX_N }.into());
     }
     let prediction = match &req.prediction {
-        Some(_) if !drafts => return Err(EngineError::Config("a prediction needs an engine that verifies drafts (load it with speculation or predictions on)".into())),
+        Some(_) if !drafts => {
+            return Err(EngineError::Config("a prediction needs an engine that verifies drafts (load it with speculation or predictions on)".into()))
+        }
         // Plain text: no BOS, special tokens not parsed. The reply fits the context, so the
         // prediction is of use only that far.
         Some(text) => {
@@ -113,8 +115,6 @@ pub(crate) fn prepare(
     }
     // One seed for the request; choice i draws from its stream i.
     let seed = req.params.sampling.seed.unwrap_or_else(clock_seed);
-    let choices = (0..req.n)
-        .map(|i| Generation::new(&prompt, &req.params, seed, i, n_vocab, now))
-        .collect::<Result<Vec<_>, _>>()?;
+    let choices = (0..req.n).map(|i| Generation::new(&prompt, &req.params, seed, i, n_vocab, now)).collect::<Result<Vec<_>, _>>()?;
     Ok(Prepared { prompt, choices, logits: req.logits, prediction })
 }

@@ -32,7 +32,11 @@ pub type EventResult = Result<Event, EngineError>;
 pub type OpTimes = Vec<(String, f64)>;
 
 pub(crate) enum Command {
-    Submit { id: u64, prepared: Prepared, events: mpsc::UnboundedSender<EventResult> },
+    Submit {
+        id: u64,
+        prepared: Prepared,
+        events: mpsc::UnboundedSender<EventResult>,
+    },
     Cancel(u64),
     CancelAll,
     /// Drop every cached prefix no running request holds.
@@ -42,7 +46,11 @@ pub(crate) enum Command {
     WhenIdle(oneshot::Sender<()>),
     /// Once idle: per-op timings of a step of `prompt` (prefill) and of decode steps of each
     /// size in `decode_sizes` (that many sequences after the prompt).
-    Profile { prompt: Vec<u32>, decode_sizes: Vec<usize>, reply: oneshot::Sender<Result<(OpTimes, Vec<OpTimes>), EngineError>> },
+    Profile {
+        prompt: Vec<u32>,
+        decode_sizes: Vec<usize>,
+        reply: oneshot::Sender<Result<(OpTimes, Vec<OpTimes>), EngineError>>,
+    },
     /// Once idle: one step of every kind traffic will run (a prompt, decodes of 1 to
     /// `max_seqs` sequences), so that kernels compiled at first use are ready.
     WarmUp(oneshot::Sender<Result<(), EngineError>>),
@@ -111,7 +119,23 @@ impl Runner {
     ) -> Runner {
         let (requests, owner, profiles) = (HashMap::new(), HashMap::new(), Vec::new());
         let spec_counts = SpecCounts::default();
-        Runner { backend, gpus, rebuild, lost: false, sched, tokenizer, clock, n_ctx, requests, owner, profiles, spec, spec_counts, draft, linked: HashMap::new() }
+        Runner {
+            backend,
+            gpus,
+            rebuild,
+            lost: false,
+            sched,
+            tokenizer,
+            clock,
+            n_ctx,
+            requests,
+            owner,
+            profiles,
+            spec,
+            spec_counts,
+            draft,
+            linked: HashMap::new(),
+        }
     }
 
     /// Runs until every engine handle is gone.

@@ -104,11 +104,8 @@ fn batched_equals_alone(name: &str, golden: &str, prompts: &[usize], long: usize
     let spec_got = together(&spec, &batched);
     assert_same(&format!("{name} speculative batched"), &want, &spec_got);
     eprintln!("{name}: speculative, alone and batched, in {:.1}s", t2.elapsed().as_secs_f64());
-    let (drafted, accepted) = spec_solo
-        .iter()
-        .chain(&spec_got)
-        .map(|o| o.summary.as_ref().unwrap())
-        .fold((0, 0), |(d, a), s| (d + s.draft_tokens, a + s.accepted_draft_tokens));
+    let (drafted, accepted) =
+        spec_solo.iter().chain(&spec_got).map(|o| o.summary.as_ref().unwrap()).fold((0, 0), |(d, a), s| (d + s.draft_tokens, a + s.accepted_draft_tokens));
     eprintln!("{name}: drafted {drafted}, accepted {accepted}");
     assert!(accepted > 0, "{name}: no draft was accepted ({drafted} drafted)");
     assert!(accepted < drafted, "{name}: no draft was rejected ({drafted} drafted)");

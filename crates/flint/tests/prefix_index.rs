@@ -88,9 +88,7 @@ fn gpu_tiny_kv_budget_evicts_least_recently_used() {
     let engine = Engine::load_path(&common::model_path("gemma-3-270m"), &opts).unwrap();
     // BOS and at least one full block each; D needs three blocks.
     let a = engine.tokenize_raw("The capital of France is Paris, and the capital of Germany is Berlin. The").unwrap();
-    let b = engine
-        .tokenize_raw("Water boils at one hundred degrees Celsius at sea level, and it freezes at zero degrees. It")
-        .unwrap();
+    let b = engine.tokenize_raw("Water boils at one hundred degrees Celsius at sea level, and it freezes at zero degrees. It").unwrap();
     let d = engine
         .tokenize_raw("One, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve, thirteen, fourteen, fifteen, sixteen, seventeen,")
         .unwrap();

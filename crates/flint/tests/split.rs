@@ -113,7 +113,8 @@ fn device_budgets_make_the_automatic_split() {
     drop(whole);
 
     // Too large for the first device alone: spread 1:1, then 3:5 by the budgets.
-    let opts = LoadOptions { backend: BackendKind::Gpu, device: Some("llvmpipe,llvmpipe".into()), split: budgets(&[3, 3]), self_test: true, ..LoadOptions::default() };
+    let opts =
+        LoadOptions { backend: BackendKind::Gpu, device: Some("llvmpipe,llvmpipe".into()), split: budgets(&[3, 3]), self_test: true, ..LoadOptions::default() };
     let even = Engine::load_path(&path, &opts).unwrap();
     assert_eq!(layers(&even), vec![0..cut(n, 0.5), cut(n, 0.5)..n]);
     // The self-test ran across the split: embedding and layer 0 on one device, head on the other.

@@ -99,7 +99,12 @@ impl Metrics {
             steps_histogram(&mut out, "flint_batch_tokens", "Tokens per step.", &s.batch_tokens);
         }
         seconds_histogram(&mut out, "flint_ttft_seconds", "From a request's arrival to its first token.", &self.ttft.lock().unwrap_or_else(|p| p.into_inner()));
-        seconds_histogram(&mut out, "flint_inter_token_latency_seconds", "Between a choice's consecutive tokens.", &self.itl.lock().unwrap_or_else(|p| p.into_inner()));
+        seconds_histogram(
+            &mut out,
+            "flint_inter_token_latency_seconds",
+            "Between a choice's consecutive tokens.",
+            &self.itl.lock().unwrap_or_else(|p| p.into_inner()),
+        );
         out
     }
 }

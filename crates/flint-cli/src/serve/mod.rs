@@ -370,8 +370,7 @@ fn router(args: &ServeArgs, app: Shared) -> Router {
     if std::env::var("FLINT_TEST_FAULTS").is_ok_and(|v| v == "1") {
         r = r.route("/test/lose-device", post(lose_device));
     }
-    let mut r = r
-        .method_not_allowed_fallback(|| async { ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method not allowed") });
+    let mut r = r.method_not_allowed_fallback(|| async { ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method not allowed") });
     // Unknown API paths get OpenAI's error shape, with or without a site.
     let no_route = || async { ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "no such route") };
     r = r.route("/v1/{*rest}", any(no_route));
@@ -466,7 +465,10 @@ async fn complete(app: Shared, body: Result<Bytes, axum::extract::rejection::Byt
     let parsed = openai::parse(&body, endpoint, &app.defaults)?;
     if let Some(m) = &parsed.model {
         if *m != app.model_id {
-            let e = ApiError { status: StatusCode::NOT_FOUND, ..ApiError::invalid("model", format!("the model `{m}` does not exist (this server has `{}`)", app.model_id)) };
+            let e = ApiError {
+                status: StatusCode::NOT_FOUND,
+                ..ApiError::invalid("model", format!("the model `{m}` does not exist (this server has `{}`)", app.model_id))
+            };
             return Err(e.with_code("model_not_found"));
         }
     }
@@ -540,10 +542,7 @@ async fn detokenize(State(app): State<Shared>, body: Result<Bytes, axum::extract
     let bad = || ApiError::invalid("tokens", "`tokens` must be an array of token ids");
     let list = o.get("tokens").and_then(Value::as_array).ok_or_else(bad)?;
     let n_vocab = engine.config().n_vocab;
-    let ids = list
-        .iter()
-        .map(|v| v.as_u64().filter(|&id| (id as usize) < n_vocab).map(|id| id as u32).ok_or_else(bad))
-        .collect::<Result<Vec<u32>, _>>()?;
+    let ids = list.iter().map(|v| v.as_u64().filter(|&id| (id as usize) < n_vocab).map(|id| id as u32).ok_or_else(bad)).collect::<Result<Vec<u32>, _>>()?;
     let content = engine.tokenizer().decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
     Ok(Json(json!({"content": content})).into_response())
 }

@@ -15,7 +15,7 @@ use axum::Json;
 use futures::stream::{self, SelectAll, StreamExt};
 use serde_json::{json, Value};
 
-use flint::{Engine, EngineError, Event, EventResult, FinishReason, Input, Request, RequestHandle, Tokenizer, TokenLogprobs};
+use flint::{Engine, EngineError, Event, EventResult, FinishReason, Input, Request, RequestHandle, TokenLogprobs, Tokenizer};
 
 use super::metrics::Metrics;
 use super::openai::{ApiError, Endpoint, Parsed};
@@ -29,7 +29,11 @@ impl QueueSlot {
         let prev = count.fetch_add(1, Ordering::Relaxed);
         if prev >= max {
             count.fetch_sub(1, Ordering::Relaxed);
-            let mut e = ApiError::new(axum::http::StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", format!("{prev} requests are waiting already (--max-queue {max})"));
+            let mut e = ApiError::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!("{prev} requests are waiting already (--max-queue {max})"),
+            );
             e.retry_after_s = Some(1);
             return Err(e);
         }
@@ -120,11 +124,8 @@ pub fn start(engine: &Engine, model: &str, p: Parsed, metrics: Arc<Metrics>, slo
         let h = engine.submit(req).map_err(|e| ApiError::from_engine(&e, param))?;
         if let Some(m) = p.params.max_tokens {
             if h.prompt_tokens() + m > engine.n_ctx() {
-                let msg = format!(
-                    "this model's context holds {} tokens; the prompt has {} and max_tokens asks for {m} more",
-                    engine.n_ctx(),
-                    h.prompt_tokens()
-                );
+                let msg =
+                    format!("this model's context holds {} tokens; the prompt has {} and max_tokens asks for {m} more", engine.n_ctx(), h.prompt_tokens());
                 return Err(ApiError::invalid(param, msg).with_code("context_length_exceeded"));
             }
         }

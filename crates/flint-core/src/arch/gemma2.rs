@@ -37,9 +37,7 @@ pub(super) fn config(md: &Metadata, n_vocab: usize, tied_output: bool) -> Result
     if window == 0 {
         return Err(ArchError::Invalid { key: format!("{ARCH}.attention.sliding_window"), reason: "must be positive".into() });
     }
-    let layers = (0..n_layer)
-        .map(|i| LayerConfig { sliding_window: (i % 2 == 0).then_some(window), rope_base, rope_freq_scale: 1.0 })
-        .collect();
+    let layers = (0..n_layer).map(|i| LayerConfig { sliding_window: (i % 2 == 0).then_some(window), rope_base, rope_freq_scale: 1.0 }).collect();
     let query_scale_dim = if n_layer == LAYERS_27B { n_embd / n_head } else { head_dim };
     Ok(ModelConfig {
         arch: ARCH.to_string(),

@@ -27,10 +27,7 @@ pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: boo
             let n_expert = count(md, arch, "expert_count", MAX_EXPERTS)?;
             let n_used = count(md, arch, "expert_used_count", MAX_EXPERTS)?;
             if n_used > n_expert {
-                return Err(ArchError::Invalid {
-                    key: format!("{arch}.expert_used_count"),
-                    reason: format!("{n_used} experts used of {n_expert}"),
-                });
+                return Err(ArchError::Invalid { key: format!("{arch}.expert_used_count"), reason: format!("{n_used} experts used of {n_expert}") });
             }
             Some(MoeConfig { n_expert, n_used, n_ff: count(md, arch, "expert_feed_forward_length", MAX_FF)? })
         }

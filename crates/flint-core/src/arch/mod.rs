@@ -343,10 +343,9 @@ pub(crate) fn rope_freq_scale(md: &Metadata, arch: &str) -> Result<f32, ArchErro
     match (ty, factor) {
         (Some("none") | None, _) | (_, None) => Ok(1.0),
         (Some("linear"), Some(f)) if f.is_finite() && f >= 1.0 => Ok(1.0 / f),
-        (Some(t), Some(f)) => Err(ArchError::Invalid {
-            key: format!("{arch}.rope.scaling"),
-            reason: format!("unsupported RoPE scaling {t:?} with factor {f}"),
-        }),
+        (Some(t), Some(f)) => {
+            Err(ArchError::Invalid { key: format!("{arch}.rope.scaling"), reason: format!("unsupported RoPE scaling {t:?} with factor {f}") })
+        }
     }
 }
 

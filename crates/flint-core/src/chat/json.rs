@@ -28,12 +28,7 @@ fn invalid(msg: impl Into<String>) -> Error {
 
 impl Options {
     /// Reads the keyword arguments as `json.dumps` interprets them.
-    pub fn new(
-        ensure_ascii: bool,
-        indent: Option<&Value>,
-        separators: Option<&Value>,
-        sort_keys: bool,
-    ) -> Result<Options, Error> {
+    pub fn new(ensure_ascii: bool, indent: Option<&Value>, separators: Option<&Value>, sort_keys: bool) -> Result<Options, Error> {
         let indent = match indent {
             None => None,
             Some(v) if v.is_none() || v.is_undefined() => None,
@@ -42,15 +37,12 @@ impl Options {
             Some(v) if v.kind() == ValueKind::Bool => Some(" ".repeat(usize::from(v.is_true()))),
             Some(v) => match v.as_i64() {
                 Some(n) => Some(" ".repeat(usize::try_from(n).unwrap_or(0))),
-                None => {
-                    return Err(invalid(format!("tojson: indent must be an integer or a string, not {}", v.kind())))
-                }
+                None => return Err(invalid(format!("tojson: indent must be an integer or a string, not {}", v.kind()))),
             },
         };
         let (item_sep, key_sep) = match separators {
             Some(v) if !v.is_none() && !v.is_undefined() => {
-                let pair: Vec<Value> =
-                    v.try_iter().map_err(|_| invalid("tojson: separators must be a pair of strings"))?.collect();
+                let pair: Vec<Value> = v.try_iter().map_err(|_| invalid("tojson: separators must be a pair of strings"))?.collect();
                 match pair.as_slice() {
                     [a, b] if a.as_str().is_some() && b.as_str().is_some() => {
                         (a.as_str().unwrap_or_default().to_string(), b.as_str().unwrap_or_default().to_string())
@@ -109,13 +101,7 @@ impl Writer<'_> {
         Ok(())
     }
 
-    fn container(
-        &mut self,
-        open: char,
-        close: char,
-        len: usize,
-        mut item: impl FnMut(&mut Self, usize) -> Result<(), Error>,
-    ) -> Result<(), Error> {
+    fn container(&mut self, open: char, close: char, len: usize, mut item: impl FnMut(&mut Self, usize) -> Result<(), Error>) -> Result<(), Error> {
         if len == 0 {
             self.out.push(open);
             self.out.push(close);

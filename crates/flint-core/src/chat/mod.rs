@@ -162,9 +162,7 @@ fn chat_error(err: minijinja::Error) -> ChatError {
         source = s.source();
     }
     match err.kind() {
-        ErrorKind::SyntaxError | ErrorKind::BadEscape | ErrorKind::InvalidDelimiter => {
-            ChatError::Syntax(err.to_string())
-        }
+        ErrorKind::SyntaxError | ErrorKind::BadEscape | ErrorKind::InvalidDelimiter => ChatError::Syntax(err.to_string()),
         _ => ChatError::Render(err.to_string()),
     }
 }
@@ -179,10 +177,7 @@ fn tojson_filter(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Val
     let get = |i: usize| -> Result<Option<Value>, minijinja::Error> {
         let from_kwargs: Option<Value> = kwargs.get(PARAMS[i])?;
         match (args.get(i), from_kwargs) {
-            (Some(_), Some(_)) => Err(minijinja::Error::new(
-                ErrorKind::InvalidOperation,
-                format!("tojson got multiple values for argument '{}'", PARAMS[i]),
-            )),
+            (Some(_), Some(_)) => Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson got multiple values for argument '{}'", PARAMS[i]))),
             (Some(v), None) => Ok(Some(v.clone())),
             (None, v) => Ok(v),
         }
@@ -234,11 +229,7 @@ impl ChatTemplate {
         let mut env = Environment::new();
         // jinja2.Environment(trim_blocks=True, lstrip_blocks=True) as transformers builds it;
         // keep_trailing_newline stays off in both.
-        let syntax = minijinja::syntax::SyntaxConfig::builder()
-            .trim_blocks(true)
-            .lstrip_blocks(true)
-            .build()
-            .map_err(|e| ChatError::Syntax(e.to_string()))?;
+        let syntax = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build().map_err(|e| ChatError::Syntax(e.to_string()))?;
         env.set_syntax(syntax);
         env.set_undefined_behavior(UndefinedBehavior::Lenient);
         env.set_recursion_limit(RECURSION_LIMIT);
@@ -258,8 +249,7 @@ impl ChatTemplate {
     /// The model's default template, rendered with its BOS/EOS token texts; `None` when the
     /// file has no `tokenizer.chat_template`.
     pub fn from_metadata(md: &Metadata, tok: &Tokenizer) -> Result<Option<ChatTemplate>, ChatError> {
-        let source =
-            md.opt_str(KEY_CHAT_TEMPLATE).map_err(|e| ChatError::Syntax(format!("{KEY_CHAT_TEMPLATE}: {e}")))?;
+        let source = md.opt_str(KEY_CHAT_TEMPLATE).map_err(|e| ChatError::Syntax(format!("{KEY_CHAT_TEMPLATE}: {e}")))?;
         let Some(source) = source else { return Ok(None) };
         let text = |id: Option<u32>| id.and_then(|id| tok.token_text(id)).unwrap_or("");
         ChatTemplate::new(source, text(tok.bos_id()), text(tok.eos_id())).map(Some)
@@ -297,12 +287,7 @@ impl ChatTemplate {
 
     /// Renders messages given as JSON objects (extra fields such as `tool_calls`, `name` or
     /// list-valued `content` pass through, key order kept) with optional tool schemas.
-    pub fn render_json(
-        &self,
-        messages: &[serde_json::Value],
-        tools: Option<&[serde_json::Value]>,
-        add_generation_prompt: bool,
-    ) -> Result<String, ChatError> {
+    pub fn render_json(&self, messages: &[serde_json::Value], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool) -> Result<String, ChatError> {
         let input_len = messages.iter().chain(tools.into_iter().flatten()).map(json_text_len).sum();
         let tools = tools.map_or(Value::from(()), |t| Value::from(Serde(t)));
         self.render_value(Value::from(Serde(messages)), tools, add_generation_prompt, input_len)
@@ -334,9 +319,9 @@ impl ChatTemplate {
         match rendered {
             Ok(()) => String::from_utf8(out.buf).map_err(|e| ChatError::Render(e.to_string())),
             Err(_) if out.over => Err(ChatError::Budget(format!("its output passed {limit} bytes"))),
-            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(ChatError::Budget(format!(
-                "it ran out of fuel ({fuel}: one per instruction and per 64 bytes built): a loop too long or strings too large"
-            ))),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                Err(ChatError::Budget(format!("it ran out of fuel ({fuel}: one per instruction and per 64 bytes built): a loop too long or strings too large")))
+            }
             Err(e) if e.kind() == ErrorKind::InvalidOperation && e.to_string().contains("recursion limit") => {
                 Err(ChatError::Budget(format!("it recursed deeper than {RECURSION_LIMIT} calls")))
             }
@@ -362,12 +347,7 @@ mod tests {
     fn generation_tags_become_ifs() {
         let src = "a{%- generation -%}b{% endgeneration %}c{% if x %}{% endif %}";
         assert_eq!(rewrite_generation_tags(src), "a{%- if true -%}b{% endif %}c{% if x %}{% endif %}");
-        let t = ChatTemplate::new(
-            "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}",
-            "",
-            "",
-        )
-        .unwrap();
+        let t = ChatTemplate::new("{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}", "", "").unwrap();
         assert_eq!(t.render(&[ChatMessage::new("user", "hi")], false).unwrap(), "hi");
     }
 }

@@ -2,20 +2,7 @@
 //! and no clock of its own (wasm32 has none): formats a given Unix time, in UTC.
 
 const SECS_PER_DAY: u64 = 86_400;
-const MONTHS: [&str; 12] = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-];
+const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
 /// 1970-01-01 was a Thursday.
 const WEEKDAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
 
@@ -61,16 +48,7 @@ impl DateTime {
         let (year, month, day) = civil_from_days(days);
         const CUMULATIVE: [u32; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
         let yday = CUMULATIVE[month as usize - 1] + day + u32::from(month > 2 && is_leap(year));
-        DateTime {
-            year,
-            month,
-            day,
-            hour: rem / 3600,
-            minute: rem / 60 % 60,
-            second: rem % 60,
-            weekday: (days % 7) as usize,
-            yday,
-        }
+        DateTime { year, month, day, hour: rem / 3600, minute: rem / 60 % 60, second: rem % 60, weekday: (days % 7) as usize, yday }
     }
 }
 
@@ -137,10 +115,7 @@ mod tests {
     fn calendar_edges() {
         assert_eq!(format("%Y-%m-%d %H:%M:%S %a %j", 0), "1970-01-01 00:00:00 Thu 001");
         // 2024-02-29 (leap day) 13:05:09 UTC
-        assert_eq!(
-            format("%A %d %B %Y, %I:%M %p, day %j", 1_709_211_909),
-            "Thursday 29 February 2024, 01:05 PM, day 060"
-        );
+        assert_eq!(format("%A %d %B %Y, %I:%M %p, day %j", 1_709_211_909), "Thursday 29 February 2024, 01:05 PM, day 060");
         // 2000-12-31 23:59:59: day 366 of a leap century year
         assert_eq!(format("%j %b %-d %e %y %%", 978_307_199), "366 Dec 31 31 00 %");
         assert_eq!(format("%-m/%-d %Q %", 978_307_199), "12/31 %Q %");

@@ -8,9 +8,9 @@ mod value;
 use std::collections::HashMap;
 
 pub use error::{GgufError, Result};
-pub use source::{ByteSource, SliceSource};
 #[cfg(not(target_arch = "wasm32"))]
 pub use source::MmapSource;
+pub use source::{ByteSource, SliceSource};
 pub use value::{Array, Value, ValueType};
 
 use crate::quant::QuantType;
@@ -59,9 +59,7 @@ impl Metadata {
     pub fn opt_u32(&self, key: &str) -> Result<Option<u32>> {
         let Some(v) = self.get(key) else { return Ok(None) };
         let n = v.as_u64().ok_or_else(|| Self::wrong(key, "unsigned integer", v))?;
-        u32::try_from(n)
-            .map(Some)
-            .map_err(|_| GgufError::InvalidValue { key: key.to_string(), reason: format!("{n} does not fit u32") })
+        u32::try_from(n).map(Some).map_err(|_| GgufError::InvalidValue { key: key.to_string(), reason: format!("{n} does not fit u32") })
     }
 
     pub fn u32(&self, key: &str) -> Result<u32> {
@@ -176,11 +174,7 @@ pub struct GgufFile {
 
 impl std::fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GgufFile")
-            .field("version", &self.version)
-            .field("tensors", &self.tensors.len())
-            .field("data_offset", &self.data_offset)
-            .finish()
+        f.debug_struct("GgufFile").field("version", &self.version).field("tensors", &self.tensors.len()).field("data_offset", &self.data_offset).finish()
     }
 }
 
@@ -234,15 +228,7 @@ impl GgufFile {
 
     fn assemble(h: parse::Header, source: Box<dyn ByteSource>) -> GgufFile {
         let index = h.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
-        GgufFile {
-            version: h.version,
-            metadata: h.metadata,
-            tensors: h.tensors,
-            alignment: h.alignment,
-            data_offset: h.data_offset,
-            index,
-            source,
-        }
+        GgufFile { version: h.version, metadata: h.metadata, tensors: h.tensors, alignment: h.alignment, data_offset: h.data_offset, index, source }
     }
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {

@@ -217,14 +217,7 @@ fn parse_inner(c: &mut Cursor) -> R<Header> {
     let alignment = match metadata.get(super::KEY_ALIGNMENT) {
         None => super::DEFAULT_ALIGNMENT,
         Some(Value::U32(a)) => *a as u64,
-        Some(v) => {
-            return Err(GgufError::WrongType {
-                key: super::KEY_ALIGNMENT.into(),
-                expected: "u32",
-                got: v.type_name(),
-            }
-            .into())
-        }
+        Some(v) => return Err(GgufError::WrongType { key: super::KEY_ALIGNMENT.into(), expected: "u32", got: v.type_name() }.into()),
     };
     if alignment == 0 || !alignment.is_power_of_two() || alignment > MAX_ALIGNMENT {
         return Err(GgufError::BadAlignment(alignment).into());
@@ -240,10 +233,7 @@ fn parse_inner(c: &mut Cursor) -> R<Header> {
         }
         tensors.push(t);
     }
-    let data_offset = c.pos.div_ceil(alignment).checked_mul(alignment).ok_or(GgufError::Truncated {
-        what: "tensor data",
-        offset: c.pos,
-    })?;
+    let data_offset = c.pos.div_ceil(alignment).checked_mul(alignment).ok_or(GgufError::Truncated { what: "tensor data", offset: c.pos })?;
     let data_len = c.file_len.saturating_sub(data_offset);
     check_tensor_ranges(&tensors, data_len)?;
     Ok(Header { version, metadata, tensors, alignment, data_offset })
@@ -268,8 +258,7 @@ fn tensor_info(c: &mut Cursor, index: u64, alignment: u64) -> R<TensorInfo> {
     }
     let type_id = c.u32("tensor type")?;
     let offset = c.u64("tensor offset")?;
-    let ty = QuantType::from_ggml_id(type_id)
-        .ok_or_else(|| GgufError::UnknownTensorType { tensor: name.clone(), id: type_id })?;
+    let ty = QuantType::from_ggml_id(type_id).ok_or_else(|| GgufError::UnknownTensorType { tensor: name.clone(), id: type_id })?;
     let n_elems = dims
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))

@@ -126,9 +126,11 @@ impl KvCache {
         }
         // Shortened until each sliding-window group holds the blocks of its last window.
         while k > 0 {
-            let ok = self.groups.iter().filter_map(|g| g.window.map(|w| (g, w))).all(|(g, w)| {
-                (self.first_needed_block(w, k * bs)..k).all(|i| g.index.contains(parent_of(i), chunks[i]))
-            });
+            let ok = self
+                .groups
+                .iter()
+                .filter_map(|g| g.window.map(|w| (g, w)))
+                .all(|(g, w)| (self.first_needed_block(w, k * bs)..k).all(|i| g.index.contains(parent_of(i), chunks[i])));
             if ok {
                 break;
             }
@@ -302,10 +304,7 @@ impl KvCache {
     }
 
     pub fn stats(&self) -> Vec<GroupStats> {
-        self.groups
-            .iter()
-            .map(|g| GroupStats { n_blocks: g.blocks.n_blocks(), free: g.blocks.n_free(), indexed: g.index.len() as u32 })
-            .collect()
+        self.groups.iter().map(|g| GroupStats { n_blocks: g.blocks.n_blocks(), free: g.blocks.n_free(), indexed: g.index.len() as u32 }).collect()
     }
 }
 

@@ -58,13 +58,7 @@ pub fn block_key(parent: u64, tokens: &[u32]) -> u64 {
 
 impl PrefixIndex {
     pub fn new(block_size: u32, eviction: Eviction) -> Self {
-        PrefixIndex {
-            block_size: block_size.max(1) as usize,
-            eviction,
-            entries: HashMap::new(),
-            lru: BTreeSet::new(),
-            clock: 0,
-        }
+        PrefixIndex { block_size: block_size.max(1) as usize, eviction, entries: HashMap::new(), lru: BTreeSet::new(), clock: 0 }
     }
 
     /// Blocks the index holds.

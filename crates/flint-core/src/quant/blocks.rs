@@ -198,10 +198,7 @@ fn scale_min_k4(j: usize, s: &[u8; K_SCALE_SIZE]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
-        (
-            (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        )
+        ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
     }
 }
 
@@ -222,11 +219,7 @@ impl QuantBlock<QK_K> for BlockQ4K {
     fn dequantize(&self, y: &mut [f32; QK_K]) {
         let sm = k4_scales(self.d, self.dmin, &self.scales);
         // Each 32-byte run of qs holds two sub-blocks: low nibbles, then high nibbles.
-        for ((y, qs), sm) in y
-            .chunks_exact_mut(64)
-            .zip(self.qs.chunks_exact(32))
-            .zip(sm.chunks_exact(2))
-        {
+        for ((y, qs), sm) in y.chunks_exact_mut(64).zip(self.qs.chunks_exact(32)).zip(sm.chunks_exact(2)) {
             let ((d1, m1), (d2, m2)) = (sm[0], sm[1]);
             let (lo, hi) = y.split_at_mut(32);
             for ((lo, hi), &q) in lo.iter_mut().zip(hi).zip(qs) {
@@ -243,10 +236,7 @@ impl QuantBlock<QK_K> for BlockQ5K {
     fn dequantize(&self, y: &mut [f32; QK_K]) {
         let sm = k4_scales(self.d, self.dmin, &self.scales);
         // As Q4_K; sub-blocks 2i and 2i + 1 take their fifth bit from bits 2i and 2i + 1 of qh.
-        let runs = y
-            .chunks_exact_mut(64)
-            .zip(self.qs.chunks_exact(32))
-            .zip(sm.chunks_exact(2));
+        let runs = y.chunks_exact_mut(64).zip(self.qs.chunks_exact(32)).zip(sm.chunks_exact(2));
         for (i, ((y, qs), sm)) in runs.enumerate() {
             let ((d1, m1), (d2, m2)) = (sm[0], sm[1]);
             let (u1, u2) = (1u8 << (2 * i), 2u8 << (2 * i));
@@ -267,10 +257,7 @@ impl QuantBlock<QK_K> for BlockQ6K {
     fn dequantize(&self, y: &mut [f32; QK_K]) {
         let d = f16_to_f32(self.d);
         // Two halves of 128: 64 bytes of ql, 32 of qh and 8 scales each.
-        let halves = y
-            .chunks_exact_mut(128)
-            .zip(self.ql.chunks_exact(64))
-            .zip(self.qh.chunks_exact(32));
+        let halves = y.chunks_exact_mut(128).zip(self.ql.chunks_exact(64)).zip(self.qh.chunks_exact(32));
         for (((y, ql), qh), sc) in halves.zip(self.scales.chunks_exact(8)) {
             let ds: [f32; 8] = core::array::from_fn(|k| d * sc[k] as f32);
             let (ql0, ql1) = ql.split_at(32);
@@ -280,14 +267,8 @@ impl QuantBlock<QK_K> for BlockQ6K {
             // Sub-block scale index is l / 16 plus 0, 2, 4, 6 for the four output quarters.
             for half in 0..2 {
                 let r = half * 16..half * 16 + 16;
-                let quarters = y0[r.clone()]
-                    .iter_mut()
-                    .zip(&mut y1[r.clone()])
-                    .zip(&mut y2[r.clone()]);
-                let src = ql0[r.clone()]
-                    .iter()
-                    .zip(&ql1[r.clone()])
-                    .zip(&qh[r.clone()]);
+                let quarters = y0[r.clone()].iter_mut().zip(&mut y1[r.clone()]).zip(&mut y2[r.clone()]);
+                let src = ql0[r.clone()].iter().zip(&ql1[r.clone()]).zip(&qh[r.clone()]);
                 for ((((o0, o1), o2), o3), ((&a, &b), &h)) in quarters.zip(&mut y3[r]).zip(src) {
                     let q1 = ((a & 0xf) | ((h & 3) << 4)) as i32 - 32;
                     let q2 = ((b & 0xf) | (((h >> 2) & 3) << 4)) as i32 - 32;

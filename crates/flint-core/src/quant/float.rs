@@ -48,9 +48,7 @@ mod tests {
             let theirs = half::f16::from_bits(bits).to_f32();
             if theirs.is_nan() {
                 // Payload kept as is: sign, all-ones exponent, mantissa shifted up.
-                let expected = (u32::from(bits & 0x8000) << 16)
-                    | 0x7f80_0000
-                    | (u32::from(bits & 0x03ff) << 13);
+                let expected = (u32::from(bits & 0x8000) << 16) | 0x7f80_0000 | (u32::from(bits & 0x03ff) << 13);
                 assert_eq!(ours.to_bits(), expected, "{bits:#06x}");
             } else {
                 assert_eq!(ours.to_bits(), theirs.to_bits(), "{bits:#06x}");

@@ -6,10 +6,7 @@ mod rows;
 
 use core::fmt;
 
-pub use blocks::{
-    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
-    QuantBlock, K_SCALE_SIZE, QK, QK_K,
-};
+pub use blocks::{BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantBlock, K_SCALE_SIZE, QK, QK_K};
 pub use float::{bf16_to_f32, f16_to_f32};
 
 /// A tensor storage format Flint can read, named and numbered as ggml does.
@@ -29,19 +26,8 @@ pub enum QuantType {
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 11] = [
-        Self::F32,
-        Self::F16,
-        Self::BF16,
-        Self::Q4_0,
-        Self::Q4_1,
-        Self::Q5_0,
-        Self::Q5_1,
-        Self::Q8_0,
-        Self::Q4K,
-        Self::Q5K,
-        Self::Q6K,
-    ];
+    pub const ALL: [QuantType; 11] =
+        [Self::F32, Self::F16, Self::BF16, Self::Q4_0, Self::Q4_1, Self::Q5_0, Self::Q5_1, Self::Q8_0, Self::Q4K, Self::Q5K, Self::Q6K];
 
     /// The format for a GGUF tensor's `ggml_type`; None for ids Flint does not read
     /// (Q8_1, Q2_K, Q3_K, Q8_K, the IQ formats, ...).
@@ -128,52 +114,21 @@ impl fmt::Display for QuantType {
 /// A byte buffer and an element count that do not agree for a format.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum QuantError {
-    #[error(
-        "{op}: {elems} elements of {ty} is not a whole number of {block_elems}-element blocks"
-    )]
-    PartialBlock {
-        op: &'static str,
-        ty: QuantType,
-        elems: usize,
-        block_elems: usize,
-    },
+    #[error("{op}: {elems} elements of {ty} is not a whole number of {block_elems}-element blocks")]
+    PartialBlock { op: &'static str, ty: QuantType, elems: usize, block_elems: usize },
     #[error("{op}: {bytes} bytes of {ty} do not hold {elems} elements ({block_bytes} bytes per {block_elems})")]
-    LengthMismatch {
-        op: &'static str,
-        ty: QuantType,
-        bytes: usize,
-        elems: usize,
-        block_bytes: usize,
-        block_elems: usize,
-    },
+    LengthMismatch { op: &'static str, ty: QuantType, bytes: usize, elems: usize, block_bytes: usize, block_elems: usize },
 }
 
 /// Checks that `bytes` of `ty` hold exactly `elems` elements in whole blocks.
-fn check_lengths(
-    op: &'static str,
-    ty: QuantType,
-    bytes: usize,
-    elems: usize,
-) -> Result<(), QuantError> {
+fn check_lengths(op: &'static str, ty: QuantType, bytes: usize, elems: usize) -> Result<(), QuantError> {
     let block_elems = ty.block_elems();
     if elems % block_elems != 0 {
-        return Err(QuantError::PartialBlock {
-            op,
-            ty,
-            elems,
-            block_elems,
-        });
+        return Err(QuantError::PartialBlock { op, ty, elems, block_elems });
     }
     if ty.bytes_for(elems as u64) != Some(bytes as u64) {
         let block_bytes = ty.block_bytes();
-        return Err(QuantError::LengthMismatch {
-            op,
-            ty,
-            bytes,
-            elems,
-            block_bytes,
-            block_elems,
-        });
+        return Err(QuantError::LengthMismatch { op, ty, bytes, elems, block_bytes, block_elems });
     }
     Ok(())
 }
@@ -241,12 +196,7 @@ mod tests {
 
     fn check_block<const N: usize, B: QuantBlock<N>>() {
         assert_eq!(B::TYPE.block_elems(), N, "{}", B::TYPE);
-        assert_eq!(
-            B::TYPE.block_bytes(),
-            core::mem::size_of::<B>(),
-            "{}",
-            B::TYPE
-        );
+        assert_eq!(B::TYPE.block_bytes(), core::mem::size_of::<B>(), "{}", B::TYPE);
     }
 
     #[test]

@@ -17,10 +17,7 @@ const FLOAT_GROUP: usize = 64;
 /// Dequantizes whole blocks of `B`; the caller has checked that `src` and `dst` agree.
 pub(super) fn dequantize_blocks<const N: usize, B: QuantBlock<N>>(src: &[u8], dst: &mut [f32]) {
     let mut buf = [0f32; N];
-    for (block, out) in src
-        .chunks_exact(size_of::<B>())
-        .zip(dst.chunks_exact_mut(N))
-    {
+    for (block, out) in src.chunks_exact(size_of::<B>()).zip(dst.chunks_exact_mut(N)) {
         bytemuck::pod_read_unaligned::<B>(block).dequantize(&mut buf);
         out.copy_from_slice(&buf);
     }

@@ -271,11 +271,8 @@ impl CpuBackend {
             }
         }
         let tokens: Vec<u32> = batch.entries.iter().flat_map(|e| e.tokens.iter().copied()).collect();
-        let places: Vec<TokenPlace> = batch
-            .entries
-            .iter()
-            .flat_map(|e| (0..e.tokens.len()).map(move |i| TokenPlace { pos: e.start + i, tables: &e.tables }))
-            .collect();
+        let places: Vec<TokenPlace> =
+            batch.entries.iter().flat_map(|e| (0..e.tokens.len()).map(move |i| TokenPlace { pos: e.start + i, tables: &e.tables })).collect();
         let n_tok = tokens.len();
         let mut x = self.embed(&tokens);
         for il in 0..self.cfg.n_layer {

@@ -26,9 +26,12 @@ pub(crate) struct PreSpec {
 // Regexes exactly as llama.cpp's llama-vocab.cpp has them (its case-insensitive groups spelled
 // out as `[sS]` etc., so Unicode case folding cannot widen them).
 const RE_GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
-const RE_LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const RE_QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const RE_QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const RE_LLAMA3: &str =
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const RE_QWEN2: &str =
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const RE_QWEN35: &str =
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const RE_DEFAULT_PUNCT: &str = r"[\p{P}\$\+<=>\^~\|]+";
 const RE_FALCON_PUNCT: &str = r"[\p{P}\$\+<=>\^~\|`]+";
 const RE_DIGIT: &str = r"\p{N}";
@@ -44,24 +47,12 @@ const RE_DIGITS: &str = r"\p{N}+";
 const RE_THREE_DIGITS: &str = r"[0-9][0-9][0-9]";
 
 const PRE_SPECS: &[(&[&str], PreSpec)] = &[
-    (
-        &["qwen2", "deepseek-r1-qwen"],
-        PreSpec { name: "qwen2", regexes: &[RE_QWEN2], ignore_merges: false, add_bos: false },
-    ),
-    (
-        &["llama3", "llama-v3", "llama-bpe", "falcon3"],
-        PreSpec { name: "llama3", regexes: &[RE_LLAMA3], ignore_merges: true, add_bos: true },
-    ),
+    (&["qwen2", "deepseek-r1-qwen"], PreSpec { name: "qwen2", regexes: &[RE_QWEN2], ignore_merges: false, add_bos: false }),
+    (&["llama3", "llama-v3", "llama-bpe", "falcon3"], PreSpec { name: "llama3", regexes: &[RE_LLAMA3], ignore_merges: true, add_bos: true }),
     (&["qwen35"], PreSpec { name: "qwen35", regexes: &[RE_QWEN35], ignore_merges: false, add_bos: false }),
     (&["gpt-2", "phi-2", "mpt"], PreSpec { name: "gpt-2", regexes: &[RE_GPT2], ignore_merges: false, add_bos: false }),
-    (
-        &["starcoder", "refact"],
-        PreSpec { name: "starcoder", regexes: &[RE_DIGIT, RE_GPT2], ignore_merges: false, add_bos: false },
-    ),
-    (
-        &["falcon"],
-        PreSpec { name: "falcon", regexes: &[RE_FALCON_PUNCT, RE_GPT2, RE_THREE_DIGITS], ignore_merges: false, add_bos: false },
-    ),
+    (&["starcoder", "refact"], PreSpec { name: "starcoder", regexes: &[RE_DIGIT, RE_GPT2], ignore_merges: false, add_bos: false }),
+    (&["falcon"], PreSpec { name: "falcon", regexes: &[RE_FALCON_PUNCT, RE_GPT2, RE_THREE_DIGITS], ignore_merges: false, add_bos: false }),
     (
         &["deepseek-llm"],
         PreSpec {
@@ -73,22 +64,9 @@ const PRE_SPECS: &[(&[&str], PreSpec)] = &[
     ),
     (
         &["deepseek-coder"],
-        PreSpec {
-            name: "deepseek-coder",
-            regexes: &[RE_NEWLINE, r"\s?\p{L}+", r"\s?\p{P}+", RE_CJK, RE_DIGIT],
-            ignore_merges: false,
-            add_bos: true,
-        },
+        PreSpec { name: "deepseek-coder", regexes: &[RE_NEWLINE, r"\s?\p{L}+", r"\s?\p{P}+", RE_CJK, RE_DIGIT], ignore_merges: false, add_bos: true },
     ),
-    (
-        &["default"],
-        PreSpec {
-            name: "default",
-            regexes: &[RE_DEFAULT_PUNCT, RE_GPT2, RE_DIGITS, RE_THREE_DIGITS],
-            ignore_merges: false,
-            add_bos: false,
-        },
-    ),
+    (&["default"], PreSpec { name: "default", regexes: &[RE_DEFAULT_PUNCT, RE_GPT2, RE_DIGITS, RE_THREE_DIGITS], ignore_merges: false, add_bos: false }),
 ];
 
 /// Every `tokenizer.ggml.pre` name this module implements.
@@ -161,9 +139,7 @@ fn parse_merges(vocab: &Vocab) -> Vec<(String, String)> {
             continue;
         };
         let (l, r) = (&m[..space], &m[space + 1..]);
-        let ok = vocab.text_to_id.contains_key(l)
-            && vocab.text_to_id.contains_key(r)
-            && vocab.text_to_id.contains_key(format!("{l}{r}").as_str());
+        let ok = vocab.text_to_id.contains_key(l) && vocab.text_to_id.contains_key(r) && vocab.text_to_id.contains_key(format!("{l}{r}").as_str());
         if !ok {
             dropped += 1;
             continue;
@@ -173,10 +149,7 @@ fn parse_merges(vocab: &Vocab) -> Vec<(String, String)> {
         }
     }
     if dropped > 0 {
-        tracing::warn!(
-            "{dropped} of {} BPE merges are malformed or name tokens outside the vocabulary; ignored",
-            vocab.merges.len()
-        );
+        tracing::warn!("{dropped} of {} BPE merges are malformed or name tokens outside the vocabulary; ignored", vocab.merges.len());
     }
     out
 }
@@ -185,11 +158,7 @@ fn parse_merges(vocab: &Vocab) -> Vec<(String, String)> {
 pub(crate) fn build(vocab: &mut Vocab, pre: PreSpec) -> Result<tokenizers::Tokenizer, TokenizerError> {
     let merges = parse_merges(vocab);
     let text_to_id = std::mem::take(&mut vocab.text_to_id);
-    let bpe = BPE::builder()
-        .vocab_and_merges(text_to_id, merges)
-        .ignore_merges(pre.ignore_merges)
-        .build()
-        .map_err(|e| TokenizerError::Build(e.to_string()))?;
+    let bpe = BPE::builder().vocab_and_merges(text_to_id, merges).ignore_merges(pre.ignore_merges).build().map_err(|e| TokenizerError::Build(e.to_string()))?;
     let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(pre.regexes.len() + 1);
     for re in pre.regexes {
         let split = Split::new(SplitPattern::Regex(re.to_string()), SplitDelimiterBehavior::Isolated, false)

@@ -126,11 +126,8 @@ impl Tokenizer {
                     after_special = true;
                 }
                 Fragment::Text(t) => {
-                    let encoding = if self.add_space_prefix && after_special {
-                        self.inner.encode_fast(format!(" {t}"), false)
-                    } else {
-                        self.inner.encode_fast(t, false)
-                    };
+                    let encoding =
+                        if self.add_space_prefix && after_special { self.inner.encode_fast(format!(" {t}"), false) } else { self.inner.encode_fast(t, false) };
                     let encoding = encoding.map_err(|e| TokenizerError::Encode(e.to_string()))?;
                     out.extend_from_slice(encoding.get_ids());
                     after_special = false;
@@ -236,7 +233,12 @@ impl Tokenizer {
         if (self.bos, self.eos, self.add_bos_default()) != (draft.bos, draft.eos, draft.add_bos_default()) {
             return Err(format!(
                 "their special tokens differ (BOS {:?} and {:?}, EOS {:?} and {:?}, BOS added: {} and {})",
-                self.bos, draft.bos, self.eos, draft.eos, self.add_bos_default(), draft.add_bos_default()
+                self.bos,
+                draft.bos,
+                self.eos,
+                draft.eos,
+                self.add_bos_default(),
+                draft.add_bos_default()
             ));
         }
         match self.tokens.iter().zip(&draft.tokens).position(|(a, b)| a != b) {
@@ -263,9 +265,7 @@ fn token_pieces(vocab: &Vocab) -> Vec<Box<[u8]>> {
                 out.extend_from_slice(text.as_bytes());
             } else if attr.has(Attr::NORMAL) {
                 match vocab.kind {
-                    ModelKind::Spm if text.contains(spm::SPACE_MARK) => {
-                        out.extend_from_slice(text.replace(spm::SPACE_MARK, " ").as_bytes())
-                    }
+                    ModelKind::Spm if text.contains(spm::SPACE_MARK) => out.extend_from_slice(text.replace(spm::SPACE_MARK, " ").as_bytes()),
                     ModelKind::Spm => out.extend_from_slice(text.as_bytes()),
                     ModelKind::Bpe => bytes.decode(text, &mut out),
                 }

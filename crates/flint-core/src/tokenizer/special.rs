@@ -47,11 +47,7 @@ impl SpecialMatcher {
         let matchable = Attr::CONTROL.with(Attr::USER_DEFINED).with(Attr::UNKNOWN);
         let mut order: Vec<Special> = (0..vocab.len())
             .filter(|&i| vocab.attrs[i].has(matchable))
-            .map(|i| Special {
-                id: i as u32,
-                len: vocab.tokens[i].len(),
-                needs_parse_special: vocab.attrs[i].has(Attr::CONTROL.with(Attr::UNKNOWN)),
-            })
+            .map(|i| Special { id: i as u32, len: vocab.tokens[i].len(), needs_parse_special: vocab.attrs[i].has(Attr::CONTROL.with(Attr::UNKNOWN)) })
             .collect();
         order.sort_by(|a, b| b.len.cmp(&a.len).then(a.id.cmp(&b.id)));
 

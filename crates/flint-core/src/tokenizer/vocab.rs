@@ -68,36 +68,9 @@ const EOT_NAMES: &[&str] = &[
     "<end_of_utterance>",
 ];
 const EOM_NAMES: &[&str] = &["<|eom_id|>"];
-const FIM_PRE_NAMES: &[&str] = &[
-    "<|fim_prefix|>",
-    "<fim-prefix>",
-    "<fim_prefix>",
-    "<｜fim▁begin｜>",
-    "<PRE>",
-    "▁<PRE>",
-    "<|code_prefix|>",
-    "<|prefix|>",
-];
-const FIM_SUF_NAMES: &[&str] = &[
-    "<|fim_suffix|>",
-    "<fim-suffix>",
-    "<fim_suffix>",
-    "<｜fim▁hole｜>",
-    "<SUF>",
-    "▁<SUF>",
-    "<|code_suffix|>",
-    "<|suffix|>",
-];
-const FIM_MID_NAMES: &[&str] = &[
-    "<|fim_middle|>",
-    "<fim-middle>",
-    "<fim_middle>",
-    "<｜fim▁end｜>",
-    "<MID>",
-    "▁<MID>",
-    "<|code_middle|>",
-    "<|middle|>",
-];
+const FIM_PRE_NAMES: &[&str] = &["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"];
+const FIM_SUF_NAMES: &[&str] = &["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"];
+const FIM_MID_NAMES: &[&str] = &["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"];
 const FIM_PAD_NAMES: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
 const FIM_REP_NAMES: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
 const FIM_SEP_NAMES: &[&str] = &["<|file_sep|>"];
@@ -236,9 +209,7 @@ impl Vocab {
         let scores = read_scores(md, n)?;
         let attrs = match md.opt_i32_array(KEY_TOKEN_TYPE)? {
             None => vec![Attr::NORMAL; n],
-            Some(types) if types.len() != n => {
-                return Err(TokenizerError::LengthMismatch { key: KEY_TOKEN_TYPE, len: types.len(), vocab: n })
-            }
+            Some(types) if types.len() != n => return Err(TokenizerError::LengthMismatch { key: KEY_TOKEN_TYPE, len: types.len(), vocab: n }),
             Some(types) => types.iter().map(|&t| Attr::from_type(t)).collect(),
         };
         let merges = match kind {
@@ -248,9 +219,7 @@ impl Vocab {
 
         let id = |key: &str| -> Result<Option<u32>, TokenizerError> {
             match md.opt_u32(key)? {
-                Some(id) if id as usize >= n => {
-                    Err(TokenizerError::SpecialTokenOutOfRange { key: key.to_string(), id, vocab: n })
-                }
+                Some(id) if id as usize >= n => Err(TokenizerError::SpecialTokenOutOfRange { key: key.to_string(), id, vocab: n }),
                 other => Ok(other),
             }
         };
@@ -270,21 +239,7 @@ impl Vocab {
         let add_bos = md.opt_bool(KEY_ADD_BOS)?.unwrap_or(add_bos_default);
         let add_space_prefix = kind == ModelKind::Spm && md.opt_bool(KEY_ADD_SPACE_PREFIX)?.unwrap_or(true);
 
-        let mut vocab = Vocab {
-            kind,
-            pre,
-            tokens,
-            text_to_id,
-            scores,
-            attrs,
-            merges,
-            bos,
-            eos,
-            unk,
-            eog: Vec::new(),
-            add_bos,
-            add_space_prefix,
-        };
+        let mut vocab = Vocab { kind, pre, tokens, text_to_id, scores, attrs, merges, bos, eos, unk, eog: Vec::new(), add_bos, add_space_prefix };
         let eot = id(KEY_EOT)?;
         let eom = id(KEY_EOM)?;
         let fim = [id(KEY_FIM_PAD)?, id(KEY_FIM_REP)?, id(KEY_FIM_SEP)?];
@@ -346,12 +301,8 @@ impl Vocab {
         eog.dedup();
 
         let has = |v: &Vocab, eog: &[u32], name: &str| eog.iter().copied().find(|&id| v.tokens[id as usize] == name);
-        let (ret, call, calls, flush) = (
-            has(self, &eog, "<|return|>"),
-            has(self, &eog, "<|call|>"),
-            has(self, &eog, "<|calls|>"),
-            has(self, &eog, "<|flush|>"),
-        );
+        let (ret, call, calls, flush) =
+            (has(self, &eog, "<|return|>"), has(self, &eog, "<|call|>"), has(self, &eog, "<|calls|>"), has(self, &eog, "<|flush|>"));
         if let Some(end) = has(self, &eog, "<|end|>") {
             let call = call.or(calls);
             if (ret.is_some() && call.is_some()) || (call.is_some() && flush.is_some()) {
@@ -373,14 +324,7 @@ fn read_scores(md: &Metadata, n: usize) -> Result<Vec<f32>, TokenizerError> {
         None => return Ok(vec![0.0; n]),
         Some(Value::Array(Array::F32(v))) => v.clone(),
         Some(Value::Array(Array::I32(v))) => v.iter().map(|&s| s as f32).collect(),
-        Some(v) => {
-            return Err(GgufError::WrongType {
-                key: KEY_SCORES.to_string(),
-                expected: "array<f32>",
-                got: v.type_name(),
-            }
-            .into())
-        }
+        Some(v) => return Err(GgufError::WrongType { key: KEY_SCORES.to_string(), expected: "array<f32>", got: v.type_name() }.into()),
     };
     if scores.len() != n {
         return Err(TokenizerError::LengthMismatch { key: KEY_SCORES, len: scores.len(), vocab: n });

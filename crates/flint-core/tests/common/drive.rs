@@ -98,8 +98,7 @@ pub fn batched(backend: &mut dyn Backend, jobs: &[Job], cfg: SchedConfig) -> (Ve
         }
         let owners: Vec<SeqId> = plan.output_seqs();
         let result = {
-            let mut by_id: HashMap<SeqId, &mut Sampler> =
-                samplers.iter_mut().filter(|(id, _)| owners.contains(id)).map(|(&id, (_, s))| (id, s)).collect();
+            let mut by_id: HashMap<SeqId, &mut Sampler> = samplers.iter_mut().filter(|(id, _)| owners.contains(id)).map(|(&id, (_, s))| (id, s)).collect();
             let batch = sched.batch(&plan, &mut by_id, true);
             futures::executor::block_on(backend.step(batch)).unwrap()
         };

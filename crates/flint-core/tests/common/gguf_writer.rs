@@ -228,8 +228,7 @@ impl TensorSpec {
     pub fn f32_seeded(name: &str, dims: &[u64]) -> TensorSpec {
         let n = dims.iter().product::<u64>() as usize;
         let bytes = seeded_bytes(name_seed(name.as_bytes()), 2 * n);
-        let values: Vec<f32> =
-            bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as f32 / 32768.0 - 1.0).collect();
+        let values: Vec<f32> = bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as f32 / 32768.0 - 1.0).collect();
         TensorSpec::f32(name, dims, &values)
     }
     /// An F32 tensor holding `values` (ggml order: `dims[0]` is the row length).

@@ -20,10 +20,6 @@ pub fn models_dir() -> PathBuf {
 /// Path of a catalog model; panics with instructions when it is not there.
 pub fn model_path(name: &str) -> PathBuf {
     let path = models_dir().join(format!("{name}.gguf"));
-    assert!(
-        path.is_file(),
-        "test model {name} not found at {}: run `flint pull {name}` (or set FLINT_HOME to the folder holding {name}.gguf)",
-        path.display()
-    );
+    assert!(path.is_file(), "test model {name} not found at {}: run `flint pull {name}` (or set FLINT_HOME to the folder holding {name}.gguf)", path.display());
     path
 }

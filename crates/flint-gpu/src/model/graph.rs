@@ -337,7 +337,16 @@ async fn matmuls(
 /// Every part's matmul by expert of the stack `m`: each expert multiplies the entries routed
 /// to it; x holds a row per token (`x_per_token`) or per entry, y a row per entry.
 #[allow(clippy::too_many_arguments)]
-async fn expert_matmuls(g: &GraphInputs<'_>, info: &Batch, m: &GpuExperts, routes: &ops::moe::MoeRoutes, n_used: u32, x_per_token: bool, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Result<Vec<TypedMatmul>> {
+async fn expert_matmuls(
+    g: &GraphInputs<'_>,
+    info: &Batch,
+    m: &GpuExperts,
+    routes: &ops::moe::MoeRoutes,
+    n_used: u32,
+    x_per_token: bool,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+) -> Result<Vec<TypedMatmul>> {
     let mut out = Vec::new();
     for p in &m.parts {
         let label = format!("{}@{}", m.name, p.expert_offset);
@@ -366,7 +375,15 @@ async fn expert_matmuls(g: &GraphInputs<'_>, info: &Batch, m: &GpuExperts, route
     Ok(out)
 }
 
-async fn norm(g: &GraphInputs<'_>, batch: &Batch, x: &wgpu::Buffer, w: &wgpu::Buffer, out: &wgpu::Buffer, row_len: usize, rows: ops::rms_norm::Rows) -> Result<ops::rms_norm::RmsNorm> {
+async fn norm(
+    g: &GraphInputs<'_>,
+    batch: &Batch,
+    x: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    row_len: usize,
+    rows: ops::rms_norm::Rows,
+) -> Result<ops::rms_norm::RmsNorm> {
     let desc = ops::rms_norm::RmsNormDesc { row_len: row_len as u32, eps: g.cfg.rms_eps, rows };
     ops::rms_norm::RmsNorm::new(g.ctx, g.cache, batch, desc, w, x, out).await
 }

@@ -120,11 +120,8 @@ impl GpuModel {
         if max_tokens == 0 || max_seqs == 0 || max_outputs == 0 {
             return Err(GpuError::Unsupported { op: "model", message: "a step must allow tokens, sequences and outputs".into() });
         }
-        let batches = layout
-            .groups
-            .iter()
-            .map(|_| Batch::new(&ctx, max_tokens, max_seqs, layout.max_blocks_per_seq, layout.block_size))
-            .collect::<Result<Vec<_>>>()?;
+        let batches =
+            layout.groups.iter().map(|_| Batch::new(&ctx, max_tokens, max_seqs, layout.max_blocks_per_seq, layout.block_size)).collect::<Result<Vec<_>>>()?;
         let head = Batch::new(&ctx, max_outputs, 1, 1, layout.block_size)?;
         // Every layer has the same head counts and sizes: one shared split scratch.
         let scratch = ops::attention::Attention::scratch_bytes(&graph::attention_desc(c, 0, None), max_tokens);
@@ -146,9 +143,9 @@ impl GpuModel {
         };
         let cache = ctx.pipelines.clone();
         let rope_factors = match c.rope_freqs {
-            true => Some(Arc::from(
-                file.read_f32(flint_core::arch::ROPE_FREQS).await.map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?,
-            )),
+            true => {
+                Some(Arc::from(file.read_f32(flint_core::arch::ROPE_FREQS).await.map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?))
+            }
             false => None,
         };
         let mut up = Uploader::new(&ctx, file, max_binding);
@@ -222,7 +219,12 @@ impl GpuModel {
         if rows == 0 {
             return Err(GpuError::Unsupported { op: "sampler", message: "no row of draft distributions fits a buffer binding".into() });
         }
-        let q = self.ctx.allocating("draft distributions", async { crate::buffer::storage(&self.ctx, "sampler.q", rows * row_bytes) }, |_| format!("the draft distributions ({})", mib(rows * row_bytes))).await?;
+        let q = self
+            .ctx
+            .allocating("draft distributions", async { crate::buffer::storage(&self.ctx, "sampler.q", rows * row_bytes) }, |_| {
+                format!("the draft distributions ({})", mib(rows * row_bytes))
+            })
+            .await?;
         self.attach_q(&q, self.cfg.n_vocab as u32).await?;
         Ok(q)
     }

@@ -44,7 +44,15 @@ impl GpuModel {
         Ok(taps)
     }
 
-    async fn probe_step(&mut self, last: Option<&mut GpuModel>, step: usize, table: &[u32], tokens: &[u32], start: usize, outputs: &[usize]) -> Result<Vec<Tap>> {
+    async fn probe_step(
+        &mut self,
+        last: Option<&mut GpuModel>,
+        step: usize,
+        table: &[u32],
+        tokens: &[u32],
+        start: usize,
+        outputs: &[usize],
+    ) -> Result<Vec<Tap>> {
         let n_vocab = self.cfg.n_vocab;
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(GpuError::Unsupported { op: "self-test", message: format!("token {id} is outside the vocabulary of {n_vocab}") });

@@ -66,8 +66,7 @@ impl GpuModel {
         }
         for (g, b) in self.batches.iter().enumerate() {
             // Blocks that fell out of a window are never read; any valid id stands in.
-            let tables: Vec<Vec<u32>> =
-                batch.entries.iter().map(|e| e.tables[g].iter().map(|&b| if b == NO_BLOCK { 0 } else { b }).collect()).collect();
+            let tables: Vec<Vec<u32>> = batch.entries.iter().map(|e| e.tables[g].iter().map(|&b| if b == NO_BLOCK { 0 } else { b }).collect()).collect();
             let refs: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
             b.write(&self.ctx, &l.tokens, &l.pos, &l.seq, &refs);
         }

@@ -126,12 +126,7 @@ pub fn rows_code(head_dim: u32) -> (String, String) {
 
 fn rows_key(head_dim: u32, rope: Option<&RopeSpec>) -> PipelineKey {
     let (dot, acc) = rows_code(head_dim);
-    let defs = attention_defs()
-        .u32("HEAD_DIM", head_dim)
-        .u32("HEAD_DIM_V", head_dim)
-        .u32("WG_ROWS", ROWS_WG)
-        .code("ROWS_DOT", dot)
-        .code("ROWS_ACC", acc);
+    let defs = attention_defs().u32("HEAD_DIM", head_dim).u32("HEAD_DIM_V", head_dim).u32("WG_ROWS", ROWS_WG).code("ROWS_DOT", dot).code("ROWS_ACC", acc);
     PipelineKey::new("attention.wgsl", "rows", RopeSpec::defs(rope, defs))
 }
 
@@ -174,13 +169,8 @@ pub(crate) fn check_batch(batch: &Batch, op: &'static str) -> Result<()> {
 
 /// Binds `(binding, buffer)` pairs in group 0 (entries that use only some bindings).
 fn bind_at(ctx: &GpuContext, label: &str, pipeline: &wgpu::ComputePipeline, buffers: &[(u32, &wgpu::Buffer)]) -> wgpu::BindGroup {
-    let entries: Vec<wgpu::BindGroupEntry> =
-        buffers.iter().map(|&(binding, b)| wgpu::BindGroupEntry { binding, resource: b.as_entire_binding() }).collect();
-    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(label),
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &entries,
-    })
+    let entries: Vec<wgpu::BindGroupEntry> = buffers.iter().map(|&(binding, b)| wgpu::BindGroupEntry { binding, resource: b.as_entire_binding() }).collect();
+    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &pipeline.get_bind_group_layout(0), entries: &entries })
 }
 
 #[repr(C)]

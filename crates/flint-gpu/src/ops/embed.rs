@@ -81,10 +81,7 @@ impl Embed {
             // The shader addresses table bytes with u32.
             return Err(GpuError::Limit { what: "embed table part bytes", need: table_bytes, limit: u32::MAX as u64 });
         }
-        let need = [
-            ("embed table bytes", table_part, table_bytes),
-            ("embed x bytes", x, batch.max_tokens as u64 * n_embd as u64 * 4),
-        ];
+        let need = [("embed table bytes", table_part, table_bytes), ("embed x bytes", x, batch.max_tokens as u64 * n_embd as u64 * 4)];
         for (what, buf, need) in need {
             if buf.size() < need {
                 return Err(GpuError::Limit { what, need, limit: buf.size() });

@@ -87,14 +87,7 @@ impl KvWrite {
 /// are `block_bytes` long (block_size * row floats * 4). WebGPU forbids a copy within one
 /// buffer, so it goes through `scratch` (at least `block_bytes`); call it for every layer's K
 /// and V cache before the step's `KvWrite`.
-pub fn encode_block_copy(
-    enc: &mut wgpu::CommandEncoder,
-    cache: &wgpu::Buffer,
-    scratch: &wgpu::Buffer,
-    block_bytes: u64,
-    src: u32,
-    dst: u32,
-) {
+pub fn encode_block_copy(enc: &mut wgpu::CommandEncoder, cache: &wgpu::Buffer, scratch: &wgpu::Buffer, block_bytes: u64, src: u32, dst: u32) {
     enc.copy_buffer_to_buffer(cache, src as u64 * block_bytes, scratch, 0, block_bytes);
     enc.copy_buffer_to_buffer(scratch, 0, cache, dst as u64 * block_bytes, block_bytes);
 }

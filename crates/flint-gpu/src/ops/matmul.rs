@@ -141,7 +141,11 @@ pub struct Shape {
 impl Shape {
     /// Rows one workgroup covers.
     pub fn rows_per_group(&self) -> u32 {
-        if self.blocked { self.wg * self.per } else { self.wg / self.per }
+        if self.blocked {
+            self.wg * self.per
+        } else {
+            self.wg / self.per
+        }
     }
 
     /// The variant for `tokens`-token blocks of a `n_rows` × `n_in` part when steps of up to
@@ -150,11 +154,8 @@ impl Shape {
         let tiles = step_tokens.div_ceil(tokens).max(1) as u64;
         let most = limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x);
         let groups = |s: &Shape| (n_rows as u64).div_ceil(s.rows_per_group() as u64) * tiles;
-        let (wgs, per, blocked, min): (&[u32], u32, bool, u64) = if caps.cpu_like {
-            (&CPU_WGS, blocked_rows(tokens), true, CPU_MIN_GROUPS)
-        } else {
-            (&GPU_WGS, 0, false, GPU_MIN_GROUPS)
-        };
+        let (wgs, per, blocked, min): (&[u32], u32, bool, u64) =
+            if caps.cpu_like { (&CPU_WGS, blocked_rows(tokens), true, CPU_MIN_GROUPS) } else { (&GPU_WGS, 0, false, GPU_MIN_GROUPS) };
         let mut pick = None;
         for &wg in wgs.iter().filter(|&&wg| wg <= most) {
             let per = if blocked { per } else { lanes_per_row(n_in / CHUNK, wg) };
@@ -524,5 +525,3 @@ impl Matmul {
         pass.dispatch_workgroups(v.groups.0, v.groups.1, n_tok.div_ceil(v.shape.tokens) * self.n_expert.max(1));
     }
 }
-
-

@@ -137,10 +137,7 @@ pub fn params<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, p: &T) -> wgpu::B
 /// Binds `buffers` in order at bindings 0.. of group 0 of `pipeline`.
 pub fn bind(ctx: &GpuContext, label: &str, pipeline: &wgpu::ComputePipeline, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
     let layout = pipeline.get_bind_group_layout(0);
-    let entries: Vec<wgpu::BindGroupEntry> = buffers
-        .iter()
-        .enumerate()
-        .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
-        .collect();
+    let entries: Vec<wgpu::BindGroupEntry> =
+        buffers.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() }).collect();
     ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &layout, entries: &entries })
 }

@@ -154,7 +154,8 @@ impl MoeCombine {
         out: &wgpu::Buffer,
     ) -> Result<MoeCombine> {
         let t = batch.max_tokens as u64;
-        for (name, b, need) in [("y", y, t * n_used as u64 * n as u64 * 4), ("out", out, t * n as u64 * 4), ("weights", &routes.weights, t * n_used as u64 * 4)] {
+        for (name, b, need) in [("y", y, t * n_used as u64 * n as u64 * 4), ("out", out, t * n as u64 * 4), ("weights", &routes.weights, t * n_used as u64 * 4)]
+        {
             if b.size() < need {
                 return Err(unsupported(format!("{name} holds {} bytes, needs {need}", b.size())));
             }

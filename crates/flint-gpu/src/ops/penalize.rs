@@ -25,8 +25,7 @@ const B_LOGITS: u32 = 1;
 const B_EDITS: u32 = 2;
 const B_ROW_PEN: u32 = 3;
 const B_MASK: u32 = 4;
-const ENTRIES: [(&str, &[u32]); 2] =
-    [("edit", &[B_PARAMS, B_LOGITS, B_EDITS, B_ROW_PEN]), ("apply_mask", &[B_PARAMS, B_LOGITS, B_ROW_PEN, B_MASK])];
+const ENTRIES: [(&str, &[u32]); 2] = [("edit", &[B_PARAMS, B_LOGITS, B_EDITS, B_ROW_PEN]), ("apply_mask", &[B_PARAMS, B_LOGITS, B_ROW_PEN, B_MASK])];
 const EDIT: usize = 0;
 const MASK: usize = 1;
 
@@ -177,14 +176,8 @@ impl Penalize {
             let pipeline = self.kernels[EDIT].pipeline.clone();
             self.kernels[EDIT].bind = self.bind(ctx, "edit", &pipeline);
         }
-        let params = Params {
-            n_vocab: self.n_vocab,
-            n_edits: plan.n_edits,
-            n_rows: plan.n_rows,
-            mask_words: words as u32,
-            neg_inf: f32::NEG_INFINITY,
-            _pad: [0; 3],
-        };
+        let params =
+            Params { n_vocab: self.n_vocab, n_edits: plan.n_edits, n_rows: plan.n_rows, mask_words: words as u32, neg_inf: f32::NEG_INFINITY, _pad: [0; 3] };
         ctx.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(&params));
         ctx.queue.write_buffer(&self.row_pen, 0, bytemuck::cast_slice(&pen));
         if !list.is_empty() {

@@ -79,10 +79,7 @@ pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
 
 fn check(what: &str, buf: &wgpu::Buffer, need_elems: u64) -> Result<()> {
     if buf.size() < need_elems * 4 {
-        return Err(GpuError::Unsupported {
-            op: "rms_norm",
-            message: format!("{what} holds {} bytes, needs {} f32", buf.size(), need_elems),
-        });
+        return Err(GpuError::Unsupported { op: "rms_norm", message: format!("{what} holds {} bytes, needs {} f32", buf.size(), need_elems) });
     }
     Ok(())
 }

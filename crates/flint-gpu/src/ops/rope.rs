@@ -44,10 +44,7 @@ pub struct RopeSpec {
 impl RopeSpec {
     pub fn validate(&self, head_dim: u32) -> Result<()> {
         if !self.rope_dim.is_multiple_of(2) || self.rope_dim == 0 || self.rope_dim > head_dim {
-            return Err(GpuError::Unsupported {
-                op: "rope",
-                message: format!("rope_dim {} must be even, nonzero and ≤ head_dim {head_dim}", self.rope_dim),
-            });
+            return Err(GpuError::Unsupported { op: "rope", message: format!("rope_dim {} must be even, nonzero and ≤ head_dim {head_dim}", self.rope_dim) });
         }
         if self.freq_factors.as_ref().is_some_and(|f| f.len() != self.rope_dim as usize / 2) {
             return Err(GpuError::Unsupported { op: "rope", message: format!("freq_factors must hold rope_dim / 2 = {} values", self.rope_dim / 2) });
@@ -126,7 +123,11 @@ impl Rope {
         let n_pairs = desc.rope_dim / 2;
         let p = Params { n_heads: desc.n_heads, head_dim: desc.head_dim, n_pairs, freq_scale: desc.freq_scale };
         let params = params(ctx, &label, &p);
-        let freqs = crate::buffer::storage_init(ctx, &format!("{label}.inv_freq"), bytemuck::cast_slice(&flint_core::arch::rope_inv_freq(desc.rope_dim as usize, desc.base, None)))?;
+        let freqs = crate::buffer::storage_init(
+            ctx,
+            &format!("{label}.inv_freq"),
+            bytemuck::cast_slice(&flint_core::arch::rope_inv_freq(desc.rope_dim as usize, desc.base, None)),
+        )?;
         let bind = bind(ctx, &label, &pipeline, &[&batch.info, &params, &batch.pos, &freqs, x]);
         Ok(Rope { pipeline, bind, pairs_per_token: desc.n_heads * n_pairs, _params: params, _inv_freq: freqs })
     }

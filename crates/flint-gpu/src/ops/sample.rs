@@ -295,9 +295,7 @@ impl Sampler {
     /// `max_draws` draws a row (more than one only in tests: draw d uses counter step + d).
     pub async fn new(ctx: &GpuContext, cache: &PipelineCache, n_vocab: u32, max_rows: u32, max_draws: u32, logits: &wgpu::Buffer) -> Result<Sampler> {
         if n_vocab == 0 || !(1..=MAX_ROWS).contains(&max_rows) || !(1..=MAX_DRAWS).contains(&max_draws) {
-            return Err(unsupported(format!(
-                "n_vocab {n_vocab} must be > 0, max_rows {max_rows} in 1..={MAX_ROWS}, max_draws {max_draws} in 1..={MAX_DRAWS}"
-            )));
+            return Err(unsupported(format!("n_vocab {n_vocab} must be > 0, max_rows {max_rows} in 1..={MAX_ROWS}, max_draws {max_draws} in 1..={MAX_DRAWS}")));
         }
         let rows64 = max_rows as u64;
         if logits.size() < rows64 * n_vocab as u64 * 4 {
