@@ -1,4 +1,4 @@
-//! The server's request reading and validation (`flint_cli::openai::parse`, what
+//! The server's request reading and validation (`flint::openai::parse`, what
 //! `/v1/chat/completions` and `/v1/completions` run on every body): the first byte picks the
 //! endpoint, the rest is the body. A chat request that parses is then rendered through a real
 //! chat template (Qwen3's, which reads tool calls, reasoning and list-valued content), as the
@@ -7,7 +7,7 @@
 
 use std::sync::OnceLock;
 
-use flint_cli::openai::{parse, Defaults, Endpoint};
+use flint::openai::{parse, Defaults, Endpoint};
 use flint_core::chat::ChatTemplate;
 use flint::Input;
 use libfuzzer_sys::fuzz_target;

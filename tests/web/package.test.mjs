@@ -213,6 +213,43 @@ test("hostile chat templates (chatTemplate) fail with ChatTemplateError within 1
   assert.equal(r.finished, "length", "the engine serves after the refusals");
 });
 
+test("the request-case table (tests/requests/cases.json): the same answers as flint serve, as error names and params", { timeout: 10 * MINUTES }, async () => {
+  const table = JSON.parse(readFileSync(join(REPO, "tests/requests/cases.json"), "utf8"));
+  const template = readFileSync(join(REPO, "tests/requests/template.jinja"), "utf8");
+  const got = await page.evaluate(
+    async ({ PKG, TINY, template, cases }) => {
+      const flint = await import(PKG);
+      const engine = await flint.createEngine({ model: TINY, useCache: false, chatTemplate: template, nCtx: 1024 });
+      const out = [];
+      for (const c of cases) {
+        const api = c.endpoint === "chat" ? engine.chat.completions : engine.completions;
+        try {
+          let r = await api.create(c.body);
+          // A streamed request's refusal arrives as the stream is read.
+          if (r && r[Symbol.asyncIterator]) for await (const _ of r);
+          out.push({ name: c.name, ok: true, choices: r.choices?.length ?? null });
+        } catch (e) {
+          out.push({ name: c.name, ok: false, error: e.name, param: e.param ?? null, typed: e instanceof flint.FlintError, message: e.message });
+        }
+      }
+      await engine.unload();
+      return out;
+    },
+    { PKG, TINY, template, cases: table.cases },
+  );
+  assert.equal(got.length, table.cases.length);
+  for (const [i, c] of table.cases.entries()) {
+    const g = got[i];
+    if (c.status === 200) {
+      assert.ok(g.ok, `${c.name}: ${g.error}: ${g.message}`);
+      assert.equal(g.choices, c.body.n ?? 1, c.name);
+    } else {
+      assert.ok(!g.ok, `${c.name}: no error`);
+      assert.deepEqual([g.error, g.param, g.typed], [c.error, c.param, true], `${c.name}: ${g.message}`);
+    }
+  }
+});
+
 test("after a reload, the worker engine loads gemma from the browser cache without downloading it, self-tested", { timeout: 15 * MINUTES }, async () => {
   const t0 = performance.now();
   const before = server.requests.length;

@@ -47,15 +47,22 @@ const CLASSES = {
   SelfTestError,
 };
 
-/** The package's error for `err` ({name, message} from wasm or a worker); others pass through. */
+/**
+ * The package's error for `err` ({name, message, param?} from wasm or a worker); others pass
+ * through. `param` names the request field at fault, as OpenAI's error body does.
+ */
 export function fromWire(err) {
   if (err instanceof FlintError) return err;
   const cls = err && CLASSES[err.name];
   if (!cls) return err instanceof Error ? err : new FlintError(String(err?.message ?? err));
-  return new cls(err.message);
+  const e = new cls(err.message);
+  if (err.param != null) e.param = err.param;
+  return e;
 }
 
 /** A structured-clone-safe copy of an error, for postMessage. */
 export function toWire(err) {
-  return { name: err?.name ?? "Error", message: String(err?.message ?? err) };
+  const w = { name: err?.name ?? "Error", message: String(err?.message ?? err) };
+  if (err?.param != null) w.param = err.param;
+  return w;
 }

@@ -198,6 +198,8 @@ export function deleteModelFromCache(url: string | URL): Promise<boolean>;
 
 export class FlintError extends Error {
   code: string;
+  /** The request field at fault, when a request was refused (as OpenAI's error `param`). */
+  param?: string;
 }
 export class WebGPUNotAvailableError extends FlintError {}
 export class ModelLoadError extends FlintError {}

@@ -5,24 +5,12 @@
 
 import { fromWire, InvalidRequestError } from "./errors.js";
 
-const REQUEST_FIELDS = [
-  "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
-  "frequency_penalty", "repetition_penalty", "repeat_last_n", "logit_bias", "logprobs", "top_logprobs", "n",
-  "speculative", "prediction",
-];
-/** Most choices one request may ask for (OpenAI's limit). */
-const MAX_N = 128;
-
-/** The engine's request: the sampling fields OpenAI's API names, and the prompt or messages. */
-function engineRequest(params, input) {
-  const req = { ...input };
-  for (const k of REQUEST_FIELDS) if (params[k] != null) req[k] = params[k];
-  if (typeof req.stop === "string") req.stop = [req.stop];
-  if (params.max_completion_tokens != null && req.max_tokens == null) req.max_tokens = params.max_completion_tokens;
-  if (req.n != null && !(Number.isInteger(req.n) && req.n >= 1 && req.n <= MAX_N)) {
-    throw new InvalidRequestError(`n must be an integer in 1..${MAX_N}`);
-  }
-  return JSON.stringify(req);
+/**
+ * The engine's request: the endpoint and the body as OpenAI's API takes it. The engine reads
+ * and validates it with the same reader as `flint serve`, so both answer a request alike.
+ */
+function engineRequest(endpoint, params) {
+  return JSON.stringify({ endpoint, body: params });
 }
 
 /** Usage of a request from its choices' summaries: the prompt once, every choice's tokens. */
@@ -131,11 +119,11 @@ function parseLogprobs(lp) {
 }
 
 /** `create` for one endpoint; `shape` builds the non-streamed object and the chunks. */
-function endpoint(core, model, toInput, shape) {
+function endpoint(core, model, name, shape) {
   return {
     async create(params) {
       if (params == null || typeof params !== "object") throw new InvalidRequestError("the request must be an object");
-      const request = engineRequest(params, toInput(params));
+      const request = engineRequest(name, params);
       const id = newId(shape.prefix);
       const created = Math.floor(Date.now() / 1000);
       const head = { id, created, model: model() };
@@ -186,10 +174,7 @@ export function openaiApi(core, model) {
     completions: endpoint(
       core,
       model,
-      (p) => {
-        if (!Array.isArray(p.messages) || !p.messages.length) throw new InvalidRequestError("messages must be a non-empty array");
-        return { messages: p.messages };
-      },
+      "chat",
       {
         prefix: "chatcmpl",
         object: "chat.completion",
@@ -208,10 +193,7 @@ export function openaiApi(core, model) {
   const completions = endpoint(
     core,
     model,
-    (p) => {
-      if (typeof p.prompt !== "string") throw new InvalidRequestError("prompt must be a string");
-      return { prompt: p.prompt };
-    },
+    "completions",
     {
       prefix: "cmpl",
       object: "text_completion",

@@ -323,10 +323,12 @@ impl Session {
                 };
                 reply.push_str(&piece);
                 write!(out, "{piece}").and_then(|_| out.flush()).map_err(|e| Failure::runtime(format!("stdout: {e}")))?;
+                crate::progress::wrote_text(&piece);
                 if let Some(summary) = summary {
                     if !reply.ends_with('\n') {
                         let _ = writeln!(out);
                     }
+                    crate::progress::wrote_text("\n");
                     return Ok(Ok((reply, summary)));
                 }
             }

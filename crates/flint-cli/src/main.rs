@@ -109,7 +109,7 @@ fn private_runtime_dir() {}
 /// llama.cpp's multi-letter short flags, which clap cannot declare (it would read `-md` as
 /// `-m d`), as their long forms; and `flint --list-devices` as `flint devices`.
 fn llama_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const LONG: [(&str, &str); 4] = [("-md", "--model-draft"), ("-dev", "--device"), ("-sm", "--split-mode"), ("-ts", "--tensor-split")];
+    const LONG: [(&str, &str); 5] = [("-md", "--model-draft"), ("-dev", "--device"), ("-sm", "--split-mode"), ("-ts", "--tensor-split"), ("-sp", "--special")];
     args.enumerate()
         .map(|(i, a)| match LONG.iter().find(|(short, _)| a == *short) {
             Some((_, long)) => long.into(),

@@ -1,19 +1,22 @@
-//! The line a first run on a device prints while its GPU kernels compile. A driver compiles
-//! a kernel once per device and caches it (Mesa's lavapipe: about 35 s for a model's kernels
-//! on a fresh machine, well under a second afterwards), so the line appears only when
-//! compiling has gone on for a second, and a summary follows when it stops:
+//! The line a run prints while its GPU kernels compile. Most drivers compile a kernel in
+//! milliseconds; a driver that compiles on the CPU (Mesa's lavapipe) takes seconds for each of
+//! a model's larger kernels, in every process. The line appears only when compiling has gone
+//! on for a second, and a summary follows when it stops:
 //!
 //! ```text
-//! compiling GPU kernels for this device (slow on a first run; the driver caches them)...
-//! GPU kernels ready: 14 compiled, 35.2 s
+//! compiling GPU kernels...
+//! GPU kernels ready: 14 compiled, 3.5 s
 //! ```
 //!
 //! The time counts the compiles and the steps that first run a kernel (llvmpipe compiles a
 //! kernel when it first runs it), so it includes those steps' own work.
 //!
 //! Both go to stderr, which is the server's log; the watcher thread starts with the first
-//! compile and lives as long as the process.
+//! compile and lives as long as the process. A line never lands inside streamed text: when
+//! the reply on a terminal is mid-line ([`wrote_text`]), the status line starts a new one.
 
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -43,7 +46,7 @@ impl Phase {
         let running = self.since.map_or(Duration::ZERO, |s| now - s);
         if !self.shown && self.busy + running >= SHOW_AFTER {
             self.shown = true;
-            return Some("compiling GPU kernels for this device (slow on a first run; the driver caches them)...".into());
+            return Some("compiling GPU kernels...".into());
         }
         let idle = self.since.is_none() && self.last.is_some_and(|l| now - l >= QUIET);
         if idle {
@@ -64,11 +67,23 @@ fn phase() -> &'static Arc<Mutex<Phase>> {
             std::thread::sleep(TICK);
             let line = watched.lock().ok().and_then(|mut p| p.tick(Instant::now()));
             if let Some(line) = line {
-                eprintln!("{line}");
+                let cut = MID_LINE.swap(false, Ordering::SeqCst) && std::io::stdout().is_terminal();
+                eprintln!("{}{line}", if cut { "\n" } else { "" });
             }
         });
         p
     })
+}
+
+/// Whether the text on stdout last ended inside a line.
+static MID_LINE: AtomicBool = AtomicBool::new(false);
+
+/// Notes text just written to stdout, so that a status line printed next starts on a line of
+/// its own.
+pub fn wrote_text(text: &str) {
+    if let Some(c) = text.chars().last() {
+        MID_LINE.store(c != '\n', Ordering::SeqCst);
+    }
 }
 
 /// The observer every GPU load of the CLI passes to the engine.

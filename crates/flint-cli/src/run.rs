@@ -225,6 +225,10 @@ pub struct SamplingArgs {
     /// Stop when the text contains STR (not printed); repeatable.
     #[arg(long = "stop", value_name = "STR")]
     pub stop: Vec<String>,
+    /// Print special and control tokens (`<start_of_image>`, `<|im_end|>`, ...) as text
+    /// (also -sp, llama.cpp's flag); by default they print as nothing, as in llama.cpp.
+    #[arg(long = "special")]
+    pub special: bool,
 }
 
 #[derive(Args)]
@@ -303,7 +307,7 @@ impl SamplingArgs {
         if self.stop.iter().any(String::is_empty) {
             return Err(Failure::usage("--stop: a stop string may not be empty"));
         }
-        let params = GenerateParams { max_tokens, sampling, stop: self.stop.clone(), ignore_eos: false, speculative: None };
+        let params = GenerateParams { max_tokens, sampling, stop: self.stop.clone(), ignore_eos: false, speculative: None, special: self.special };
         params.validate().map_err(Failure::usage)?;
         Ok(params)
     }
@@ -442,7 +446,11 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         while let Some(event) = stream.next().await {
             let event = event.map_err(Failure::runtime)?;
             match (format, event) {
-                (Format::Text, Event::Token { text, .. }) => write!(out, "{text}"),
+                (Format::Text, Event::Token { text, .. }) => {
+                    let r = write!(out, "{text}").and_then(|_| out.flush());
+                    crate::progress::wrote_text(&text);
+                    r
+                }
                 (Format::Jsonl, Event::Token { id, text, logprobs, .. }) => {
                     let mut line = json!({"token": id, "text": text});
                     if let Some(lp) = logprobs {
@@ -456,7 +464,8 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
                     writeln!(out, "{line}")
                 }
                 (Format::Text, Event::Done { summary: s, text, .. }) => {
-                    let r = writeln!(out, "{text}");
+                    let r = writeln!(out, "{text}").and_then(|_| out.flush());
+                    crate::progress::wrote_text("\n");
                     eprintln!(
                         "\n[{}] prompt {} tok ({} cached), {:.1} tok/s | generated {} tok, {:.1} tok/s | ttft {:.0} ms",
                         s.finish_reason.as_str(),

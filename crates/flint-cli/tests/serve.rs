@@ -466,6 +466,41 @@ fn flint_serve_over_http() {
 
 /// A hostile chat template (`--chat-template-file`) answers 400 naming the budget it passed,
 /// and the server keeps serving.
+/// The request-case table (`tests/requests/cases.json`) over HTTP: each case's status, and for
+/// a refusal OpenAI's `param` and `code`. The npm package answers the same table in Chromium
+/// (tests/web/package.test.mjs), read by the same reader.
+#[test]
+fn request_cases_answer_as_the_table_says() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/requests");
+    let table: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("cases.json")).unwrap()).unwrap();
+    let model = shared().join("golden/families/qwen3/model.gguf");
+    let template = dir.join("template.jinja");
+    let args = ["-m", model.to_str().unwrap(), "--port", "0", "-c", "1024", "--chat-template-file", template.to_str().unwrap(), "--no-warmup"];
+    let server = Server::start(&args);
+    while server.request("GET", "/health", &[], b"").status != 200 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let cases = table["cases"].as_array().unwrap();
+    assert!(cases.len() >= 40, "the table has its cases");
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let path = if case["endpoint"] == "chat" { "/v1/chat/completions" } else { "/v1/completions" };
+        let r = server.post(path, &case["body"]);
+        assert_eq!(r.status as u64, case["status"].as_u64().unwrap(), "{name}: {}", r.text());
+        if r.status == 200 {
+            let n = case["body"]["n"].as_u64().unwrap_or(1) as usize;
+            assert_eq!(r.json()["choices"].as_array().unwrap().len(), n, "{name}");
+        } else {
+            let (kind, param, code) = r.error();
+            assert_eq!(kind, "invalid_request_error", "{name}");
+            assert_eq!((param, code), (case["param"].clone(), case["code"].clone()), "{name}: {}", r.text());
+        }
+    }
+}
+
 #[test]
 fn hostile_chat_template_is_a_400() {
     let file = std::env::temp_dir().join(format!("flint-serve-hostile-{}.jinja", std::process::id()));

@@ -15,6 +15,9 @@ pub enum GenerateError {
     EmptyPrompt,
     #[error("the prompt has {prompt} tokens but the context holds {n_ctx} (one more is needed to generate)")]
     ContextExceeded { prompt: usize, n_ctx: usize },
+    /// The prompt and `max_tokens` together are longer than the context (asked to fit).
+    #[error("this model's context holds {n_ctx} tokens; the prompt has {prompt} and max_tokens asks for {max_tokens} more")]
+    ReplyExceedsContext { prompt: usize, max_tokens: usize, n_ctx: usize },
     #[error("max_tokens must be at least 1")]
     MaxTokens,
     #[error("a stop string may not be empty")]
@@ -95,6 +98,9 @@ pub struct GenerateParams {
     /// Speculative decoding for this request where the engine has it on: None = the engine's
     /// setting, Some(false) = never. It changes speed only, never the tokens.
     pub speculative: Option<bool>,
+    /// Control and special tokens appear in the text (llama.cpp's `--special`); otherwise they
+    /// render as nothing, as llama.cpp prints them by default.
+    pub special: bool,
 }
 
 impl GenerateParams {
@@ -164,7 +170,7 @@ impl Generation {
         Ok(Generation {
             choice,
             sampler,
-            decoder: StreamDecoder::new(),
+            decoder: StreamDecoder::new().skip_special(!params.special),
             stop: params.stop.clone(),
             held: String::new(),
             stop_hit: false,

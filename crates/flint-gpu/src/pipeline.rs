@@ -132,6 +132,35 @@ impl PipelineCache {
     }
 }
 
+impl PipelineCache {
+    /// Compiles every key of `keys` not yet cached, natively on up to as many threads as the
+    /// machine has cores (wgpu devices compile from any thread), one after another in the
+    /// browser. Errors are left for [`get_now`](Self::get_now) to meet again.
+    pub fn build_all(&self, device: &wgpu::Device, mut keys: Vec<PipelineKey>) {
+        keys.sort_by_cached_key(PipelineKey::label);
+        keys.dedup();
+        keys.retain(|k| self.map.lock().is_ok_and(|m| !m.contains_key(k)));
+        #[cfg(not(target_arch = "wasm32"))]
+        if keys.len() > 1 {
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(keys.len());
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..threads {
+                    s.spawn(|| loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(key) = keys.get(i) else { break };
+                        let _ = self.get_now(device, key);
+                    });
+                }
+            });
+            return;
+        }
+        for key in &keys {
+            let _ = self.get_now(device, key);
+        }
+    }
+}
+
 fn compile(device: &wgpu::Device, key: &PipelineKey) -> Result<wgpu::ComputePipeline> {
     let source = preprocess(key.shader, &key.defs)?;
     let label = key.label();

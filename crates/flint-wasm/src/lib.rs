@@ -10,8 +10,6 @@
 //! the package maps to its error classes, chosen from the error's variant.
 #![cfg(target_arch = "wasm32")]
 
-mod request;
-
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -26,7 +24,7 @@ use wasm_bindgen_futures::{future_to_promise, spawn_local, JsFuture};
 use flint::{BackendError, Canceller, ChatError, Engine, EngineError, Event, GenerateError, KvError, LoadOptions, SchedError, TokenLogprobs, Tokenizer};
 use flint_core::gguf::{ByteSource, GgufError};
 
-use request::Request;
+use flint::openai::{self, ApiError, Endpoint};
 
 #[wasm_bindgen]
 extern "C" {
@@ -74,7 +72,8 @@ fn error_name(e: &EngineError, loading: bool) -> &'static str {
         EngineError::Gpu(GpuError::DeviceLost(_)) => "DeviceLostError",
         EngineError::Gpu(_) if loading => "ModelLoadError",
         EngineError::Gpu(_) => "GPUError",
-        EngineError::Generate(GenerateError::ContextExceeded { .. }) | EngineError::Sched(SchedError::ContextExceeded { .. }) => "ContextWindowExceededError",
+        EngineError::Generate(GenerateError::ContextExceeded { .. } | GenerateError::ReplyExceedsContext { .. })
+        | EngineError::Sched(SchedError::ContextExceeded { .. }) => "ContextWindowExceededError",
         EngineError::Generate(GenerateError::Backend(b)) | EngineError::Backend(b) => backend_error_name(b, loading),
         EngineError::Step(b) => backend_error_name(b, false),
         EngineError::Generate(_) | EngineError::Sched(_) => "InvalidRequestError",
@@ -94,6 +93,25 @@ fn engine_error(e: &EngineError, loading: bool) -> JsValue {
         e => e.to_string(),
     };
     js_error(error_name(e, loading), message)
+}
+
+/// A JS error carrying OpenAI's `param` (the field at fault), as the server's body does.
+fn with_param(err: JsValue, param: Option<&str>) -> JsValue {
+    if let Some(p) = param {
+        let _ = js_sys::Reflect::set(&err, &JsValue::from_str("param"), &JsValue::from_str(p));
+    }
+    err
+}
+
+/// A request the reader refused: `InvalidRequestError` (or `ContextWindowExceededError`) with
+/// the field at fault, as `flint serve` answers 400.
+fn api_error(e: &ApiError) -> JsValue {
+    let name = match e.code {
+        Some("context_length_exceeded") => "ContextWindowExceededError",
+        _ if e.status == openai::status::BAD_REQUEST => "InvalidRequestError",
+        _ => "GenerationError",
+    };
+    with_param(js_error(name, &e.message), e.param.as_deref())
 }
 
 /// The model bytes behind a JS reader: a ranged `fetch`, a sliced `Blob`, a cached file.
@@ -299,16 +317,31 @@ impl WasmEngine {
         self.info.clone()
     }
 
-    /// Submits one request (JSON, see `request.rs`) and returns its id. `on_event(json)` is
+    /// Submits one request and returns its id. `request` is JSON `{"endpoint": "chat" |
+    /// "completions", "body": {...}}`, the body as OpenAI's API (and `flint serve`) takes it,
+    /// read by the same reader (`flint::openai`). `on_event(json)` is
     /// called for each of its events: `{"type": "token", choice, id, text, logprobs}` (`text`
     /// may be empty while a character or a possible stop string is incomplete), one
     /// `{"type": "done", choice, text, summary}` per choice, or `{"type": "error", name,
-    /// message}`, then `{"type": "end"}`. An invalid request throws at once.
+    /// message}`, then `{"type": "end"}`. An invalid request throws at once, with `param`
+    /// naming the field at fault.
     pub fn submit(&self, request: String, on_event: Function) -> Result<u32, JsValue> {
-        let req: Request = serde_json::from_str(&request).map_err(|e| js_error("InvalidRequestError", format!("request: {e}")))?;
-        let want_logprobs = req.logprobs == Some(true);
-        let request = req.into_request().map_err(|e| js_error("InvalidRequestError", e))?;
-        let mut handle = self.engine.submit(request).map_err(|e| engine_error(&e, false))?;
+        let bad = |m: String| js_error("InvalidRequestError", m);
+        let mut wire: serde_json::Value = serde_json::from_str(&request).map_err(|e| bad(format!("request: {e}")))?;
+        let endpoint = match wire.get("endpoint").and_then(|e| e.as_str()) {
+            Some("chat") => Endpoint::Chat,
+            Some("completions") => Endpoint::Completions,
+            _ => return Err(bad("request: `endpoint` must be \"chat\" or \"completions\"".into())),
+        };
+        let body = wire.get_mut("body").map(serde_json::Value::take).unwrap_or_default();
+        let parsed = openai::parse_value(body, endpoint, &openai::Defaults::default()).map_err(|e| api_error(&e))?;
+        if parsed.inputs.len() != 1 {
+            return Err(api_error(&ApiError::invalid("prompt", "the browser engine takes one prompt per request")));
+        }
+        let want_logprobs = parsed.top_logprobs.is_some();
+        let param = endpoint.prompt_param();
+        let mut handles = parsed.submit(&self.engine).map_err(|e| with_param(engine_error(&e, false), ApiError::from_engine(&e, param).param.as_deref()))?;
+        let mut handle = handles.pop().ok_or_else(|| bad("nothing to run".into()))?;
         let id = {
             let mut next = self.next_id.borrow_mut();
             let id = *next;

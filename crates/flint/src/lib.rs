@@ -7,6 +7,7 @@
 
 mod bench;
 mod draft;
+pub mod openai;
 mod request;
 mod runner;
 mod selftest;

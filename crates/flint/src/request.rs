@@ -38,11 +38,14 @@ pub struct Request {
     /// A predicted output (OpenAI's `prediction`): text the reply is expected to repeat
     /// largely, used as a source of drafts. It changes speed only, never the tokens.
     pub prediction: Option<String>,
+    /// Refuse the request when the prompt and `max_tokens` do not fit in the context together
+    /// (OpenAI's rule); otherwise generation stops at the context's end (llama.cpp's CLI).
+    pub fit_max_tokens: bool,
 }
 
 impl Request {
     pub fn new(input: Input, params: GenerateParams) -> Request {
-        Request { input, params, n: 1, add_generation_prompt: true, logits: false, prediction: None }
+        Request { input, params, n: 1, add_generation_prompt: true, logits: false, prediction: None, fit_max_tokens: false }
     }
 }
 
@@ -112,6 +115,12 @@ pub(crate) fn prepare(
     }
     if prompt.len() + 1 > n_ctx {
         return Err(GenerateError::ContextExceeded { prompt: prompt.len(), n_ctx }.into());
+    }
+    match req.params.max_tokens {
+        Some(max_tokens) if req.fit_max_tokens && prompt.len().saturating_add(max_tokens) > n_ctx => {
+            return Err(GenerateError::ReplyExceedsContext { prompt: prompt.len(), max_tokens, n_ctx }.into());
+        }
+        _ => {}
     }
     // One seed for the request; choice i draws from its stream i.
     let seed = req.params.sampling.seed.unwrap_or_else(clock_seed);

@@ -32,7 +32,7 @@ use flint::{Engine, LoadOptions, SamplingParams};
 
 use crate::run::BackendArg;
 use crate::Failure;
-use flint_cli::openai;
+use flint::openai;
 use metrics::Metrics;
 use openai::{ApiError, Defaults, Endpoint};
 
@@ -178,7 +178,7 @@ type Shared = Arc<App>;
 
 impl App {
     fn engine(&self) -> Result<Arc<Engine>, ApiError> {
-        self.engine.get().cloned().ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "the model is still loading"))
+        self.engine.get().cloned().ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE.as_u16(), "unavailable_error", "the model is still loading"))
     }
 }
 
@@ -370,9 +370,11 @@ fn router(args: &ServeArgs, app: Shared) -> Router {
     if std::env::var("FLINT_TEST_FAULTS").is_ok_and(|v| v == "1") {
         r = r.route("/test/lose-device", post(lose_device));
     }
-    let mut r = r.method_not_allowed_fallback(|| async { ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method not allowed") });
+    let mut r = r.method_not_allowed_fallback(|| async {
+        HttpError(ApiError::new(StatusCode::METHOD_NOT_ALLOWED.as_u16(), "invalid_request_error", "method not allowed"))
+    });
     // Unknown API paths get OpenAI's error shape, with or without a site.
-    let no_route = || async { ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "no such route") };
+    let no_route = || async { HttpError(ApiError::new(StatusCode::NOT_FOUND.as_u16(), "invalid_request_error", "no such route")) };
     r = r.route("/v1/{*rest}", any(no_route));
     let site = args.static_dir.clone().or_else(crate::web::default_site);
     if site.is_none() {
@@ -401,6 +403,27 @@ fn router(args: &ServeArgs, app: Shared) -> Router {
     r
 }
 
+/// An [`ApiError`] (the engine's, shared with the npm package) as an HTTP response.
+pub struct HttpError(pub ApiError);
+
+impl From<ApiError> for HttpError {
+    fn from(e: ApiError) -> HttpError {
+        HttpError(e)
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut r = (status, Json(e.body())).into_response();
+        if let Some(s) = e.retry_after_s {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}
+
 /// Whether `path` is open without the API key (as llama.cpp's server: health, the model list
 /// and the static site).
 fn is_public(path: &str) -> bool {
@@ -413,7 +436,7 @@ async fn auth(State(app): State<Shared>, req: Request, next: Next) -> Response {
         if !is_public(req.uri().path()) {
             let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
             if given != Some(key.as_str()) {
-                return ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", "invalid or missing API key").into_response();
+                return HttpError(ApiError::new(StatusCode::UNAUTHORIZED.as_u16(), "authentication_error", "invalid or missing API key")).into_response();
             }
         }
     }
@@ -425,7 +448,8 @@ async fn shape_413(req: Request, next: Next) -> Response {
     let mut res = next.run(req).await;
     let json = res.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     if res.status() == StatusCode::PAYLOAD_TOO_LARGE && !json {
-        res = ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("the body is over {BODY_LIMIT} bytes")).into_response();
+        res = HttpError(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE.as_u16(), "invalid_request_error", format!("the body is over {BODY_LIMIT} bytes")))
+            .into_response();
     }
     res
 }
@@ -447,7 +471,7 @@ async fn models(State(app): State<Shared>) -> Response {
 
 /// The body as bytes; a body over the limit is 413.
 fn body_bytes(body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|e| ApiError::new(e.status(), "invalid_request_error", e.body_text()))
+    body.map_err(|e| ApiError::new(e.status().as_u16(), "invalid_request_error", e.body_text()))
 }
 
 async fn chat_completions(State(app): State<Shared>, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Response {
@@ -458,18 +482,19 @@ async fn completions(State(app): State<Shared>, body: Result<Bytes, axum::extrac
     complete(app, body, Endpoint::Completions).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn complete(app: Shared, body: Result<Bytes, axum::extract::rejection::BytesRejection>, endpoint: Endpoint) -> Result<Response, ApiError> {
+async fn complete(app: Shared, body: Result<Bytes, axum::extract::rejection::BytesRejection>, endpoint: Endpoint) -> Result<Response, HttpError> {
     let arrived = Instant::now();
     let body = body_bytes(body)?;
     let engine = app.engine()?;
     let parsed = openai::parse(&body, endpoint, &app.defaults)?;
+    openai::log_unknown(&parsed.unknown);
     if let Some(m) = &parsed.model {
         if *m != app.model_id {
             let e = ApiError {
-                status: StatusCode::NOT_FOUND,
+                status: StatusCode::NOT_FOUND.as_u16(),
                 ..ApiError::invalid("model", format!("the model `{m}` does not exist (this server has `{}`)", app.model_id))
             };
-            return Err(e.with_code("model_not_found"));
+            return Err(e.with_code("model_not_found").into());
         }
     }
     let slot = respond::QueueSlot::take(&app.waiting, app.max_queue)?;
@@ -491,20 +516,20 @@ fn json_body(body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> R
     let body = body_bytes(body)?;
     match serde_json::from_slice::<Value>(&body) {
         Ok(Value::Object(o)) => Ok(o),
-        Ok(_) => Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "the body must be a JSON object")),
-        Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("malformed JSON: {e}"))),
+        Ok(_) => Err(ApiError::new(StatusCode::BAD_REQUEST.as_u16(), "invalid_request_error", "the body must be a JSON object")),
+        Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST.as_u16(), "invalid_request_error", format!("malformed JSON: {e}"))),
     }
 }
 
 /// llama.cpp's `/tokenize`: `{"content", "add_special"?, "with_pieces"?}` → `{"tokens"}`.
 /// `POST /test/lose-device` (with `FLINT_TEST_FAULTS=1`): destroys the GPU device between two
 /// steps; running requests fail with `device_lost` and the next one reloads the model.
-async fn lose_device(State(app): State<Shared>) -> Result<Response, ApiError> {
+async fn lose_device(State(app): State<Shared>) -> Result<Response, HttpError> {
     app.engine()?.lose_device();
     Ok(Json(json!({"lost": true})).into_response())
 }
 
-async fn tokenize(State(app): State<Shared>, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<Response, ApiError> {
+async fn tokenize(State(app): State<Shared>, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<Response, HttpError> {
     let engine = app.engine()?;
     let o = json_body(body)?;
     let content = o.get("content").and_then(Value::as_str).ok_or_else(|| ApiError::invalid("content", "`content` must be a string"))?;
@@ -536,7 +561,7 @@ async fn tokenize(State(app): State<Shared>, body: Result<Bytes, axum::extract::
 }
 
 /// llama.cpp's `/detokenize`: `{"tokens": [ids]}` → `{"content"}`.
-async fn detokenize(State(app): State<Shared>, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<Response, ApiError> {
+async fn detokenize(State(app): State<Shared>, body: Result<Bytes, axum::extract::rejection::BytesRejection>) -> Result<Response, HttpError> {
     let engine = app.engine()?;
     let o = json_body(body)?;
     let bad = || ApiError::invalid("tokens", "`tokens` must be an array of token ids");

@@ -15,10 +15,11 @@ use axum::Json;
 use futures::stream::{self, SelectAll, StreamExt};
 use serde_json::{json, Value};
 
-use flint::{Engine, EngineError, Event, EventResult, FinishReason, Input, Request, RequestHandle, TokenLogprobs, Tokenizer};
+use flint::openai::{ApiError, Endpoint, Parsed};
+use flint::{Engine, EngineError, Event, EventResult, FinishReason, Input, RequestHandle, TokenLogprobs, Tokenizer};
 
 use super::metrics::Metrics;
-use super::openai::{ApiError, Endpoint, Parsed};
+use super::HttpError;
 
 /// Counts requests admitted but not yet producing tokens; held until a request's first event.
 pub struct QueueSlot(Arc<AtomicUsize>);
@@ -30,7 +31,7 @@ impl QueueSlot {
         if prev >= max {
             count.fetch_sub(1, Ordering::Relaxed);
             let mut e = ApiError::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                axum::http::StatusCode::TOO_MANY_REQUESTS.as_u16(),
                 "rate_limit_error",
                 format!("{prev} requests are waiting already (--max-queue {max})"),
             );
@@ -110,27 +111,15 @@ impl Drop for Running {
 pub fn start(engine: &Engine, model: &str, p: Parsed, metrics: Arc<Metrics>, slot: QueueSlot, arrived: Instant) -> Result<Running, ApiError> {
     let param = p.endpoint.prompt_param();
     let tokenizer = engine.shared_tokenizer();
-    let mut handles = Vec::new();
     let mut echo = Vec::new();
-    for input in p.inputs {
-        echo.push(match (&input, p.echo) {
+    for input in &p.inputs {
+        echo.push(match (input, p.echo) {
             (Input::Text(t), true) => Some(t.clone()),
             (Input::Tokens(ids), true) => Some(tokenizer.decode(ids, false).map_err(|e| ApiError::invalid(param, e.to_string()))?),
             _ => None,
         });
-        let mut req = Request::new(input, p.params.clone());
-        req.n = p.n;
-        req.prediction = p.prediction.clone();
-        let h = engine.submit(req).map_err(|e| ApiError::from_engine(&e, param))?;
-        if let Some(m) = p.params.max_tokens {
-            if h.prompt_tokens() + m > engine.n_ctx() {
-                let msg =
-                    format!("this model's context holds {} tokens; the prompt has {} and max_tokens asks for {m} more", engine.n_ctx(), h.prompt_tokens());
-                return Err(ApiError::invalid(param, msg).with_code("context_length_exceeded"));
-            }
-        }
-        handles.push(h);
     }
+    let handles = p.submit(engine).map_err(|e| ApiError::from_engine(&e, param))?;
     let prompt_tokens: Vec<usize> = handles.iter().map(RequestHandle::prompt_tokens).collect();
     let n_prompts = handles.len();
     let events: Events = stream::select_all(handles.into_iter().enumerate().map(|(i, h)| {
@@ -257,7 +246,7 @@ impl Running {
     pub async fn into_body(mut self) -> Response {
         while let Some(step) = self.next().await {
             if let Step::Failed(e) = step {
-                return ApiError::from_engine(&e, self.meta.endpoint.prompt_param()).into_response();
+                return HttpError(ApiError::from_engine(&e, self.meta.endpoint.prompt_param())).into_response();
             }
         }
         let m = &self.meta;

@@ -27,6 +27,9 @@ pub trait Encode {
     fn encode(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step);
     /// What the op is, for profiles: `rms_norm`, `matmul Q4_K`, ...
     fn label(&self) -> String;
+    /// Kernels `step` would build on first use (a matmul's variant for a new token count),
+    /// so that a step can compile them together before recording.
+    fn unbuilt(&self, _step: &Step, _keys: &mut Vec<crate::pipeline::PipelineKey>) {}
 }
 
 macro_rules! encode_with_n_tok {
@@ -75,6 +78,9 @@ impl Encode for TypedMatmul {
     }
     fn label(&self) -> String {
         format!("{} {}", if self.by_expert { "matmul_id" } else { "matmul" }, self.ty.name())
+    }
+    fn unbuilt(&self, step: &Step, keys: &mut Vec<crate::pipeline::PipelineKey>) {
+        keys.extend(self.op.unbuilt(step.n_tok));
     }
 }
 

@@ -89,12 +89,31 @@ impl GpuModel {
         Ok((rows, Some(plan)))
     }
 
+    /// Compiles together, before recording, the kernels this step is the first to need (a
+    /// matmul's variant for a new token count): natively on several threads, since a driver
+    /// compiling on the CPU (lavapipe) takes seconds for each. `head_rows`: the head's rows
+    /// when the step has outputs.
+    fn build_kernels(&self, step: &Step, head_rows: Option<u32>) {
+        let mut keys = Vec::new();
+        for op in self.graph.body() {
+            op.unbuilt(step, &mut keys);
+        }
+        if let (Some(n_tok), Ok((head, _))) = (head_rows, self.outputs("step")) {
+            let rows = Step { n_tok, ..*step };
+            for op in head.ops() {
+                op.unbuilt(&rows, &mut keys);
+            }
+        }
+        self.ctx.pipelines.build_all(&self.ctx.device, keys);
+    }
+
     /// Records the block copies, then one compute pass: the embedding (first part), the
     /// part's layers, and with `plan` the head, the logit edits and the sampler.
     fn encode_step(&self, enc: &mut wgpu::CommandEncoder, copies: &[GroupCopy], layout: &Layout, plan: Option<&(PenalizePlan, SamplePlan)>) {
         self.kv.encode_copies(enc, copies);
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
         let step = Step { n_tok: layout.tokens.len() as u32, max_kv_len: layout.max_kv_len };
+        self.build_kernels(&step, plan.map(|_| layout.gather.len() as u32));
         for op in self.graph.body() {
             op.encode(&mut pass, &step);
         }

@@ -505,6 +505,12 @@ impl Matmul {
         v.kernel.get()
     }
 
+    /// The kernel key a step of `n_tok` tokens would build on first use, if it is not built.
+    pub fn unbuilt(&self, n_tok: u32) -> Option<PipelineKey> {
+        let v = self.pick(n_tok.max(1));
+        v.kernel.get().is_none().then(|| v.key.clone())
+    }
+
     /// The variant a step of `n_tok` tokens runs (tests and profiles).
     pub fn shape(&self, n_tok: u32) -> Shape {
         self.pick(n_tok).shape

@@ -1,17 +1,22 @@
-//! OpenAI's request shapes for `/v1/chat/completions` and `/v1/completions`, read field by
-//! field so that a bad value is answered as vLLM answers it: status 400 and an OpenAI error
-//! body naming the field. The ranges are the engine's (`GenerateParams::validate`) plus the
-//! server's own limits (n ≤ 16, top_logprobs ≤ 20, at most 4 stop strings).
+//! OpenAI's request shapes for `/v1/chat/completions` and `/v1/completions`, read once for
+//! every front end (the server, the wasm bindings behind the npm package, the fuzzer), field by
+//! field, so that a bad value is answered as vLLM answers it: status 400 and an OpenAI error
+//! body naming the field. The ranges are the engine's (`GenerateParams::validate`) plus
+//! OpenAI's limits (n ≤ 128, top_logprobs ≤ 20, at most 4 stop strings). Unknown fields are
+//! ignored (and reported in `Parsed::unknown`), as vLLM and llama.cpp do, so that clients
+//! written for them work.
 
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde_json::{json, Map, Value};
 
-use flint::{EngineError, GenerateError, GenerateParams, Input, SamplingError, SamplingParams};
+use crate::{BackendError, EngineError, GenerateError, GenerateParams, Input, SamplingError, SamplingParams, MAX_N};
 
-/// Most choices per request (vLLM's and OpenAI's `n` limit).
-pub const MAX_N: usize = 16;
+/// HTTP status codes the errors carry (no HTTP crate here: the server maps them).
+pub mod status {
+    pub const BAD_REQUEST: u16 = 400;
+    pub const NOT_FOUND: u16 = 404;
+    pub const INTERNAL: u16 = 500;
+    pub const UNAVAILABLE: u16 = 503;
+}
 /// Most alternatives per token in log-probabilities.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 /// Most stop strings (OpenAI's limit).
@@ -20,9 +25,10 @@ pub const MAX_STOP: usize = 4;
 pub const MAX_PROMPTS: usize = 16;
 
 /// An error as OpenAI shapes it: `{"error": {"message", "type", "param", "code"}}`.
-#[derive(Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ApiError {
-    pub status: StatusCode,
+    /// The HTTP status it is answered with.
+    pub status: u16,
     pub message: String,
     pub kind: &'static str,
     pub param: Option<String>,
@@ -31,13 +37,13 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+    pub fn new(status: u16, kind: &'static str, message: impl Into<String>) -> ApiError {
         ApiError { status, message: message.into(), kind, param: None, code: None, retry_after_s: None }
     }
 
     /// 400 for a bad value of `param`.
     pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
-        ApiError { param: Some(param.to_string()), ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message) }
+        ApiError { param: Some(param.to_string()), ..ApiError::new(status::BAD_REQUEST, "invalid_request_error", message) }
     }
 
     pub fn with_code(mut self, code: &'static str) -> ApiError {
@@ -57,13 +63,13 @@ impl ApiError {
             EngineError::Generate(g) => from_generate(g, prompt_param),
             EngineError::Chat(_) | EngineError::NoChatTemplate => ApiError::invalid(prompt_param, e.to_string()),
             EngineError::Tokenizer(_) => ApiError::invalid(prompt_param, e.to_string()),
-            EngineError::Backend(flint::BackendError::BadToken { .. }) => ApiError::invalid(prompt_param, e.to_string()),
-            EngineError::Closed => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the engine has stopped"),
+            EngineError::Backend(BackendError::BadToken { .. }) => ApiError::invalid(prompt_param, e.to_string()),
+            EngineError::Closed => ApiError::new(status::UNAVAILABLE, "server_error", "the engine has stopped"),
             // The next request opens a new device and loads the model again.
-            _ if matches!(e.backend(), Some(flint::BackendError::DeviceLost(_))) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", e.to_string()).with_code("device_lost")
+            _ if matches!(e.backend(), Some(BackendError::DeviceLost(_))) => {
+                ApiError::new(status::UNAVAILABLE, "server_error", e.to_string()).with_code("device_lost")
             }
-            _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()),
+            _ => ApiError::new(status::INTERNAL, "server_error", e.to_string()),
         }
     }
 }
@@ -71,7 +77,9 @@ impl ApiError {
 fn from_generate(g: &GenerateError, prompt_param: &str) -> ApiError {
     let param = match g {
         GenerateError::EmptyPrompt => prompt_param,
-        GenerateError::ContextExceeded { .. } => return ApiError::invalid(prompt_param, g.to_string()).with_code("context_length_exceeded"),
+        GenerateError::ContextExceeded { .. } | GenerateError::ReplyExceedsContext { .. } => {
+            return ApiError::invalid(prompt_param, g.to_string()).with_code("context_length_exceeded")
+        }
         GenerateError::MaxTokens => "max_tokens",
         GenerateError::EmptyStop => "stop",
         GenerateError::BadN { .. } => "n",
@@ -87,19 +95,9 @@ fn from_generate(g: &GenerateError, prompt_param: &str) -> ApiError {
             SamplingError::NLogprobs(_) => "top_logprobs",
             SamplingError::LogitBias { .. } | SamplingError::OutOfVocab { .. } | SamplingError::MaskLength { .. } => "logit_bias",
         },
-        GenerateError::Backend(_) => return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", g.to_string()),
+        GenerateError::Backend(_) => return ApiError::new(status::INTERNAL, "server_error", g.to_string()),
     };
     ApiError::invalid(param, g.to_string())
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut r = (self.status, Json(self.body())).into_response();
-        if let Some(s) = self.retry_after_s {
-            r.headers_mut().insert("retry-after", HeaderValue::from(s));
-        }
-        r
-    }
 }
 
 /// The server's sampling defaults: `flint run`'s flags where given, else OpenAI's.
@@ -146,15 +144,105 @@ pub struct Parsed {
     /// Alternatives per token to report, when log-probabilities are asked for.
     pub top_logprobs: Option<usize>,
     pub echo: bool,
-    /// `prediction: {"type": "content", "content": ...}`: a predicted output, drafted from.
+    /// `prediction`: a predicted output, drafted from (OpenAI's `{"type": "content",
+    /// "content": ...}`, or the text alone).
     pub prediction: Option<String>,
+    /// Chat: end the rendered prompt with the assistant's turn opening (vLLM's field; default
+    /// true).
+    pub add_generation_prompt: bool,
+    /// Top-level fields this reader does not know, in the body's order: ignored.
+    pub unknown: Vec<String>,
 }
 
-/// OpenAI's predicted outputs: `{"type": "content", "content": string or text parts}`.
+impl Parsed {
+    /// The engine's requests, one per prompt, each with `n` choices.
+    pub fn requests(&self) -> Vec<crate::Request> {
+        self.inputs
+            .iter()
+            .map(|input| {
+                let mut req = crate::Request::new(input.clone(), self.params.clone());
+                req.n = self.n;
+                req.prediction = self.prediction.clone();
+                req.add_generation_prompt = self.add_generation_prompt;
+                req.fit_max_tokens = true;
+                req
+            })
+            .collect()
+    }
+}
+
+impl Parsed {
+    /// Submits every request to `engine`; fails before anything runs when the engine refuses
+    /// one (a bad value, a prompt too long for the context, or one whose `max_tokens` would
+    /// not fit after it, as OpenAI answers). The error is the engine's, so that each front end
+    /// names it by its variant ([`ApiError::from_engine`] for HTTP).
+    pub fn submit(&self, engine: &crate::Engine) -> Result<Vec<crate::RequestHandle>, EngineError> {
+        self.requests().into_iter().map(|req| engine.submit(req)).collect()
+    }
+}
+
+/// Fields both endpoints read (OpenAI's, plus vLLM's and llama.cpp's sampling extensions and
+/// Flint's `speculative`).
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "repeat_last_n",
+    "logit_bias",
+    "logprobs",
+    "stream",
+    "stream_options",
+    "user",
+    "ignore_eos",
+    "prediction",
+    "speculative",
+    "response_format",
+];
+const CHAT_FIELDS: &[&str] =
+    &["messages", "top_logprobs", "add_generation_prompt", "tools", "tool_choice", "functions", "function_call", "audio", "modalities"];
+const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "suffix", "best_of"];
+
+/// The top-level fields of `obj` that `endpoint` does not read.
+fn unknown_fields(obj: &Map<String, Value>, endpoint: Endpoint) -> Vec<String> {
+    let own = match endpoint {
+        Endpoint::Chat => CHAT_FIELDS,
+        Endpoint::Completions => COMPLETION_FIELDS,
+    };
+    obj.keys().filter(|k| !COMMON_FIELDS.contains(&k.as_str()) && !own.contains(&k.as_str())).cloned().collect()
+}
+
+/// Logs each unknown field name once per process (a client sends the same ones every time).
+pub fn log_unknown(fields: &[String]) {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = seen.get_or_insert_with(HashSet::new);
+    for f in fields {
+        // Bounded: a client cannot grow the set without limit.
+        if seen.len() < 256 && seen.insert(f.clone()) {
+            tracing::warn!("ignoring the unknown request field `{f}` (logged once)");
+        }
+    }
+}
+
+/// OpenAI's predicted outputs: `{"type": "content", "content": string or text parts}`, or the
+/// text alone (as the npm package took it).
 fn prediction(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
-    let bad = || ApiError::invalid("prediction", "`prediction` must be {\"type\": \"content\", \"content\": a string or an array of text parts}");
+    let bad = || ApiError::invalid("prediction", "`prediction` must be a string or {\"type\": \"content\", \"content\": a string or an array of text parts}");
     let p = match obj.get("prediction") {
         None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => return Ok(Some(s.clone())),
         Some(Value::Object(p)) => p,
         Some(_) => return Err(bad()),
     };
@@ -326,10 +414,14 @@ fn prompts(obj: &Map<String, Value>) -> Result<Vec<Input>, ApiError> {
 
 /// Reads a request body of `endpoint`.
 pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &Defaults) -> Result<Parsed, ApiError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("malformed JSON: {e}")))?;
+    let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::new(status::BAD_REQUEST, "invalid_request_error", format!("malformed JSON: {e}")))?;
+    parse_value(value, endpoint, defaults)
+}
+
+/// [`parse`] for a body already read as JSON.
+pub fn parse_value(value: Value, endpoint: Endpoint, defaults: &Defaults) -> Result<Parsed, ApiError> {
     let Value::Object(obj) = value else {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "the body must be a JSON object"));
+        return Err(ApiError::new(status::BAD_REQUEST, "invalid_request_error", "the body must be a JSON object"));
     };
     unsupported(&obj, endpoint)?;
     let model = match obj.get("model") {
@@ -386,7 +478,10 @@ pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &Defaults) -> Result<Par
         min_p: f("min_p", d.min_p)?,
         seed: integer(&obj, "seed")?.map(|s| s as u64).or(d.seed),
         repeat_penalty: f("repetition_penalty", d.repeat_penalty)?,
-        repeat_last_n: d.repeat_last_n,
+        repeat_last_n: match integer(&obj, "repeat_last_n")? {
+            Some(n) => i32::try_from(n).map_err(|_| ApiError::invalid("repeat_last_n", "`repeat_last_n` is out of range"))?,
+            None => d.repeat_last_n,
+        },
         presence_penalty: f("presence_penalty", d.presence_penalty)?,
         frequency_penalty: f("frequency_penalty", d.frequency_penalty)?,
         logit_bias: logit_bias(&obj)?,
@@ -398,11 +493,18 @@ pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &Defaults) -> Result<Par
         sampling,
         stop: stops(&obj)?.unwrap_or_else(|| defaults.stop.clone()),
         ignore_eos: boolean(&obj, "ignore_eos")?.unwrap_or(false),
-        speculative: None,
+        speculative: boolean(&obj, "speculative")?,
+        // Control tokens stay out of `content`, as OpenAI's and llama.cpp's servers keep them.
+        special: false,
     };
     params.validate().map_err(|e| from_generate(&e, endpoint.prompt_param()))?;
     let prediction = prediction(&obj)?;
-    Ok(Parsed { endpoint, model, inputs, params, n, stream, include_usage, top_logprobs, echo, prediction })
+    let add_generation_prompt = match endpoint {
+        Endpoint::Chat => boolean(&obj, "add_generation_prompt")?.unwrap_or(true),
+        Endpoint::Completions => true,
+    };
+    let unknown = unknown_fields(&obj, endpoint);
+    Ok(Parsed { endpoint, model, inputs, params, n, stream, include_usage, top_logprobs, echo, prediction, add_generation_prompt, unknown })
 }
 
 #[cfg(test)]
@@ -415,7 +517,7 @@ mod tests {
 
     fn param_of(r: Result<Parsed, ApiError>) -> (u16, Option<String>) {
         let e = r.err().expect("an error");
-        (e.status.as_u16(), e.param)
+        (e.status, e.param)
     }
 
     #[test]
@@ -446,7 +548,11 @@ mod tests {
             ("presence_penalty", json!(3)),
             ("frequency_penalty", json!(-2.5)),
             ("repetition_penalty", json!(0)),
-            ("n", json!(17)),
+            ("n", json!(129)),
+            ("n", json!(0)),
+            ("repeat_last_n", json!(-2)),
+            ("speculative", json!("yes")),
+            ("add_generation_prompt", json!(1)),
             ("max_tokens", json!(0)),
             ("top_logprobs", json!(21)),
             ("stop", json!(["a", "b", "c", "d", "e"])),
@@ -455,7 +561,6 @@ mod tests {
             ("response_format", json!({"type": "json_object"})),
             ("prediction", json!({"type": "text", "content": "x"})),
             ("prediction", json!({"type": "content", "content": [{"type": "image_url"}]})),
-            ("prediction", json!("x")),
             ("temperature", json!("hot")),
         ] {
             let mut body = json!({"messages": m});
@@ -467,9 +572,14 @@ mod tests {
         }
         assert_eq!(param_of(chat(json!({"messages": []}))), (400, Some("messages".into())));
         let e = parse(b"{not json", Endpoint::Chat, &Defaults::default()).err().unwrap();
-        assert_eq!((e.status.as_u16(), e.param), (400, None));
+        assert_eq!((e.status, e.param), (400, None));
         // Unknown fields are ignored, as vLLM does; tools: [] asks for nothing.
-        assert!(chat(json!({"messages": m, "foo": 1, "tools": [], "response_format": {"type": "text"}})).is_ok());
+        let p = chat(json!({"messages": m, "foo": 1, "tools": [], "response_format": {"type": "text"}, "store": false})).unwrap();
+        assert_eq!(p.unknown, vec!["foo".to_string(), "store".to_string()]);
+        // OpenAI's limit on choices; a prediction may be the text alone.
+        let p = chat(json!({"messages": m, "n": 128, "prediction": "x = 1", "add_generation_prompt": false, "speculative": false})).unwrap();
+        assert_eq!((p.n, p.prediction.as_deref(), p.add_generation_prompt, p.params.speculative), (128, Some("x = 1"), false, Some(false)));
+        assert_eq!(p.requests()[0].n, 128);
     }
 
     #[test]
