@@ -61,6 +61,13 @@ if ! command -v cargo >/dev/null; then
   export PATH="$HOME/.cargo/bin:$PATH"
 fi
 if command -v rustup >/dev/null; then
+  # The lint stage of the tests: formatting and clippy.
+  for component in rustfmt clippy; do
+    if ! rustup component list --installed | grep -q "^$component"; then
+      log "adding the Rust component $component"
+      rustup component add "$component"
+    fi
+  done
   if ! rustup target list --installed | grep -qx "$WASM_TARGET"; then
     log "adding the Rust target $WASM_TARGET"
     rustup target add "$WASM_TARGET"

@@ -52,6 +52,27 @@ run_tests() {
   return "$status"
 }
 
+# Formatting and lints: the whole workspace, tests and examples included, warnings as errors.
+lint() {
+  cargo fmt --all --check
+  cargo clippy --release --workspace --all-targets -- -D warnings
+}
+
+# The desktops this machine cannot run (the design promises Metal and DX12): the native crates
+# and the CLI type-check for macOS on Apple silicon and for Windows.
+CROSS_TARGETS=(aarch64-apple-darwin x86_64-pc-windows-msvc)
+cross_check() {
+  local t
+  if command -v rustup >/dev/null; then
+    for t in "${CROSS_TARGETS[@]}"; do
+      rustup target list --installed | grep -qx "$t" || rustup target add "$t"
+    done
+  fi
+  for t in "${CROSS_TARGETS[@]}"; do
+    cargo check --release -p flint-cli --target "$t"
+  done
+}
+
 # The browser tests (tests/web): headless Chromium, WebGPU on SwiftShader, the packed npm
 # package and the chat page against `flint web`.
 run_browser_tests() {
@@ -71,10 +92,12 @@ if [[ -z "${XDG_RUNTIME_DIR:-}" || ! -d "${XDG_RUNTIME_DIR:-}" ]]; then
 fi
 [[ -d "$HOME/.cargo/bin" ]] && export PATH="$HOME/.cargo/bin:$PATH"
 stage build cargo build --release -p flint-cli
+stage lint lint
 stage models pull_models
 # The engine for the browser (flint-wasm, which builds flint-core, flint-gpu and flint for
 # wasm32), the npm package and the chat page's site.
 stage web-build bash scripts/build-web.sh
+stage cross cross_check
 stage test run_tests
 stage browser run_browser_tests
 

@@ -15,7 +15,7 @@ pub fn devices() -> Result<(), Failure> {
         println!(
             "   max buffer {}, max storage binding {}, workgroup storage {} KiB, {} invocations per workgroup, {} storage buffers per stage",
             mib(l.max_buffer_size),
-            mib(l.max_storage_buffer_binding_size as u64),
+            mib(l.max_storage_buffer_binding_size),
             l.max_compute_workgroup_storage_size / 1024,
             l.max_compute_invocations_per_workgroup,
             l.max_storage_buffers_per_shader_stage

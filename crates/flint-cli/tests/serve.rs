@@ -390,6 +390,15 @@ fn flint_serve_over_http() {
     let big = vec![b' '; 5 << 20];
     let r = server.request("POST", "/v1/completions", &[("authorization", &format!("Bearer {KEY}"))], &big);
     assert_eq!(r.status, 413);
+    // 32 MiB written whole before the answer is read: the server reads and discards it, so the
+    // client reads a 413 rather than a reset connection.
+    let huge = vec![b' '; 32 << 20];
+    let mut s = server.connect();
+    let head = format!("POST /v1/completions HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {KEY}\r\ncontent-length: {}\r\n\r\n", huge.len());
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(&huge).expect("the server takes the whole body");
+    let r = read_response(&mut s);
+    assert_eq!((r.status, r.error().0.as_str()), (413, "invalid_request_error"));
     r.error();
     assert_eq!(server.get("/v1/completions").status, 405);
     assert_eq!(server.get("/v1/nothing").status, 404);
@@ -758,7 +767,7 @@ fn the_server_under_load_and_faults_loses_nothing() {
                     let addr = server.addr.clone();
                     sc.spawn(move || {
                         // A fixed pseudo-random mix per client.
-                        let mut x = (c + 1) * 0x9E37_79B9_7F4A_7C15 ^ salt;
+                        let mut x = ((c + 1) * 0x9E37_79B9_7F4A_7C15) ^ salt;
                         (0..per_client)
                             .map(|i| {
                                 x ^= x << 13;

@@ -279,7 +279,8 @@ mod tests {
     /// Drawing x from q and then the verified row gives p, for p and q of every shape.
     #[test]
     fn verification_gives_back_the_target_distribution() {
-        let cases: [(&[(u32, f64)], &[f64]); 5] = [
+        type Case<'a> = (&'a [(u32, f64)], &'a [f64]);
+        let cases: [Case; 5] = [
             // p = q
             (&[(0, 0.5), (1, 0.3), (2, 0.2)], &[0.5, 0.3, 0.2]),
             // disjoint supports

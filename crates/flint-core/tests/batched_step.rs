@@ -6,7 +6,6 @@
 mod common {
     #[path = "drive.rs"]
     pub mod drive;
-    #[allow(dead_code)]
     #[path = "gguf_writer.rs"]
     pub mod gguf_writer;
     #[path = "tiny.rs"]
@@ -24,6 +23,9 @@ use flint_core::reference::CpuBackend;
 use flint_core::sampling::SamplingParams;
 use flint_core::sched::SchedConfig;
 
+// The backend takes the file shared (`Arc`), though a file is not `Sync` (in the browser its
+// bytes come through JS); the test runs on one thread.
+#[allow(clippy::arc_with_non_send_sync)]
 fn cpu(file: GgufFile, n_ctx: usize, max_batch_tokens: usize, kv_budget_bytes: Option<u64>) -> CpuBackend {
     let file = Arc::new(file);
     let cfg = ModelConfig::from_gguf(&file).unwrap();

@@ -45,7 +45,7 @@ impl Rng {
 }
 
 fn decode_hex(hex: &str) -> Vec<u8> {
-    assert!(hex.len() % 2 == 0, "odd hex length {}", hex.len());
+    assert!(hex.len().is_multiple_of(2), "odd hex length {}", hex.len());
     (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap_or_else(|e| panic!("bad hex at {i}: {e}"))).collect()
 }
 

@@ -19,7 +19,7 @@ pub fn storage(ctx: &GpuContext, label: &str, size: u64) -> Result<wgpu::Buffer>
 
 /// A storage buffer initialised with `data` (padded to 4 bytes).
 pub fn storage_init(ctx: &GpuContext, label: &str, data: &[u8]) -> Result<wgpu::Buffer> {
-    if data.len() % 4 == 0 && !data.is_empty() {
+    if data.len().is_multiple_of(4) && !data.is_empty() {
         return Ok(ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: Some(label), contents: data, usage: STORAGE }));
     }
     let mut padded = data.to_vec();

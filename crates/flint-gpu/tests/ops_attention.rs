@@ -272,7 +272,8 @@ fn soft_capped_scores() {
 #[test]
 fn fused_rope_both_styles_partial_rotation() {
     // q and this step's K rows rotated by attention and kv_write, against the CPU reference.
-    let cases: [(RopeStyle, u32, &'static [(u32, u32)]); 2] = [(RopeStyle::Neox, 64, &[(0, 9), (30, 1)]), (RopeStyle::Normal, 32, &[(70, 2)])];
+    type RopeCase = (RopeStyle, u32, &'static [(u32, u32)]);
+    let cases: [RopeCase; 2] = [(RopeStyle::Neox, 64, &[(0, 9), (30, 1)]), (RopeStyle::Normal, 32, &[(70, 2)])];
     for (style, rope_dim, seqs) in cases {
         let rope = Some(RopeSpec { rope_dim, style, base: 10000.0, freq_scale: 0.5, freq_factors: None });
         check(Case { desc: AttentionDesc { rope, ..desc(14, 2, 64, None) }, block_size: 16, seqs, split: Split::Auto, shuffle_tokens: true, seed: 11 });

@@ -24,7 +24,7 @@ static CACHE: LazyLock<PipelineCache> = LazyLock::new(PipelineCache::new);
 
 /// f16 bits of `v`, or now and then a random subnormal.
 fn f16_bits(v: f32, rng: &mut TestRng) -> u16 {
-    if rng.next_u32() % SUBNORMAL_EVERY == 0 {
+    if rng.next_u32().is_multiple_of(SUBNORMAL_EVERY) {
         return (rng.next_u32() & 0x83ff) as u16;
     }
     half::f16::from_f32(v).to_bits()

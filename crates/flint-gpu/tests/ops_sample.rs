@@ -723,7 +723,8 @@ fn sampled_draft_verification_matches_the_exact_rule() {
             };
             let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
             // (label, target logits, q row, q, drafted token)
-            let mut cases: Vec<(String, Vec<f32>, u32, Vec<f64>, u32)> = Vec::new();
+            type Case = (String, Vec<f32>, u32, Vec<f64>, u32);
+            let mut cases: Vec<Case> = Vec::new();
             // p = q: the target's ids past the draft's vocabulary banned.
             let mut short = logits.clone();
             short[n_draft..].fill(f32::NEG_INFINITY);

@@ -107,7 +107,8 @@ impl DraftModel {
         let n_ctx = self.sched.config().n_ctx;
         // Mirror → (target, k, sampler and slot); each mirror catches up with its target's
         // tokens. Sampled requests take the store's slots in turn; the rest draft greedily.
-        let mut want: HashMap<SeqId, (SeqId, usize, Option<(Sampler, usize)>)> = HashMap::new();
+        type Want = (SeqId, usize, Option<(Sampler, usize)>);
+        let mut want: HashMap<SeqId, Want> = HashMap::new();
         let steps = wants.iter().map(|w| w.k).max().unwrap_or(0);
         let mut slots = 0..self.q_slots;
         for w in wants {

@@ -391,7 +391,7 @@ fn kv_bytes_per_pos(cfg: &ModelConfig) -> u64 {
 }
 
 fn weight_bytes(file: &GgufFile, cfg: &ModelConfig) -> u64 {
-    file.tensors.iter().filter(|t| !(t.name == "token_embd.weight" && !cfg.tied_output)).map(|t| t.n_bytes).sum()
+    file.tensors.iter().filter(|t| t.name != "token_embd.weight" || cfg.tied_output).map(|t| t.n_bytes).sum()
 }
 
 impl Engine {
@@ -438,6 +438,9 @@ impl Engine {
         Self::build(file, Some(draft), opts).await
     }
 
+    // The file is shared with the backend but never crosses threads: in the browser its bytes
+    // come through JS (not `Sync`), natively the run loop's thread owns it.
+    #[allow(clippy::arc_with_non_send_sync)]
     async fn build(mut file: GgufFile, draft: Option<GgufFile>, opts: &LoadOptions) -> Result<(Engine, RunLoop), EngineError> {
         let config = ModelConfig::from_gguf(&file)?.unfuse(&mut file)?;
         let tokenizer = Arc::new(Tokenizer::from_metadata(&file.metadata)?);

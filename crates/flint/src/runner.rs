@@ -106,6 +106,8 @@ pub(crate) struct Runner {
 }
 
 impl Runner {
+    // Each piece the loop owns, handed over once by the load.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         backend: Box<dyn Backend>,
         gpus: Vec<Arc<GpuContext>>,
@@ -419,7 +421,7 @@ impl Runner {
             let drafts = self.sched.drafts(seq);
             let sampled = &result.sampled[at..at + n];
             let target: Vec<u32> = sampled.iter().map(|s| s.id).collect();
-            let accepted = accepted_prefix(&drafts, &target);
+            let accepted = accepted_prefix(drafts, &target);
             if !drafts.is_empty() {
                 req.choices[ci].adapt.record(&self.spec, drafts.len(), accepted);
                 req.choices[ci].gen.record_drafts(drafts.len(), 0);

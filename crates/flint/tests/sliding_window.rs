@@ -5,7 +5,6 @@
 //! past it is refused.
 
 #[path = "../../flint-core/tests/common/gguf_writer.rs"]
-#[allow(dead_code)]
 mod gguf_writer;
 #[path = "../../flint-core/tests/common/tiny.rs"]
 mod tiny;
@@ -41,6 +40,7 @@ fn greedy(backend: &mut dyn Backend, seq: &mut Solo, first: u32, n: usize) -> Ve
 }
 
 #[test]
+#[allow(clippy::arc_with_non_send_sync)] // the backends share the file on this one thread
 fn three_thousand_tokens_through_windowed_layers_match_the_cpu_reference() {
     let Some(ctx) = flint_gpu::testing::context() else { return };
     let file = Arc::new(tiny::gemma3(6, WINDOW));

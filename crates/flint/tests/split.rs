@@ -44,7 +44,7 @@ fn golden_split(name: &str, golden: &str, device: &str, prompts: &[usize]) {
     // The prompts share the first step, which is long enough to run as two micro-batches
     // (the decode steps after it go through whole).
     let prompt_tokens: usize = jobs.iter().map(|j| j.prompt.len()).sum();
-    assert!(prompt_tokens <= flint::DEFAULT_MAX_BATCH_TOKENS && prompt_tokens >= 2 * flint_gpu::model::MIN_MICRO_TOKENS, "{prompt_tokens} prompt tokens");
+    assert!((2 * flint_gpu::model::MIN_MICRO_TOKENS..=flint::DEFAULT_MAX_BATCH_TOKENS).contains(&prompt_tokens), "{prompt_tokens} prompt tokens");
     let outs = together(&engine, &jobs);
     eprintln!("{name}: {} prompts together over {device} in {:.1}s", prompts.len(), t0.elapsed().as_secs_f64());
     for (&i, out) in prompts.iter().zip(&outs) {

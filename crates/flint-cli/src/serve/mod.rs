@@ -386,6 +386,7 @@ fn router(args: &ServeArgs, app: Shared) -> Router {
         .layer(RequestBodyLimitLayer::new(BODY_LIMIT))
         .layer(middleware::from_fn_with_state(app.clone(), auth))
         .layer(middleware::from_fn(shape_413))
+        .layer(middleware::from_fn(linger_413))
         .layer(middleware::from_fn(crate::web::log_requests))
         .with_state(app);
     if !args.cors.is_empty() {
@@ -441,6 +442,28 @@ async fn auth(State(app): State<Shared>, req: Request, next: Next) -> Response {
         }
     }
     next.run(req).await
+}
+
+/// A body past [`BODY_LIMIT`] whose length is declared is read and discarded up to this many
+/// bytes before the 413 (nginx's lingering close): a client that sends its whole body before
+/// reading then reads the answer, where closing at once would reset its connection.
+const LINGER_BYTES: u64 = 64 << 20;
+/// The most time spent discarding such a body.
+const LINGER_TIME: Duration = Duration::from_secs(10);
+
+/// 413 for a declared body length past the limit, answered once the body is read (up to
+/// [`LINGER_BYTES`] and [`LINGER_TIME`]) and with the connection closed after it.
+async fn linger_413(req: Request, next: Next) -> Response {
+    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let Some(len) = declared.filter(|&n| n > BODY_LIMIT as u64) else { return next.run(req).await };
+    if len <= LINGER_BYTES {
+        let mut body = req.into_body().into_data_stream();
+        let _ = tokio::time::timeout(LINGER_TIME, async { while let Some(Ok(_)) = futures::StreamExt::next(&mut body).await {} }).await;
+    }
+    let e = ApiError::new(StatusCode::PAYLOAD_TOO_LARGE.as_u16(), "invalid_request_error", format!("the body is over {BODY_LIMIT} bytes"));
+    let mut res = HttpError(e).into_response();
+    res.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    res
 }
 
 /// A 413 from the body limit shaped as OpenAI's error.

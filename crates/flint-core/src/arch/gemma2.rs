@@ -21,7 +21,7 @@ fn softcap(md: &Metadata, name: &str) -> Result<Option<f32>, ArchError> {
     let key = format!("{ARCH}.{name}");
     match md.opt_f32(&key)? {
         None => Ok(None),
-        Some(v) if v == 0.0 => Ok(None),
+        Some(0.0) => Ok(None),
         Some(v) if v.is_finite() && v > 0.0 => Ok(Some(v)),
         Some(v) => Err(ArchError::Invalid { key, reason: format!("{v} must be finite and positive") }),
     }

@@ -242,7 +242,7 @@ impl GgufFile {
         let i = *self.index.get(name).ok_or_else(|| GgufError::MissingTensor(name.to_string()))?;
         let t = self.tensors[i].clone();
         let rows = t.n_rows();
-        if t.dims.len() != 2 || parts.iter().map(|p| p.1).sum::<u64>() != rows || t.n_bytes % rows != 0 {
+        if t.dims.len() != 2 || parts.iter().map(|p| p.1).sum::<u64>() != rows || !t.n_bytes.is_multiple_of(rows) {
             return Err(GgufError::BadTensorData { tensor: name.to_string(), reason: format!("cannot split {rows} rows into {parts:?}") });
         }
         let row_bytes = t.n_bytes / rows;

@@ -165,7 +165,7 @@ impl KvCache {
         }
         let bs = self.bs();
         let grow = group.blocks.blocks_for(new_len).saturating_sub(seq.table().len());
-        let partial = (seq.len() % bs > 0).then(|| seq.len() / bs).filter(|&i| i < seq.table().len());
+        let partial = (!seq.len().is_multiple_of(bs)).then(|| seq.len() / bs).filter(|&i| i < seq.table().len());
         let cow = partial.is_some_and(|i| group.blocks.refcount(seq.table()[i]) > 1) as usize;
         (grow + cow) as u32
     }

@@ -98,7 +98,7 @@ impl QuantType {
     /// Bytes for `n_elems` elements; None if n_elems is not a multiple of block_elems or on overflow.
     pub fn bytes_for(self, n_elems: u64) -> Option<u64> {
         let block_elems = self.block_elems() as u64;
-        if n_elems % block_elems != 0 {
+        if !n_elems.is_multiple_of(block_elems) {
             return None;
         }
         (n_elems / block_elems).checked_mul(self.block_bytes() as u64)
@@ -123,7 +123,7 @@ pub enum QuantError {
 /// Checks that `bytes` of `ty` hold exactly `elems` elements in whole blocks.
 fn check_lengths(op: &'static str, ty: QuantType, bytes: usize, elems: usize) -> Result<(), QuantError> {
     let block_elems = ty.block_elems();
-    if elems % block_elems != 0 {
+    if !elems.is_multiple_of(block_elems) {
         return Err(QuantError::PartialBlock { op, ty, elems, block_elems });
     }
     if ty.bytes_for(elems as u64) != Some(bytes as u64) {

@@ -20,6 +20,9 @@ use crate::ops::penalize::{PenalizePlan, StepEdits};
 use crate::ops::sample::{self, SamplePlan, SampleRow, LP_WORDS};
 use crate::pipeline::CompileEvent;
 
+/// A step's output plans: the logit edits, then the draws.
+pub(super) type OutputPlans = (PenalizePlan, SamplePlan);
+
 /// A step that failed on part `part` (its device is the one to ask whether it was lost).
 #[derive(Debug)]
 pub struct PartFailure {
@@ -78,7 +81,7 @@ impl GpuModel {
 
     /// Each output row's draw (a fresh counter for its sampler) and logit edits, written for
     /// the next submission; no plans when the step has no outputs.
-    pub(super) fn prepare_outputs(&mut self, batch: &mut StepBatch<'_>) -> Result<(Vec<SampleRow>, Option<(PenalizePlan, SamplePlan)>)> {
+    pub(super) fn prepare_outputs(&mut self, batch: &mut StepBatch<'_>) -> Result<(Vec<SampleRow>, Option<OutputPlans>)> {
         let rows: Vec<SampleRow> = batch.entries.iter_mut().flat_map(|e| e.outputs.iter_mut().map(|o| SampleRow::next(o.sampler))).collect();
         if rows.is_empty() {
             return Ok((rows, None));
@@ -109,7 +112,7 @@ impl GpuModel {
 
     /// Records the block copies, then one compute pass: the embedding (first part), the
     /// part's layers, and with `plan` the head, the logit edits and the sampler.
-    fn encode_step(&self, enc: &mut wgpu::CommandEncoder, copies: &[GroupCopy], layout: &Layout, plan: Option<&(PenalizePlan, SamplePlan)>) {
+    fn encode_step(&self, enc: &mut wgpu::CommandEncoder, copies: &[GroupCopy], layout: &Layout, plan: Option<&OutputPlans>) {
         self.kv.encode_copies(enc, copies);
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
         let step = Step { n_tok: layout.tokens.len() as u32, max_kv_len: layout.max_kv_len };

@@ -69,7 +69,7 @@ impl Embed {
         scale: f32,
     ) -> Result<Embed> {
         let block = ty.block_elems() as u32;
-        if n_embd == 0 || n_embd % CHUNK != 0 || n_embd % block != 0 {
+        if n_embd == 0 || !n_embd.is_multiple_of(CHUNK) || !n_embd.is_multiple_of(block) {
             return Err(unsupported(format!("n_embd {n_embd} of {ty} is not a multiple of {}", CHUNK.max(block))));
         }
         if batch.max_tokens > MAX_GROUPS_X {

@@ -376,7 +376,7 @@ impl Matmul {
     ) -> Result<Matmul> {
         let d = desc;
         let block = d.ty.block_elems() as u32;
-        if d.n_in == 0 || d.n_in % CHUNK != 0 || d.n_in % block != 0 {
+        if d.n_in == 0 || !d.n_in.is_multiple_of(CHUNK) || !d.n_in.is_multiple_of(block) {
             return Err(unsupported(format!("{}: n_in {} of {} is not a multiple of {}", d.label, d.n_in, d.ty, CHUNK.max(block))));
         }
         if d.n_rows == 0 || d.row_offset as u64 + d.n_rows as u64 > d.y_stride as u64 {
