@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use flint::{Engine, LoadOptions, OpTimes, StreamRun};
 use serde_json::json;
 
-use crate::run::BackendArg;
+use crate::args::BackendArg;
 use crate::Failure;
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -33,7 +33,7 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = BackendArg::Gpu)]
     backend: BackendArg,
     #[command(flatten)]
-    device: crate::run::DeviceArgs,
+    device: crate::args::DeviceArgs,
     #[arg(long, value_enum, default_value_t = BenchFormat::Text)]
     format: BenchFormat,
     /// Also time every kernel of the prompt's prefill (up to 256 tokens) and of decode steps
@@ -55,7 +55,7 @@ pub struct BenchArgs {
     /// (interleaved) and reports both decode speeds, their ratio, the acceptance rate and the
     /// mean tokens per decode step.
     #[command(flatten)]
-    spec: crate::run::SpecArgs,
+    spec: crate::args::SpecArgs,
 }
 
 /// Decode step sizes `--profile` times.
@@ -251,14 +251,10 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         positions = positions.max(ctx_positions + 16 * (PROFILE_DECODE_SIZES[2] + 1));
     }
     let opts = LoadOptions {
-        backend: args.backend.kind(),
-        device: args.device.device()?,
-        split: args.device.split()?,
         n_ctx,
         max_seqs,
         kv_budget_positions: Some(positions + positions / 4),
-        compile_observer: Some(crate::progress::compile_line()),
-        ..LoadOptions::default()
+        ..crate::args::load_options(args.backend, &args.device, None)?
     };
     let t0 = std::time::Instant::now();
     let engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
@@ -508,19 +504,12 @@ fn bench_spec(args: &BenchArgs, spec: flint::SpecConfig) -> Result<(), Failure> 
     };
     let text = std::fs::read_to_string(file).map_err(|e| Failure::usage(format!("{}: {e}", file.display())))?;
     let path = crate::resolve(&args.model)?;
-    let (draft_model, draft_p_min) = args.spec.draft_model()?;
     let opts = LoadOptions {
-        backend: args.backend.kind(),
-        device: args.device.device()?,
-        split: args.device.split()?,
         n_ctx: SPEC_CTX,
         max_seqs: 1,
         kv_budget_positions: Some(SPEC_CTX + 16),
-        compile_observer: Some(crate::progress::compile_line()),
         spec,
-        draft_model,
-        draft_p_min,
-        ..LoadOptions::default()
+        ..crate::args::load_options(args.backend, &args.device, Some(&args.spec))?
     };
     let engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
     let prompt = if args.raw { engine.tokenize_raw(&text) } else { engine.tokenize_chat(&[json!({"role": "user", "content": text})]) }

@@ -9,7 +9,8 @@ use clap::Args;
 use flint::{Canceller, Engine, EngineError, Event, FinishReason, GenerateParams, Request, Summary};
 use futures::StreamExt;
 
-use crate::run::{chat_input, max_tokens_from, seed_from, ModelArgs, Opened, SamplingArgs, EXIT_INTERRUPTED};
+use crate::args::{max_tokens_from, seed_from, ModelArgs, SamplingArgs};
+use crate::run::{chat_input, Opened, EXIT_INTERRUPTED};
 use crate::Failure;
 
 #[derive(Args)]

@@ -1,5 +1,6 @@
 //! The `flint` binary: run a model, inspect it, fetch it.
 
+mod args;
 mod bench;
 mod bench_serve;
 mod catalog;

@@ -86,15 +86,27 @@ impl SpecConfig {
         }
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SpecError> {
         if self.draft_min > self.draft_max {
-            return Err(format!("--draft-min {} is above --draft-max {}", self.draft_min, self.draft_max));
+            return Err(SpecError::MinAboveMax { min: self.draft_min, max: self.draft_max });
         }
-        if self.draft_max > 64 {
-            return Err(format!("--draft-max {} is above 64", self.draft_max));
+        if self.draft_max > DRAFT_MAX_LIMIT {
+            return Err(SpecError::MaxTooLarge { max: self.draft_max, limit: DRAFT_MAX_LIMIT });
         }
         Ok(())
     }
+}
+
+/// The most tokens one step may draft.
+pub const DRAFT_MAX_LIMIT: usize = 64;
+
+/// Speculation settings that cannot run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("--draft-min {min} is above --draft-max {max}")]
+    MinAboveMax { min: usize, max: usize },
+    #[error("--draft-max {max} is above {limit}")]
+    MaxTooLarge { max: usize, limit: usize },
 }
 
 /// Up to `k` tokens that followed the most recent earlier occurrence of the longest suffix of

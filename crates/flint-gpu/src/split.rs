@@ -101,14 +101,14 @@ fn proportional(n_layer: usize, weights: &[f64]) -> Vec<Range<usize>> {
 /// out. With budgets, one device when the whole model fits the first; otherwise layers in
 /// the given proportions (or the budgets'), checked against every budget, else filled device
 /// by device; an error says what is needed and what there is.
-pub fn plan(costs: &Costs, n_dev: usize, rule: &SplitRule) -> Result<Vec<(usize, Range<usize>)>, String> {
+pub fn plan(costs: &Costs, n_dev: usize, rule: &SplitRule) -> Result<Vec<(usize, Range<usize>)>, SplitError> {
     let n_layer = costs.layers.len();
     if n_dev == 0 {
-        return Err("no device to load the model on".into());
+        return Err(SplitError::NoDevice);
     }
     if let Some(p) = &rule.proportions {
         if p.len() != n_dev || p.iter().any(|w| !w.is_finite() || *w < 0.0) || p.iter().sum::<f32>() <= 0.0 {
-            return Err(format!("--tensor-split needs {n_dev} non-negative proportions, not all zero (got {p:?})"));
+            return Err(SplitError::Proportions { n_dev, got: p.clone() });
         }
     }
     let weights: Vec<f64> = match (&rule.proportions, &rule.budgets) {
@@ -122,7 +122,7 @@ pub fn plan(costs: &Costs, n_dev: usize, rule: &SplitRule) -> Result<Vec<(usize,
     };
     let Some(budgets) = &rule.budgets else { return Ok(keep(proportional(n_layer, &weights))) };
     if budgets.len() != n_dev {
-        return Err(format!("--device-mem-mb needs one budget per device: {n_dev} devices, {} budgets", budgets.len()));
+        return Err(SplitError::Budgets { n_dev, got: budgets.len() });
     }
     let need = costs.total();
     if need <= budgets[0] {
@@ -155,17 +155,25 @@ pub fn plan(costs: &Costs, n_dev: usize, rule: &SplitRule) -> Result<Vec<(usize,
     if fits(&parts) {
         return Ok(parts);
     }
-    let have: u64 = budgets.iter().sum();
-    Err(format!(
+    Err(SplitError::DoesNotFit { need, layers: costs.layers.iter().sum(), embed: costs.embed, head: costs.head, each: costs.each, budgets: budgets.clone() })
+}
+
+/// A layer split that cannot be made.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SplitError {
+    #[error("no device to load the model on")]
+    NoDevice,
+    #[error("--tensor-split needs {n_dev} non-negative proportions, not all zero (got {got:?})")]
+    Proportions { n_dev: usize, got: Vec<f32> },
+    #[error("--device-mem-mb needs one budget per device: {n_dev} devices, {got} budgets")]
+    Budgets { n_dev: usize, got: usize },
+    /// Bytes: what the model needs in all and by part, and each device's budget.
+    #[error(
         "the model needs about {} (layers' weights and KV cache {}, embedding {}, head {}, {} of buffers per device) and does not fit the devices' budgets ({} in all: {})",
-        mib(need),
-        mib(costs.layers.iter().sum()),
-        mib(costs.embed),
-        mib(costs.head),
-        mib(costs.each),
-        mib(have),
+        mib(*need), mib(*layers), mib(*embed), mib(*head), mib(*each), mib(budgets.iter().sum()),
         budgets.iter().map(|&b| mib(b)).collect::<Vec<_>>().join(", ")
-    ))
+    )]
+    DoesNotFit { need: u64, layers: u64, embed: u64, head: u64, each: u64, budgets: Vec<u64> },
 }
 
 /// A model whose layers are split over several devices, behind the `Backend` interface.
@@ -324,8 +332,9 @@ mod tests {
         let tight = SplitRule { proportions: Some(vec![1.0, 1.0]), budgets: Some(vec![90, 30]) };
         assert_eq!(ranges(&plan(&costs(), 2, &tight).unwrap()), vec![0..8, 8..10]);
         let err = plan(&costs(), 2, &rule(&[50, 50])).unwrap_err();
-        assert!(err.contains("needs about") && err.contains("does not fit"), "{err}");
-        assert!(plan(&costs(), 2, &rule(&[200])).is_err(), "one budget for two devices");
-        assert!(plan(&costs(), 1, &rule(&[114])).is_err(), "one device too small");
+        assert!(matches!(err, SplitError::DoesNotFit { need: 115, .. }), "{err:?}");
+        assert!(err.to_string().contains("does not fit"), "{err}");
+        assert_eq!(plan(&costs(), 2, &rule(&[200])), Err(SplitError::Budgets { n_dev: 2, got: 1 }), "one budget for two devices");
+        assert!(matches!(plan(&costs(), 1, &rule(&[114])), Err(SplitError::DoesNotFit { .. })), "one device too small");
     }
 }

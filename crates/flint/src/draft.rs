@@ -21,8 +21,8 @@ use std::collections::HashMap;
 
 use flint_core::backend::{Backend, BackendError};
 use flint_core::kv::{KvCache, SeqId};
-use flint_core::sampling::{DraftLink, Sampler, SamplingParams, NON_FINITE};
-use flint_core::sched::{SchedConfig, Scheduler};
+use flint_core::sampling::{DraftLink, Sampler, SamplingParams};
+use flint_core::sched::{Flow, SchedConfig, Scheduler, SeqEnd};
 
 /// Opens the draft backend again (after a lost device).
 pub(crate) type RebuildDraft = Box<dyn FnMut() -> futures::future::LocalBoxFuture<'static, Result<Box<dyn Backend>, crate::EngineError>>>;
@@ -149,26 +149,32 @@ impl DraftModel {
                 let batch = self.sched.batch(&plan, &mut map, false);
                 self.backend.step(batch).await?
             };
-            self.sched.step_done(&plan);
-            for (d, sampled) in outs.iter().zip(&result.sampled) {
+            let ids: Vec<u32> = result.sampled.iter().map(|s| s.id).collect();
+            let (n_vocab, p_min) = (self.n_vocab, self.p_min);
+            let updates = self.sched.update(&plan, &ids, |row| {
                 // A mirror not drafting this step (still prefilling for a finished target)
                 // just keeps what it computed.
-                let Some((s, k, sampled_with)) = want.get(d) else { continue };
-                let (s, k) = (*s, *k);
+                let Some(&(s, k, ref sampled_with)) = want.get(&row.seq) else { return Flow::Hold };
+                let sampled = &result.sampled[row.index];
                 let slot = sampled_with.as_ref().map(|w| w.1);
                 let list = &mut drafts.entry(s).or_insert_with(|| Drafted { tokens: Vec::new(), slot }).tokens;
                 // The draft's top probability (its token's, when greedy).
                 let p = sampled.top_logprobs.first().map(|t| t.1).or(sampled.logprob).map_or(1.0, f32::exp);
-                let usable = sampled.id != NON_FINITE && (sampled.id as usize) < self.n_vocab && p >= self.p_min;
+                let usable = (sampled.id as usize) < n_vocab && p >= p_min;
                 if usable {
                     list.push(sampled.id);
                 }
                 // Past the last draft nothing more runs: the mirror is cut back next time.
-                if usable && list.len() < k && self.sched.tokens(*d).len() + 2 < n_ctx {
-                    self.sched.append(*d, sampled.id);
+                if usable && list.len() < k && row.held + 2 < n_ctx {
+                    Flow::Next
                 } else {
-                    want.remove(d);
+                    want.remove(&row.seq);
+                    Flow::Hold
                 }
+            });
+            // A broken row drafts nothing more for its mirror.
+            for u in updates.iter().filter(|u| u.end == SeqEnd::Broken) {
+                want.remove(&u.seq);
             }
             if want.is_empty() {
                 break;
@@ -219,7 +225,7 @@ impl DraftModel {
         self.reset();
         let backend = (self.rebuild)().await?;
         if backend.kv_layout() != self.backend.kv_layout() {
-            return Err(crate::EngineError::Config("the draft model's new backend lays out its KV cache differently".into()));
+            return Err(crate::EngineError::Draft { model: String::new(), source: crate::DraftError::KvLayoutChanged });
         }
         self.backend = backend;
         if let Some((max_seqs, draft_max)) = self.linked {

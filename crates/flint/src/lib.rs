@@ -7,21 +7,22 @@
 
 mod bench;
 mod draft;
+mod error;
+mod handle;
+mod maker;
 pub mod openai;
+mod options;
 mod request;
 mod runner;
 mod selftest;
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use futures::channel::{mpsc, oneshot};
-use futures::Stream;
-use thiserror::Error;
 
 pub use bench::{BenchRun, SpecRun, StreamRun};
+pub use error::{DraftError, EngineError};
 pub use flint_core::arch::{ArchError, ModelConfig};
 pub use flint_core::backend::BackendError;
 pub use flint_core::chat::{ChatError, ChatTemplate, KEY_CHAT_TEMPLATE};
@@ -31,191 +32,30 @@ pub use flint_core::kv::KvError;
 pub use flint_core::sampling::{SamplingError, SamplingParams};
 pub use flint_core::sched::{BlockCounts, Histogram, SchedError, SchedStats};
 pub use flint_core::selftest::{SelfTestError, TapReport};
+pub use flint_core::spec::{SpecConfig, SpecError, SpecKind, DRAFT_MAX, DRAFT_P_MIN};
+pub use flint_core::tokenizer::VocabMismatch;
+pub use flint_gpu::split::SplitError;
 pub use flint_core::tokenizer::{Tokenizer, TokenizerError};
 /// The GPU adapters wgpu finds (native), as `--device` indexes and names them.
 #[cfg(not(target_arch = "wasm32"))]
 pub use flint_gpu::context::{adapters as gpu_adapters, AdapterEntry};
 pub use flint_gpu::pipeline::CompileEvent;
 pub use flint_gpu::GpuError;
+pub use handle::{Canceller, RequestHandle};
+pub use options::{BackendKind, CompileProgress, LoadOptions, ModelPart, SplitOptions, DEFAULT_CTX, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_SEQS};
 pub use request::{Input, Request, MAX_N};
 pub use runner::{EventResult, OpTimes};
 pub use selftest::SelfTestReport;
 
-use flint_core::backend::{Backend, BackendOptions};
+use flint_core::backend::BackendOptions;
 use flint_core::generate::{default_clock, Clock};
 use flint_core::kv::KvCache;
-use flint_core::reference::CpuBackend;
 use flint_core::sched::{SchedConfig, Scheduler};
-pub use flint_core::spec::{SpecConfig, SpecKind, DRAFT_MAX, DRAFT_P_MIN};
-use flint_gpu::backend::GpuBackend;
-use flint_gpu::split::{split_layout, Costs, SplitBackend, SplitRule};
 use flint_gpu::GpuContext;
-use runner::{Command, Runner};
-
-#[derive(Debug, Error)]
-pub enum EngineError {
-    #[error("malformed model file: {0}")]
-    Gguf(#[from] GgufError),
-    #[error("unsupported or inconsistent model: {0}")]
-    Arch(#[from] ArchError),
-    #[error("tokenizer: {0}")]
-    Tokenizer(#[from] TokenizerError),
-    #[error(transparent)]
-    Backend(#[from] BackendError),
-    /// A forward step failed; every request running then gets this (device lost, ...).
-    #[error("{0}")]
-    Step(Arc<BackendError>),
-    #[error(transparent)]
-    Generate(#[from] GenerateError),
-    #[error(transparent)]
-    Sched(#[from] SchedError),
-    #[error(transparent)]
-    Chat(#[from] ChatError),
-    #[error("this model has no chat template (a base model): give a prompt instead, or a chat template")]
-    NoChatTemplate,
-    #[error(transparent)]
-    Gpu(#[from] flint_gpu::GpuError),
-    /// The load-time self-test found the GPU computing differently from the CPU reference.
-    #[error("the GPU self-test failed on {adapter}: {error}; this adapter's driver computes the model wrongly")]
-    SelfTest { adapter: String, error: SelfTestError },
-    #[error("the engine has stopped")]
-    Closed,
-    #[error("invalid settings: {0}")]
-    Config(String),
-}
-
-impl EngineError {
-    /// The backend error underneath, if any (a step's or a load's).
-    pub fn backend(&self) -> Option<&BackendError> {
-        match self {
-            EngineError::Backend(b) | EngineError::Generate(GenerateError::Backend(b)) => Some(b),
-            EngineError::Step(b) => Some(b),
-            _ => None,
-        }
-    }
-}
-
-/// Which compute backend runs the forward pass.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BackendKind {
-    /// WGSL kernels through wgpu (`flint-gpu`): the default.
-    Gpu,
-    /// The plain CPU reference (`flint-core::reference`).
-    Cpu,
-}
-
-/// llama.cpp's default context size.
-pub const DEFAULT_CTX: usize = 4096;
-/// Sequences running at once, natively and in the browser.
 #[cfg(not(target_arch = "wasm32"))]
-pub const DEFAULT_MAX_SEQS: usize = 8;
-#[cfg(target_arch = "wasm32")]
-pub const DEFAULT_MAX_SEQS: usize = 4;
-/// Tokens one step runs, all sequences together.
-pub const DEFAULT_MAX_BATCH_TOKENS: usize = 256;
-
-#[derive(Clone, Debug)]
-pub struct LoadOptions {
-    pub backend: BackendKind,
-    /// The GPU adapter (native): an index or a case-insensitive name substring, as
-    /// `flint devices` lists them; None = `FLINT_ADAPTER`, else the best adapter. Several,
-    /// comma-separated (`0,1`; one adapter may be named twice), split the model's layers over
-    /// them as `split` says.
-    pub device: Option<String>,
-    /// How a model is split over several devices (native).
-    pub split: SplitOptions,
-    /// The most tokens one sequence holds; 0 = the model's training context.
-    pub n_ctx: usize,
-    /// Caps each GPU weight buffer below the device's binding limit (MB); the
-    /// `FLINT_MAX_BINDING_MB` environment variable does the same.
-    pub max_binding_mb: Option<u64>,
-    /// KV memory (MB) shared by every sequence: running ones and cached prefixes of earlier
-    /// ones (evicted least recently used first). It must hold one whole context (an error
-    /// otherwise); None = one context plus a quarter.
-    pub kv_budget_mb: Option<u64>,
-    /// KV memory as a number of positions of every layer (an alternative to `kv_budget_mb`,
-    /// which wins when both are set).
-    pub kv_budget_positions: Option<usize>,
-    /// Sequences running at once (requests' choices included).
-    pub max_seqs: usize,
-    /// Tokens one step runs, decodes and prompt chunks together.
-    pub max_batch_tokens: usize,
-    /// A Jinja chat template to use instead of the model's.
-    pub chat_template: Option<String>,
-    /// Where chat templates read the time (`strftime_now`); wasm has no system clock.
-    pub template_clock: Option<flint_core::chat::Clock>,
-    /// Milliseconds from any fixed origin, for timings (TTFT, tok/s) and the benchmark; None =
-    /// the process's monotonic clock (on wasm, which has none, every timing reads 0).
-    pub clock: Option<Clock>,
-    /// Told of every GPU kernel compile from the load on (the device's pipeline cache is
-    /// shared, so the last engine loaded sets it): a first run on a device compiles for long.
-    pub compile_observer: Option<CompileProgress>,
-    /// Runs the self-test at load (GPU backend): a short fixed input through layer 0 and the
-    /// head on the GPU and on the CPU reference; a mismatch fails the load.
-    pub self_test: bool,
-    /// Speculative decoding (`--spec-type ngram`): drafts verified in the batched step; the
-    /// tokens are exactly those of decoding without it, greedy or seeded.
-    pub spec: SpecConfig,
-    /// A draft model (`--model-draft`, native): a smaller model with this one's vocabulary,
-    /// loaded on the same device, drafts for every request (speculation kind `Draft`).
-    pub draft_model: Option<std::path::PathBuf>,
-    /// The draft model stops drafting where its top probability falls below this.
-    pub draft_p_min: f32,
-}
-
-/// How a model named on several devices runs (llama.cpp's `-sm`, `-ts`; `--device-mem-mb`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SplitOptions {
-    /// `-sm none`: only the first device named runs the model.
-    pub none: bool,
-    /// Layer proportions per device (`-ts 3,1`); None = equal, or by the budgets.
-    pub tensor_split: Option<Vec<f32>>,
-    /// Each device's memory budget in MB (wgpu reports no memory size): the model goes on
-    /// the first device when it fits there, else its layers are spread over the devices; a
-    /// model that fits none of them together is refused with what it needs.
-    pub device_mem_mb: Option<Vec<u64>>,
-}
-
-/// A range of a model's layers and the device it runs on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ModelPart {
-    pub adapter: String,
-    pub layers: std::ops::Range<usize>,
-}
-
-/// A [`CompileObserver`](flint_gpu::pipeline::CompileObserver) in [`LoadOptions`].
-#[derive(Clone)]
-pub struct CompileProgress(pub flint_gpu::pipeline::CompileObserver);
-
-impl std::fmt::Debug for CompileProgress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CompileProgress")
-    }
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        LoadOptions {
-            backend: BackendKind::Gpu,
-            device: None,
-            split: SplitOptions::default(),
-            n_ctx: DEFAULT_CTX,
-            max_binding_mb: None,
-            kv_budget_mb: None,
-            kv_budget_positions: None,
-            max_seqs: DEFAULT_MAX_SEQS,
-            max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
-            chat_template: None,
-            template_clock: None,
-            clock: None,
-            compile_observer: None,
-            self_test: false,
-            spec: SpecConfig::default(),
-            draft_model: None,
-            draft_p_min: DRAFT_P_MIN,
-        }
-    }
-}
+use maker::draft_error;
+use maker::{file_text, kv_bytes_per_pos, open_draft, weight_bytes, BackendMaker, Made};
+use runner::{Command, Runner};
 
 /// What the engine tells about its model, shared by every handle.
 pub struct EngineInfo {
@@ -249,97 +89,6 @@ pub struct EngineInfo {
     clock: Clock,
 }
 
-/// Builds the backend `LoadOptions` ask for: at load, and again after the device is lost.
-#[derive(Clone)]
-struct BackendMaker {
-    file: Arc<GgufFile>,
-    config: ModelConfig,
-    bopts: BackendOptions,
-    opts: LoadOptions,
-    clock: Clock,
-}
-
-struct Made {
-    backend: Box<dyn Backend>,
-    /// Its devices, in layer order.
-    gpus: Vec<Arc<GpuContext>>,
-    parts: Vec<ModelPart>,
-    self_test: Option<SelfTestReport>,
-}
-
-impl BackendMaker {
-    /// The backend on the process's device (opened again if it was lost), self-tested when
-    /// asked.
-    async fn make(&self) -> Result<Made, EngineError> {
-        let (file, config, opts) = (&self.file, &self.config, &self.opts);
-        let (mut backend, gpus, parts): (Box<dyn Backend>, _, _) = match opts.backend {
-            BackendKind::Cpu => (Box::new(CpuBackend::new(file.clone(), config.clone(), &self.bopts).await?), Vec::new(), Vec::new()),
-            BackendKind::Gpu => {
-                let ctxs = self.open_devices().await?;
-                let plan = self.plan(&ctxs)?;
-                let ctxs: Vec<Arc<GpuContext>> = plan.iter().map(|(d, _)| ctxs[*d].clone()).collect();
-                let ranges: Vec<std::ops::Range<usize>> = plan.into_iter().map(|(_, r)| r).collect();
-                let parts = ctxs.iter().zip(&ranges).map(|(c, r)| ModelPart { adapter: c.adapter_name(), layers: r.clone() }).collect();
-                let backend: Box<dyn Backend> = match ctxs.len() {
-                    1 => Box::new(GpuBackend::new(ctxs[0].clone(), file, config.clone(), &self.bopts, opts.max_binding_mb).await?),
-                    _ => Box::new(SplitBackend::new(&ctxs, file, config.clone(), &self.bopts, opts.max_binding_mb, &ranges).await?),
-                };
-                (backend, ctxs, parts)
-            }
-        };
-        let self_test = match (opts.self_test, gpus.is_empty()) {
-            (true, false) => {
-                let adapter = gpus.iter().map(|g| g.adapter_name()).collect::<Vec<_>>().join(" + ");
-                Some(selftest::run(backend.as_mut(), file.clone(), config, &adapter, self.clock).await?)
-            }
-            _ => None,
-        };
-        Ok(Made { backend, gpus, parts, self_test })
-    }
-
-    /// The devices `opts.device` names (one adapter named twice: two devices of it), each
-    /// kept for the process; in the browser, a device of its own.
-    async fn open_devices(&self) -> Result<Vec<Arc<GpuContext>>, EngineError> {
-        let opts = &self.opts;
-        #[cfg(not(target_arch = "wasm32"))]
-        let ctxs = {
-            let names: Vec<Option<&str>> = match &opts.device {
-                Some(d) => d.split(',').map(|n| Some(n.trim())).collect(),
-                None => vec![None],
-            };
-            let names = if opts.split.none { &names[..1] } else { &names[..] };
-            let mut ctxs = Vec::with_capacity(names.len());
-            for (i, n) in names.iter().enumerate() {
-                let nth = names[..i].iter().filter(|m| *m == n).count();
-                ctxs.push(GpuContext::shared_nth(*n, nth).await?);
-            }
-            ctxs
-        };
-        #[cfg(target_arch = "wasm32")]
-        let ctxs = vec![Arc::new(GpuContext::new().await?)];
-        for ctx in &ctxs {
-            ctx.pipelines.set_observer(opts.compile_observer.as_ref().map(|o| o.0.clone()));
-        }
-        Ok(ctxs)
-    }
-
-    /// The parts the model runs in: (device index in `ctxs`, layers). One part on the
-    /// first device unless several are named or budgets are given.
-    fn plan(&self, ctxs: &[Arc<GpuContext>]) -> Result<Vec<(usize, std::ops::Range<usize>)>, EngineError> {
-        let split = &self.opts.split;
-        if ctxs.len() == 1 && split.device_mem_mb.is_none() {
-            return Ok(vec![(0, 0..self.config.n_layer)]);
-        }
-        let budgets = split.device_mem_mb.as_ref().map(|v| v.iter().map(|mb| mb.saturating_mul(1 << 20)).collect());
-        let rule = SplitRule { proportions: split.tensor_split.clone(), budgets };
-        let layout = split_layout(ctxs, &self.config, &self.bopts)?;
-        let b = &self.bopts;
-        let limits = flint_core::backend::StepLimits { max_tokens: b.max_batch_tokens, max_seqs: b.max_seqs, max_outputs: b.max_outputs };
-        let costs = Costs::of(&self.file, &self.config, &layout, &limits);
-        flint_gpu::split::plan(&costs, ctxs.len(), &rule).map_err(EngineError::Config)
-    }
-}
-
 /// A loaded model. Cheap to share (`Arc`); requests may come from any thread.
 pub struct Engine {
     commands: mpsc::UnboundedSender<Command>,
@@ -360,39 +109,6 @@ const _: () = {
 /// The run loop of an engine made with [`Engine::load_local`]: drive it on the thread or
 /// event loop that loaded the engine; it ends when the engine is dropped.
 pub type RunLoop = futures::future::LocalBoxFuture<'static, ()>;
-
-fn file_text(file: &GgufFile, key: &str) -> Option<String> {
-    file.metadata.opt_str(key).ok().flatten().map(str::to_string)
-}
-
-/// Checks that the draft model `file` (" PATH" or nothing in messages) may draft for a model of
-/// `tokenizer`: its architecture and its vocabulary (llama.cpp's rules), before any weight is
-/// loaded. Speculation becomes the draft model's.
-fn open_draft(mut file: GgufFile, label: &str, tokenizer: &Tokenizer, spec: &mut SpecConfig) -> Result<(GgufFile, ModelConfig), EngineError> {
-    if spec.kind == SpecKind::Ngram {
-        return Err(EngineError::Config("--spec-type ngram and a draft model: choose one drafter".into()));
-    }
-    spec.kind = SpecKind::Draft;
-    let bad = |e: String| EngineError::Config(format!("the draft model{label}: {e}"));
-    let config = ModelConfig::from_gguf(&file).and_then(|c| c.unfuse(&mut file)).map_err(|e| bad(e.to_string()))?;
-    let draft = Tokenizer::from_metadata(&file.metadata).map_err(|e| bad(e.to_string()))?;
-    tokenizer.draft_compatible(&draft).map_err(|e| bad(format!("its vocabulary is not this model's: {e}")))?;
-    Ok((file, config))
-}
-
-#[cfg(not(target_arch = "wasm32"))]
-fn draft_error(path: &std::path::Path, e: GgufError) -> EngineError {
-    EngineError::Config(format!("the draft model {}: {e}", path.display()))
-}
-
-/// KV bytes per position: every layer's K and V, f32.
-fn kv_bytes_per_pos(cfg: &ModelConfig) -> u64 {
-    (cfg.n_layer * (cfg.kv_dim() + cfg.v_dim()) * 4) as u64
-}
-
-fn weight_bytes(file: &GgufFile, cfg: &ModelConfig) -> u64 {
-    file.tensors.iter().filter(|t| t.name != "token_embd.weight" || cfg.tied_output).map(|t| t.n_bytes).sum()
-}
 
 impl Engine {
     /// Opens a model file on disk (memory-mapped) on a new engine thread, builds the backend
@@ -463,14 +179,12 @@ impl Engine {
         };
         let max_seqs = opts.max_seqs.max(1);
         let mut spec = opts.spec;
-        spec.validate().map_err(EngineError::Config)?;
+        spec.validate()?;
         // A draft model's file and vocabulary are checked before any weight is loaded.
-        let label = opts.draft_model.as_ref().map_or_else(String::new, |p| format!(" {}", p.display()));
+        let model = opts.draft_model.as_ref().map_or_else(String::new, |p| p.display().to_string());
         let draft_file = match draft {
-            Some(file) => Some(open_draft(file, &label, &tokenizer, &mut spec)?),
-            None if opts.draft_model.is_some() => {
-                return Err(EngineError::Config("a draft model path is opened by Engine::load_path; give its file to load_local_with_draft".into()))
-            }
+            Some(file) => Some(open_draft(file, &model, &tokenizer, &mut spec)?),
+            None if opts.draft_model.is_some() => return Err(EngineError::Draft { model, source: DraftError::PathNotOpened }),
             None => None,
         };
         // An output row per drafted token a step may verify.
@@ -599,7 +313,7 @@ impl Engine {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded();
         self.commands.unbounded_send(Command::Submit { id, prepared, events: tx }).map_err(|_| EngineError::Closed)?;
-        Ok(RequestHandle { id, events: rx, commands: self.commands.clone(), remaining: n_choices, prompt_tokens, finished: false })
+        Ok(RequestHandle::new(id, rx, self.commands.clone(), n_choices, prompt_tokens))
     }
 
     /// Ends every running request with `finish_reason: abort`.
@@ -718,78 +432,3 @@ impl Drop for Engine {
     }
 }
 
-/// One submitted request: a stream of its events (every choice's tokens, then a `Done` per
-/// choice), and its cancellation. Dropping it cancels the request.
-pub struct RequestHandle {
-    id: u64,
-    events: mpsc::UnboundedReceiver<EventResult>,
-    commands: mpsc::UnboundedSender<Command>,
-    remaining: usize,
-    prompt_tokens: usize,
-    finished: bool,
-}
-
-impl RequestHandle {
-    /// Stops the request within one step: its choices end with `abort`, its blocks are freed.
-    pub fn cancel(&self) {
-        let _ = self.commands.unbounded_send(Command::Cancel(self.id));
-    }
-
-    /// A handle that cancels its request from elsewhere (a Ctrl-C handler, a disconnect).
-    pub fn canceller(&self) -> Canceller {
-        Canceller { id: self.id, commands: self.commands.clone() }
-    }
-
-    pub fn prompt_tokens(&self) -> usize {
-        self.prompt_tokens
-    }
-}
-
-/// Cancels one request; cloneable and `Send`.
-#[derive(Clone)]
-pub struct Canceller {
-    id: u64,
-    commands: mpsc::UnboundedSender<Command>,
-}
-
-impl Canceller {
-    pub fn cancel(&self) {
-        let _ = self.commands.unbounded_send(Command::Cancel(self.id));
-    }
-}
-
-impl Stream for RequestHandle {
-    type Item = EventResult;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<EventResult>> {
-        if self.finished {
-            return Poll::Ready(None);
-        }
-        match Pin::new(&mut self.events).poll_next(cx) {
-            Poll::Ready(Some(ev)) => {
-                match &ev {
-                    Ok(Event::Done { .. }) => {
-                        self.remaining = self.remaining.saturating_sub(1);
-                        self.finished = self.remaining == 0;
-                    }
-                    Err(_) => self.finished = true,
-                    _ => {}
-                }
-                Poll::Ready(Some(ev))
-            }
-            Poll::Ready(None) => {
-                self.finished = true;
-                Poll::Ready((self.remaining > 0).then_some(Err(EngineError::Closed)))
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-impl Drop for RequestHandle {
-    fn drop(&mut self) {
-        if !self.finished {
-            self.cancel();
-        }
-    }
-}

@@ -90,7 +90,7 @@ pub(crate) fn prepare(
     }
     let prediction = match &req.prediction {
         Some(_) if !drafts => {
-            return Err(EngineError::Config("a prediction needs an engine that verifies drafts (load it with speculation or predictions on)".into()))
+            return Err(EngineError::PredictionNeedsDrafts)
         }
         // Plain text: no BOS, special tokens not parsed. The reply fits the context, so the
         // prediction is of use only that far.

@@ -11,12 +11,12 @@ use futures::channel::{mpsc, oneshot};
 use futures::future::LocalBoxFuture;
 use futures::StreamExt;
 
-use flint_core::backend::{Backend, BackendError};
+use flint_core::backend::{Backend, BackendError, StepResult};
 use flint_core::generate::{Clock, Event, FinishReason, Generation};
 use flint_core::kv::SeqId;
-use flint_core::sampling::{DraftLink, Sampler, SamplingParams, NON_FINITE};
-use flint_core::sched::{SchedStats, Scheduler};
-use flint_core::spec::{accepted_prefix, fit_draft, ngram_draft, prediction_draft, Adapt, SpecConfig, SpecCounts, SpecKind};
+use flint_core::sampling::{DraftLink, Sampler, SamplingParams};
+use flint_core::sched::{Flow, SchedStats, Scheduler, SeqEnd, StepPlan};
+use flint_core::spec::{fit_draft, ngram_draft, prediction_draft, Adapt, SpecConfig, SpecCounts, SpecKind};
 use flint_core::tokenizer::Tokenizer;
 
 use flint_gpu::GpuContext;
@@ -348,6 +348,7 @@ impl Runner {
         Ok(())
     }
 
+    /// One forward step: drafts proposed, the plan run, its results folded back.
     async fn step(&mut self) -> Result<(), BackendError> {
         if self.spec.drafts() {
             self.propose_drafts().await?;
@@ -359,130 +360,125 @@ impl Runner {
         let now = (self.clock)();
         for e in &plan.entries {
             for &seq in std::iter::once(&e.seq).chain(&e.forked) {
-                if let Some(&(rid, ci)) = self.owner.get(&seq) {
-                    let cached = self.sched.cached(seq);
-                    if let Some(r) = self.requests.get_mut(&rid) {
-                        r.choices[ci].gen.started(now, cached);
-                    }
+                let cached = self.sched.cached(seq);
+                if let Some(c) = self.choice_mut(seq) {
+                    c.gen.started(now, cached);
                 }
             }
         }
-        let rows = plan.output_rows();
-        let want_logits = rows.iter().any(|(s, _)| self.owner.get(s).and_then(|(r, _)| self.requests.get(r)).is_some_and(|r| r.logits));
-        // A verify entry's row j draws after drafts 1..j: its sampler is a copy of the choice's
-        // whose penalty history holds them.
-        let mut copies: Vec<(SeqId, Vec<Sampler>)> = Vec::new();
-        for &(seq, n) in rows.iter().filter(|(_, n)| *n > 1) {
-            let Some(&(rid, ci)) = self.owner.get(&seq) else { continue };
-            let Some(req) = self.requests.get_mut(&rid) else { continue };
-            let drafts = self.sched.drafts(seq);
-            let base = req.choices[ci].gen.sampler_mut();
-            let mut rows: Vec<Sampler> = (1..n).map(|j| base.after(&drafts[..j])).collect();
-            // Sampled drafts: row j verifies draft j against its distribution.
-            if let Some(&(slot, draft_max)) = self.linked.get(&seq) {
-                let link = |j: usize| Some(DraftLink::Verify { token: drafts[j], q_row: (slot * draft_max + j) as u32 });
-                base.set_link(link(0));
-                for (j, row) in rows.iter_mut().enumerate().take(drafts.len().saturating_sub(1)) {
-                    row.set_link(link(j + 1));
-                }
-            }
-            copies.push((seq, rows));
-        }
-        let result = {
-            let mut samplers: HashMap<SeqId, Vec<&mut Sampler>> = HashMap::new();
-            for req in self.requests.values_mut() {
-                for c in req.choices.iter_mut().filter(|c| rows.iter().any(|(s, _)| *s == c.seq)) {
-                    samplers.insert(c.seq, vec![c.gen.sampler_mut()]);
-                }
-            }
-            for (seq, list) in &mut copies {
-                if let Some(v) = samplers.get_mut(seq) {
-                    v.extend(list.iter_mut());
-                }
-            }
-            let batch = self.sched.batch_rows(&plan, &mut samplers, want_logits);
-            self.backend.step(batch).await
-        };
+        let result = self.run_plan(&plan).await;
         // Links hold for this step only.
         for req in self.requests.values_mut() {
             for c in req.choices.iter_mut() {
                 c.gen.sampler_mut().set_link(None);
             }
         }
-        let result = result?;
-        self.sched.step_done(&plan);
-        let now = (self.clock)();
-        let mut k = 0;
-        for &(seq, n) in &rows {
-            let at = k;
-            k += n;
-            let Some(&(rid, ci)) = self.owner.get(&seq) else { continue };
-            let Some(req) = self.requests.get_mut(&rid) else { continue };
-            let drafts = self.sched.drafts(seq);
-            let sampled = &result.sampled[at..at + n];
-            let target: Vec<u32> = sampled.iter().map(|s| s.id).collect();
-            let accepted = accepted_prefix(drafts, &target);
-            if !drafts.is_empty() {
-                req.choices[ci].adapt.record(&self.spec, drafts.len(), accepted);
-                req.choices[ci].gen.record_drafts(drafts.len(), 0);
-            }
-            // Rows up to the first mismatch are the tokens plain decoding would have drawn,
-            // one per step; each goes through the request as if it had.
-            let base = self.sched.tokens(seq).len() - drafts.len();
-            let (mut go_on, mut delivered, mut last, mut broken) = (true, true, 0, None);
-            for (j, s) in sampled[..=accepted].iter().enumerate() {
-                last = j;
-                if s.id == NON_FINITE {
-                    broken = Some(req.choices[ci].gen.completion_tokens() + 1);
-                    break;
-                }
-                // Counted as accepted: the drafts the reply takes. A stop or an end-of-generation
-                // token may end it inside the run; that token counts, what follows does not.
-                if j < accepted {
-                    req.choices[ci].gen.record_drafts(0, 1);
-                }
-                let room = base + j < self.n_ctx;
-                let (mut events, on) = req.choices[ci].gen.on_sampled(&self.tokenizer, s.clone(), now, room);
-                if req.logits {
-                    if let Some(Event::Token { logits, .. }) = events.first_mut() {
-                        *logits = result.logits.get(at + j).cloned();
-                    }
-                }
-                delivered = events.into_iter().all(|e| req.events.unbounded_send(Ok(e)).is_ok());
-                go_on = on;
-                if !(go_on && delivered) {
-                    break;
+        self.fold(&plan, result?);
+        Ok(())
+    }
+
+    /// The choice sequence `seq` belongs to.
+    fn choice_mut(&mut self, seq: SeqId) -> Option<&mut Choice> {
+        let &(rid, ci) = self.owner.get(&seq)?;
+        self.requests.get_mut(&rid).map(|r| &mut r.choices[ci])
+    }
+
+    /// Runs `plan` on the backend, each output row with its sampler: a verify entry's row j
+    /// draws after drafts 1..j, so its sampler is a copy of the choice's whose penalty
+    /// history holds them; sampled drafts link row j to draft j's distribution.
+    async fn run_plan(&mut self, plan: &StepPlan) -> Result<StepResult, BackendError> {
+        let rows = plan.output_rows();
+        let want_logits = rows.iter().any(|(s, _)| self.owner.get(s).and_then(|(r, _)| self.requests.get(r)).is_some_and(|r| r.logits));
+        let mut copies: Vec<(SeqId, Vec<Sampler>)> = Vec::new();
+        for &(seq, n) in rows.iter().filter(|(_, n)| *n > 1) {
+            let drafts = self.sched.drafts(seq).to_vec();
+            let link = self.linked.get(&seq).copied();
+            let Some(c) = self.choice_mut(seq) else { continue };
+            let base = c.gen.sampler_mut();
+            let mut list: Vec<Sampler> = (1..n).map(|j| base.after(&drafts[..j])).collect();
+            if let Some((slot, draft_max)) = link {
+                let link = |j: usize| Some(DraftLink::Verify { token: drafts[j], q_row: (slot * draft_max + j) as u32 });
+                base.set_link(link(0));
+                for (j, row) in list.iter_mut().enumerate().take(drafts.len().saturating_sub(1)) {
+                    row.set_link(link(j + 1));
                 }
             }
-            // Rows 1..=last drew on the choice's behalf (row 0 with its own sampler).
-            req.choices[ci].gen.sampler_mut().advance(last as u32);
-            self.spec_counts.add(drafts.len(), accepted.min(last + 1));
-            // The drafts before the last row handled stay; that row's token is appended.
-            let resolved = self.sched.resolve(seq, last);
-            if let Some(token) = broken {
-                self.fail(rid, BackendError::NonFiniteLogits { token, backend: self.backend.name() });
-                continue;
-            }
-            if let Err(e) = resolved {
-                self.fail(rid, BackendError::Kv(e));
-                continue;
-            }
-            let Some(req) = self.requests.get_mut(&rid) else { continue };
-            if go_on && delivered {
-                self.sched.append(seq, target[last]);
-            } else {
-                self.sched.finish(seq);
-                self.owner.remove(&seq);
-            }
-            let all_done = req.choices.iter().all(|c| c.gen.is_done());
-            if !delivered {
-                // Nobody listens: the request was dropped without a cancel.
-                self.cancel(rid);
-            } else if all_done {
-                self.requests.remove(&rid);
+            copies.push((seq, list));
+        }
+        let mut samplers: HashMap<SeqId, Vec<&mut Sampler>> = HashMap::new();
+        for req in self.requests.values_mut() {
+            for c in req.choices.iter_mut().filter(|c| rows.iter().any(|(s, _)| *s == c.seq)) {
+                samplers.insert(c.seq, vec![c.gen.sampler_mut()]);
             }
         }
-        Ok(())
+        for (seq, list) in &mut copies {
+            if let Some(v) = samplers.get_mut(seq) {
+                v.extend(list.iter_mut());
+            }
+        }
+        let batch = self.sched.batch_rows(plan, &mut samplers, want_logits);
+        self.backend.step(batch).await
+    }
+
+    /// Folds a step's results back ([`Scheduler::update`]): each row a plain decode would
+    /// have drawn goes through its choice (events, stops), then each request's state follows
+    /// its sequences' ends.
+    fn fold(&mut self, plan: &StepPlan, result: StepResult) {
+        let now = (self.clock)();
+        let ids: Vec<u32> = result.sampled.iter().map(|s| s.id).collect();
+        let (requests, owner, spec) = (&mut self.requests, &self.owner, &self.spec);
+        let (tokenizer, n_ctx) = (&self.tokenizer, self.n_ctx);
+        let mut deaf: Vec<u64> = Vec::new();
+        let updates = self.sched.update(plan, &ids, |row| {
+            let Some(&(rid, ci)) = owner.get(&row.seq) else { return Flow::Stop };
+            let Some(req) = requests.get_mut(&rid) else { return Flow::Stop };
+            let c = &mut req.choices[ci];
+            if row.j == 0 && row.drafts > 0 {
+                c.adapt.record(spec, row.drafts, row.accepted);
+                c.gen.record_drafts(row.drafts, 0);
+            }
+            // Counted as accepted: the drafts the reply takes. A stop or an end-of-generation
+            // token may end it inside the run; that token counts, what follows does not.
+            if row.confirms_draft() {
+                c.gen.record_drafts(0, 1);
+            }
+            let (mut events, on) = c.gen.on_sampled(tokenizer, result.sampled[row.index].clone(), now, row.held < n_ctx);
+            if let (true, Some(Event::Token { logits, .. })) = (req.logits, events.first_mut()) {
+                *logits = result.logits.get(row.index).cloned();
+            }
+            let delivered = events.into_iter().all(|e| req.events.unbounded_send(Ok(e)).is_ok());
+            if !delivered {
+                deaf.push(rid);
+            }
+            if on && delivered {
+                Flow::Next
+            } else {
+                Flow::Stop
+            }
+        });
+        for u in updates {
+            let Some(&(rid, _)) = self.owner.get(&u.seq) else { continue };
+            let Some(c) = self.choice_mut(u.seq) else { continue };
+            // Rows 1..taken drew on the choice's behalf (row 0 with its own sampler).
+            c.gen.sampler_mut().advance(u.taken as u32 - 1);
+            let token = c.gen.completion_tokens() + 1;
+            self.spec_counts.add(u.drafts, u.accepted.min(u.taken));
+            match u.end {
+                SeqEnd::Broken => self.fail(rid, BackendError::NonFiniteLogits { token, backend: self.backend.name() }),
+                SeqEnd::Kv(e) => self.fail(rid, BackendError::Kv(e)),
+                SeqEnd::Finished | SeqEnd::Continues | SeqEnd::Held => {
+                    if u.end == SeqEnd::Finished {
+                        self.owner.remove(&u.seq);
+                    }
+                    if deaf.contains(&rid) {
+                        // Nobody listens: the request was dropped without a cancel.
+                        self.cancel(rid);
+                    } else if self.requests.get(&rid).is_some_and(|r| r.choices.iter().all(|c| c.gen.is_done())) {
+                        self.requests.remove(&rid);
+                    }
+                }
+            }
+        }
     }
 
     /// A profile, run while idle on a private sequence; cached prefixes are dropped before and

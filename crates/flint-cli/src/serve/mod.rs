@@ -30,7 +30,7 @@ use tower_http::limit::RequestBodyLimitLayer;
 
 use flint::{Engine, LoadOptions, SamplingParams};
 
-use crate::run::BackendArg;
+use crate::args::BackendArg;
 use crate::Failure;
 use flint::openai;
 use metrics::Metrics;
@@ -91,7 +91,7 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = BackendArg::Gpu)]
     backend: BackendArg,
     #[command(flatten)]
-    device: crate::run::DeviceArgs,
+    device: crate::args::DeviceArgs,
     /// Skip the warm-up: one step of each kind (a prompt, decodes of 1 to --parallel
     /// sequences) run before /health says ok, so that kernels the adapter compiles at first use
     /// (lavapipe, browsers) do not stall the first requests.
@@ -105,7 +105,7 @@ pub struct ServeArgs {
     sampling: SamplingDefaults,
     /// Speculative decoding for every greedy request (temperature 0).
     #[command(flatten)]
-    spec: crate::run::SpecArgs,
+    spec: crate::args::SpecArgs,
 }
 
 /// `flint run`'s sampling flags, here as the server's defaults for requests that do not set
@@ -208,24 +208,18 @@ pub fn serve(args: ServeArgs) -> Result<(), Failure> {
     let path = crate::resolve(&args.model)?;
     let model_id = args.alias.clone().unwrap_or_else(|| model_id(&args.model, &path));
     let kv_budget_positions = (args.ctx_size > 0).then(|| args.parallel.saturating_mul(args.ctx_size));
-    let (draft_model, draft_p_min) = args.spec.draft_model()?;
+    let base = crate::args::load_options(args.backend, &args.device, Some(&args.spec))?;
     let opts = LoadOptions {
-        backend: args.backend.kind(),
-        device: args.device.device()?,
-        split: args.device.split()?,
         n_ctx: args.ctx_size,
         kv_budget_mb: args.kv_budget_mb,
         kv_budget_positions,
         max_seqs: args.parallel,
         max_batch_tokens: args.max_batch_tokens,
         chat_template,
-        compile_observer: Some(crate::progress::compile_line()),
         self_test: !args.no_self_test,
         // Requests' `prediction` drafts whatever --spec-type says.
-        spec: flint::SpecConfig { predictions: true, ..args.spec.config()? },
-        draft_model,
-        draft_p_min,
-        ..LoadOptions::default()
+        spec: flint::SpecConfig { predictions: true, ..base.spec },
+        ..base
     };
     let app = Arc::new(App {
         engine: OnceLock::new(),

@@ -224,28 +224,33 @@ impl Tokenizer {
     /// Whether `draft`'s tokens may stand for this vocabulary's (a draft model for this
     /// one), as llama.cpp requires: sizes within [`DRAFT_VOCAB_SLACK`] of each other, the same
     /// text for every id below the smaller size, the same BOS and EOS ids and BOS use.
-    /// Otherwise the first difference, in words.
-    pub fn draft_compatible(&self, draft: &Tokenizer) -> Result<(), String> {
+    /// Otherwise the first difference.
+    pub fn draft_compatible(&self, draft: &Tokenizer) -> Result<(), VocabMismatch> {
         let (n, m) = (self.vocab_size(), draft.vocab_size());
         if n.abs_diff(m) > DRAFT_VOCAB_SLACK {
-            return Err(format!("the vocabularies have {n} and {m} tokens (at most {DRAFT_VOCAB_SLACK} apart)"));
+            return Err(VocabMismatch::Size { ours: n, theirs: m, slack: DRAFT_VOCAB_SLACK });
         }
-        if (self.bos, self.eos, self.add_bos_default()) != (draft.bos, draft.eos, draft.add_bos_default()) {
-            return Err(format!(
-                "their special tokens differ (BOS {:?} and {:?}, EOS {:?} and {:?}, BOS added: {} and {})",
-                self.bos,
-                draft.bos,
-                self.eos,
-                draft.eos,
-                self.add_bos_default(),
-                draft.add_bos_default()
-            ));
+        let specials = |t: &Tokenizer| (t.bos, t.eos, t.add_bos_default());
+        if specials(self) != specials(draft) {
+            return Err(VocabMismatch::Specials { ours: specials(self), theirs: specials(draft) });
         }
         match self.tokens.iter().zip(&draft.tokens).position(|(a, b)| a != b) {
-            Some(id) => Err(format!("token {id} is {:?} in one and {:?} in the other", self.tokens[id], draft.tokens[id])),
+            Some(id) => Err(VocabMismatch::Token { id: id as u32, ours: self.tokens[id].clone(), theirs: draft.tokens[id].clone() }),
             None => Ok(()),
         }
     }
+}
+
+/// How a draft model's vocabulary differs from its target's (the first difference).
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum VocabMismatch {
+    #[error("the vocabularies have {ours} and {theirs} tokens (at most {slack} apart)")]
+    Size { ours: usize, theirs: usize, slack: usize },
+    /// (BOS, EOS, BOS added) of each.
+    #[error("their special tokens differ (BOS {:?} and {:?}, EOS {:?} and {:?}, BOS added: {} and {})", ours.0, theirs.0, ours.1, theirs.1, ours.2, theirs.2)]
+    Specials { ours: (Option<u32>, Option<u32>, bool), theirs: (Option<u32>, Option<u32>, bool) },
+    #[error("token {id} is {ours:?} in one and {theirs:?} in the other")]
+    Token { id: u32, ours: String, theirs: String },
 }
 
 /// How far a draft model's vocabulary size may be from the target's (llama.cpp's limit).

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use flint_core::backend::{Backend, Solo};
 use flint_core::kv::{KvCache, SeqId};
 use flint_core::sampling::{Sampler, SamplingParams};
-use flint_core::sched::{SchedConfig, Scheduler};
+use flint_core::sched::{Flow, SchedConfig, Scheduler, SeqEnd};
 
 /// One request: its prompt, the step it arrives at, and how many tokens it generates.
 #[derive(Clone, Debug)]
@@ -102,20 +102,22 @@ pub fn batched(backend: &mut dyn Backend, jobs: &[Job], cfg: SchedConfig) -> (Ve
             let batch = sched.batch(&plan, &mut by_id, true);
             futures::executor::block_on(backend.step(batch)).unwrap()
         };
-        sched.step_done(&plan);
-        for (k, &id) in owners.iter().enumerate() {
-            let (job, s) = samplers.get_mut(&id).unwrap();
-            let tok = result.sampled[k].id;
+        let ids: Vec<u32> = result.sampled.iter().map(|s| s.id).collect();
+        let updates = sched.update(&plan, &ids, |row| {
+            let (job, s) = samplers.get_mut(&row.seq).unwrap();
+            let tok = ids[row.index];
             s.accept(tok);
             let out = &mut outs[*job];
             out.ids.push(tok);
-            out.logits.push(result.logits[k].clone());
+            out.logits.push(result.logits[row.index].clone());
             if out.ids.len() >= jobs[*job].n_gen {
-                sched.finish(id);
-                samplers.remove(&id);
+                Flow::Stop
             } else {
-                sched.append(id, tok);
+                Flow::Next
             }
+        });
+        for u in updates.iter().filter(|u| u.end == SeqEnd::Finished) {
+            samplers.remove(&u.seq);
         }
     }
     stats.preemptions = sched.stats().preemptions;

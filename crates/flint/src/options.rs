@@ -1,0 +1,128 @@
+//! How a model is loaded: the backend, devices and split, the context and KV budget, batching
+//! limits, templates, clocks, the self-test and speculation.
+
+use flint_core::generate::Clock;
+
+use crate::{SpecConfig, DRAFT_P_MIN};
+
+/// Which compute backend runs the forward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// WGSL kernels through wgpu (`flint-gpu`): the default.
+    Gpu,
+    /// The plain CPU reference (`flint-core::reference`).
+    Cpu,
+}
+
+/// llama.cpp's default context size.
+pub const DEFAULT_CTX: usize = 4096;
+/// Sequences running at once, natively and in the browser.
+#[cfg(not(target_arch = "wasm32"))]
+pub const DEFAULT_MAX_SEQS: usize = 8;
+#[cfg(target_arch = "wasm32")]
+pub const DEFAULT_MAX_SEQS: usize = 4;
+/// Tokens one step runs, all sequences together.
+pub const DEFAULT_MAX_BATCH_TOKENS: usize = 256;
+
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub backend: BackendKind,
+    /// The GPU adapter (native): an index or a case-insensitive name substring, as
+    /// `flint devices` lists them; None = `FLINT_ADAPTER`, else the best adapter. Several,
+    /// comma-separated (`0,1`; one adapter may be named twice), split the model's layers over
+    /// them as `split` says.
+    pub device: Option<String>,
+    /// How a model is split over several devices (native).
+    pub split: SplitOptions,
+    /// The most tokens one sequence holds; 0 = the model's training context.
+    pub n_ctx: usize,
+    /// Caps each GPU weight buffer below the device's binding limit (MB); the
+    /// `FLINT_MAX_BINDING_MB` environment variable does the same.
+    pub max_binding_mb: Option<u64>,
+    /// KV memory (MB) shared by every sequence: running ones and cached prefixes of earlier
+    /// ones (evicted least recently used first). It must hold one whole context (an error
+    /// otherwise); None = one context plus a quarter.
+    pub kv_budget_mb: Option<u64>,
+    /// KV memory as a number of positions of every layer (an alternative to `kv_budget_mb`,
+    /// which wins when both are set).
+    pub kv_budget_positions: Option<usize>,
+    /// Sequences running at once (requests' choices included).
+    pub max_seqs: usize,
+    /// Tokens one step runs, decodes and prompt chunks together.
+    pub max_batch_tokens: usize,
+    /// A Jinja chat template to use instead of the model's.
+    pub chat_template: Option<String>,
+    /// Where chat templates read the time (`strftime_now`); wasm has no system clock.
+    pub template_clock: Option<flint_core::chat::Clock>,
+    /// Milliseconds from any fixed origin, for timings (TTFT, tok/s) and the benchmark; None =
+    /// the process's monotonic clock (on wasm, which has none, every timing reads 0).
+    pub clock: Option<Clock>,
+    /// Told of every GPU kernel compile from the load on (the device's pipeline cache is
+    /// shared, so the last engine loaded sets it): a first run on a device compiles for long.
+    pub compile_observer: Option<CompileProgress>,
+    /// Runs the self-test at load (GPU backend): a short fixed input through layer 0 and the
+    /// head on the GPU and on the CPU reference; a mismatch fails the load.
+    pub self_test: bool,
+    /// Speculative decoding (`--spec-type ngram`): drafts verified in the batched step; the
+    /// tokens are exactly those of decoding without it, greedy or seeded.
+    pub spec: SpecConfig,
+    /// A draft model (`--model-draft`, native): a smaller model with this one's vocabulary,
+    /// loaded on the same device, drafts for every request (speculation kind `Draft`).
+    pub draft_model: Option<std::path::PathBuf>,
+    /// The draft model stops drafting where its top probability falls below this.
+    pub draft_p_min: f32,
+}
+
+/// How a model named on several devices runs (llama.cpp's `-sm`, `-ts`; `--device-mem-mb`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SplitOptions {
+    /// `-sm none`: only the first device named runs the model.
+    pub none: bool,
+    /// Layer proportions per device (`-ts 3,1`); None = equal, or by the budgets.
+    pub tensor_split: Option<Vec<f32>>,
+    /// Each device's memory budget in MB (wgpu reports no memory size): the model goes on
+    /// the first device when it fits there, else its layers are spread over the devices; a
+    /// model that fits none of them together is refused with what it needs.
+    pub device_mem_mb: Option<Vec<u64>>,
+}
+
+/// A range of a model's layers and the device it runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelPart {
+    pub adapter: String,
+    pub layers: std::ops::Range<usize>,
+}
+
+/// A [`CompileObserver`](flint_gpu::pipeline::CompileObserver) in [`LoadOptions`].
+#[derive(Clone)]
+pub struct CompileProgress(pub flint_gpu::pipeline::CompileObserver);
+
+impl std::fmt::Debug for CompileProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CompileProgress")
+    }
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            backend: BackendKind::Gpu,
+            device: None,
+            split: SplitOptions::default(),
+            n_ctx: DEFAULT_CTX,
+            max_binding_mb: None,
+            kv_budget_mb: None,
+            kv_budget_positions: None,
+            max_seqs: DEFAULT_MAX_SEQS,
+            max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
+            chat_template: None,
+            template_clock: None,
+            clock: None,
+            compile_observer: None,
+            self_test: false,
+            spec: SpecConfig::default(),
+            draft_model: None,
+            draft_p_min: DRAFT_P_MIN,
+        }
+    }
+}
