@@ -250,12 +250,8 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     if args.profile {
         positions = positions.max(ctx_positions + 16 * (PROFILE_DECODE_SIZES[2] + 1));
     }
-    let opts = LoadOptions {
-        n_ctx,
-        max_seqs,
-        kv_budget_positions: Some(positions + positions / 4),
-        ..crate::args::load_options(args.backend, &args.device, None)?
-    };
+    let opts =
+        LoadOptions { n_ctx, max_seqs, kv_budget_positions: Some(positions + positions / 4), ..crate::args::load_options(args.backend, &args.device, None)? };
     let t0 = std::time::Instant::now();
     let engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
     let load_s = t0.elapsed().as_secs_f64();

@@ -356,7 +356,7 @@ impl Session {
     /// A reply that failed mid-stream: the turn is dropped; a lost device ends the program.
     fn failed(&mut self, e: EngineError) -> Result<(), Failure> {
         self.history.pop();
-        if matches!(e.backend(), Some(flint::BackendError::DeviceLost(_))) {
+        if matches!(e.backend(), Some(flint::BackendError::DeviceLost { .. })) {
             return Err(Failure::runtime(e));
         }
         eprintln!("error: {e} (/clear starts a new conversation)");

@@ -92,7 +92,7 @@ impl Opened {
             e => {
                 let hint = match (&e, e.backend()) {
                     (flint::EngineError::Chat(_), _) => " (pass --chat-template-file FILE, or --raw)",
-                    (_, Some(flint::BackendError::OutOfMemory(_))) => " (a smaller -c/--ctx-size or --kv-budget-mb needs less)",
+                    (_, Some(flint::BackendError::OutOfMemory { .. })) => " (a smaller -c/--ctx-size or --kv-budget-mb needs less)",
                     _ => "",
                 };
                 Failure::usage(format!("{}: {e}{hint}", path.display()))

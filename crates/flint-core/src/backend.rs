@@ -22,8 +22,8 @@ pub enum BackendError {
     BadToken { id: u32, n_vocab: usize },
     #[error("nothing to run: the step is empty")]
     EmptyBatch,
-    #[error("malformed step: {0}")]
-    BadStep(String),
+    #[error("malformed step: {cause}")]
+    BadStep { cause: String },
     #[error(transparent)]
     Gguf(#[from] GgufError),
     #[error(transparent)]
@@ -32,18 +32,31 @@ pub enum BackendError {
     Kv(#[from] KvError),
     #[error(transparent)]
     Sampling(#[from] crate::sampling::SamplingError),
-    #[error("the GPU device was lost: {0}")]
-    DeviceLost(String),
+    #[error("the GPU device was lost: {cause}")]
+    DeviceLost { cause: String },
     /// The sampler found NaN or infinite logits (a broken model file or GPU driver): the
     /// request ends with this instead of a token.
     #[error("the logits for generated token {token} hold NaN or infinity (on {backend}): the model file or the GPU driver is broken; no token was emitted")]
     NonFiniteLogits { token: usize, backend: String },
-    #[error("GPU out of memory: {0}")]
-    OutOfMemory(String),
-    #[error("GPU validation error: {0}")]
-    Validation(String),
-    #[error("{0}")]
-    Device(String),
+    #[error("GPU out of memory: {cause}")]
+    OutOfMemory { cause: String },
+    #[error("GPU validation error: {cause}")]
+    Validation { cause: String },
+    #[error("{cause}")]
+    Device { cause: String },
+    /// An error met on one part of a model split over several devices.
+    #[error("part {part} (layers {}..{}, {adapter}): {source}", layers.start, layers.end)]
+    OnPart { part: usize, layers: std::ops::Range<usize>, adapter: String, source: Box<BackendError> },
+}
+
+impl BackendError {
+    /// The error under any context it was wrapped in ([`BackendError::OnPart`]).
+    pub fn root(&self) -> &BackendError {
+        match self {
+            BackendError::OnPart { source, .. } => source.root(),
+            e => e,
+        }
+    }
 }
 
 /// How a backend is built: the context, the step's size and the KV pool.
@@ -131,13 +144,13 @@ pub trait Backend {
     /// Runs one step with per-op device timings: (op label, nanoseconds). Nothing is sampled.
     fn profile<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<Vec<(String, f64)>, BackendError>> {
         let _ = batch;
-        Box::pin(async { Err(BackendError::Device(format!("{} has no per-op profiler", self.name()))) })
+        Box::pin(async { Err(BackendError::Device { cause: format!("{} has no per-op profiler", self.name()) }) })
     }
     /// Runs the self-test's probe (see [`crate::selftest`]) through the embedding, layer 0 and
     /// the head, returning every tap. Only before the first step: it writes KV blocks 0...
     fn probe<'a>(&'a mut self, probe: &'a Probe) -> LocalBoxFuture<'a, Result<Vec<Tap>, BackendError>> {
         let _ = probe;
-        Box::pin(async { Err(BackendError::Device(format!("{} has no self-test taps", self.name()))) })
+        Box::pin(async { Err(BackendError::Device { cause: format!("{} has no self-test taps", self.name()) }) })
     }
     /// A short name for reports: `cpu`, `gpu (llvmpipe)`.
     fn name(&self) -> String;
@@ -158,7 +171,7 @@ pub trait Backend {
 /// Checks a step against the limits, the layout and the vocabulary before any work is done:
 /// every position an entry writes or its attention reads must lie in a block it holds.
 pub fn check_step(batch: &StepBatch, limits: &StepLimits, layout: &KvLayout, n_vocab: usize) -> Result<(), BackendError> {
-    let bad = |m: String| Err(BackendError::BadStep(m));
+    let bad = |m: String| Err(BackendError::BadStep { cause: m });
     if batch.entries.is_empty() {
         return Err(BackendError::EmptyBatch);
     }
@@ -272,7 +285,7 @@ impl Solo {
             last = Some(r);
         }
         let mut r = last.expect("at least one chunk");
-        let sampled = r.sampled.pop().ok_or_else(|| BackendError::Device("the step returned no sample".into()))?;
+        let sampled = r.sampled.pop().ok_or_else(|| BackendError::Device { cause: "the step returned no sample".into() })?;
         Ok((sampled, r.logits.pop()))
     }
 
@@ -280,7 +293,7 @@ impl Solo {
     pub async fn forward(&mut self, backend: &mut dyn Backend, tokens: &[u32]) -> Result<Vec<f32>, BackendError> {
         let mut greedy = Sampler::new(crate::sampling::SamplingParams::greedy())?;
         let (_, logits) = self.run(backend, tokens, &mut greedy, true).await?;
-        logits.ok_or_else(|| BackendError::Device("the step returned no logits".into()))
+        logits.ok_or_else(|| BackendError::Device { cause: "the step returned no logits".into() })
     }
 
     /// The token `sampler` draws after `tokens`.

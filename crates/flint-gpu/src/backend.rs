@@ -25,11 +25,13 @@ pub struct GpuBackend {
 /// kind, so callers branch on variants, never on message text.
 pub fn backend_error(e: GpuError) -> BackendError {
     match e {
-        GpuError::DeviceLost(m) => BackendError::DeviceLost(m),
-        GpuError::OutOfMemory(m) => BackendError::OutOfMemory(m),
-        GpuError::Validation(m) => BackendError::Validation(m),
+        GpuError::DeviceLost { cause: m } => BackendError::DeviceLost { cause: m },
+        GpuError::OutOfMemory { what, device, cause } => {
+            BackendError::OutOfMemory { cause: format!("{what} did not fit on {device}{}", cause.map_or(String::new(), |c| format!(": {c}"))) }
+        }
+        GpuError::Validation { cause: m } => BackendError::Validation { cause: m },
         GpuError::Kv(k) => BackendError::Kv(k),
-        e => BackendError::Device(e.to_string()),
+        e => BackendError::Device { cause: e.to_string() },
     }
 }
 
@@ -39,8 +41,10 @@ pub fn backend_error(e: GpuError) -> BackendError {
 /// `GPUDevice.lost` promise) only after the mapping it broke has failed.
 pub fn failure(ctx: &GpuContext, e: GpuError) -> BackendError {
     match (ctx.lost_reason(), e) {
-        (Some(reason), _) => BackendError::DeviceLost(reason),
-        (None, GpuError::Readback(m)) => BackendError::DeviceLost(format!("reading results back failed ({m}); the device is treated as lost")),
+        (Some(reason), _) => BackendError::DeviceLost { cause: reason },
+        (None, GpuError::Readback { cause: m }) => {
+            BackendError::DeviceLost { cause: format!("reading results back failed ({m}); the device is treated as lost") }
+        }
         (None, e) => backend_error(e),
     }
 }

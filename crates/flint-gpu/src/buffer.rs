@@ -58,9 +58,9 @@ pub async fn read_staging(ctx: &GpuContext, staging: &wgpu::Buffer, size: u64) -
         let _ = tx.send(r);
     });
     ctx.poll_wait()?;
-    rx.await.map_err(|_| GpuError::Readback("map callback dropped".into()))?.map_err(|e| GpuError::Readback(e.to_string()))?;
+    rx.await.map_err(|_| GpuError::Readback { cause: "map callback dropped".into() })?.map_err(|e| GpuError::Readback { cause: e.to_string() })?;
     let data = {
-        let view = staging.slice(..size.next_multiple_of(4)).get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?;
+        let view = staging.slice(..size.next_multiple_of(4)).get_mapped_range().map_err(|e| GpuError::Readback { cause: e.to_string() })?;
         view[..size as usize].to_vec()
     };
     staging.unmap();

@@ -82,12 +82,12 @@ pub async fn adapters() -> Vec<AdapterEntry> {
 /// The adapter `wanted` names among `names` (enumeration order): a number is an index, other
 /// text a case-insensitive substring of the name (the first that contains it).
 pub fn choose_adapter(names: &[String], wanted: &str) -> Result<usize> {
-    let listed = || names.iter().enumerate().map(|(i, n)| format!("{i}: {n}")).collect::<Vec<_>>().join(", ");
+    let none = || GpuError::NoAdapter { wanted: Some(wanted.to_string()), found: names.to_vec(), cause: None };
     if let Ok(i) = wanted.trim().parse::<usize>() {
-        return if i < names.len() { Ok(i) } else { Err(GpuError::NoAdapter(format!(" with index {i} (found: {})", listed()))) };
+        return if i < names.len() { Ok(i) } else { Err(none()) };
     }
     let lw = wanted.to_lowercase();
-    names.iter().position(|n| n.to_lowercase().contains(&lw)).ok_or_else(|| GpuError::NoAdapter(format!(" matching {wanted:?} (found: {})", listed())))
+    names.iter().position(|n| n.to_lowercase().contains(&lw)).ok_or_else(none)
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -130,7 +130,7 @@ impl GpuContext {
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn shared_nth(device: Option<&str>, nth: usize) -> Result<Arc<GpuContext>> {
         let key = (device.map(str::to_string), nth);
-        let lock = || SHARED.lock().map_err(|_| GpuError::DeviceLost("shared context poisoned".into()));
+        let lock = || SHARED.lock().map_err(|_| GpuError::DeviceLost { cause: "shared context poisoned".into() });
         let find = |g: &[(SharedKey, Arc<GpuContext>)]| g.iter().find(|(k, c)| *k == key && !c.is_lost()).map(|(_, c)| c.clone());
         if let Some(ctx) = find(&lock()?) {
             return Ok(ctx);
@@ -186,13 +186,16 @@ impl GpuContext {
                 trace: wgpu::Trace::Off,
             })
             .await
-            .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+            .map_err(|e| GpuError::RequestDevice { cause: e.to_string() })?;
         let sink = Arc::new(Mutex::new(ErrorSink::default()));
         let s = sink.clone();
+        let device_name = adapter.get_info().name;
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             let err = match e {
-                wgpu::Error::OutOfMemory { .. } => GpuError::OutOfMemory(e.to_string()),
-                other => GpuError::Validation(other.to_string()),
+                wgpu::Error::OutOfMemory { .. } => {
+                    GpuError::OutOfMemory { what: "an allocation".into(), device: device_name.clone(), cause: Some(e.to_string()) }
+                }
+                other => GpuError::Validation { cause: other.to_string() },
             };
             if let Ok(mut g) = s.lock() {
                 g.errors.push(err);
@@ -233,9 +236,9 @@ impl GpuContext {
         let made = made?;
         let name = &self.info.name;
         match oom {
-            Some(e) => Err(GpuError::OutOfMemory(format!("{} did not fit on {name}: {e}", what(&made)))),
+            Some(e) => Err(GpuError::OutOfMemory { what: what(&made), device: name.clone(), cause: Some(e.to_string()) }),
             None if self.fail_alloc.as_deref() == Some(part) => {
-                Err(GpuError::OutOfMemory(format!("{} did not fit on {name} (the test switch FLINT_TEST_FAIL_ALLOC={part})", what(&made))))
+                Err(GpuError::OutOfMemory { what: what(&made), device: name.clone(), cause: Some(format!("the test switch FLINT_TEST_FAIL_ALLOC={part}")) })
             }
             None => Ok(made),
         }
@@ -261,9 +264,9 @@ impl GpuContext {
 
     /// Returns the first error wgpu reported since the last check (device loss first).
     pub fn check(&self) -> Result<()> {
-        let mut g = self.sink.lock().map_err(|_| GpuError::DeviceLost("error sink poisoned".into()))?;
+        let mut g = self.sink.lock().map_err(|_| GpuError::DeviceLost { cause: "error sink poisoned".into() })?;
         if let Some(l) = &g.lost {
-            return Err(GpuError::DeviceLost(l.clone()));
+            return Err(GpuError::DeviceLost { cause: l.clone() });
         }
         if !g.errors.is_empty() {
             let first = g.errors.remove(0);
@@ -295,7 +298,7 @@ impl GpuContext {
             self.queue.on_submitted_work_done(move || {
                 let _ = tx.send(());
             });
-            rx.await.map_err(|_| GpuError::DeviceLost("the queue dropped its work-done callback".into()))?;
+            rx.await.map_err(|_| GpuError::DeviceLost { cause: "the queue dropped its work-done callback".into() })?;
         }
         self.check()
     }
@@ -303,7 +306,7 @@ impl GpuContext {
     /// Waits for submitted work natively; a no-op in the browser, where mapping drives it.
     pub fn poll_wait(&self) -> Result<()> {
         #[cfg(not(target_arch = "wasm32"))]
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::DeviceLost { cause: e.to_string() })?;
         Ok(())
     }
 }
@@ -318,7 +321,7 @@ async fn pick_adapter(instance: &wgpu::Instance, wanted: Option<&str>) -> Result
             return Ok(adapters.swap_remove(i));
         }
         adapters.sort_by_key(|a| std::cmp::Reverse(rank(a.get_info().device_type)));
-        adapters.into_iter().next().ok_or_else(|| GpuError::NoAdapter(String::new()))
+        adapters.into_iter().next().ok_or(GpuError::NoAdapter { wanted: None, found: Vec::new(), cause: None })
     }
     #[cfg(target_arch = "wasm32")]
     {
@@ -331,6 +334,6 @@ async fn pick_adapter(instance: &wgpu::Instance, wanted: Option<&str>) -> Result
                 apply_limit_buckets: false,
             })
             .await
-            .map_err(|e| GpuError::NoAdapter(format!(": {e}")))
+            .map_err(|e| GpuError::NoAdapter { wanted: None, found: Vec::new(), cause: Some(e.to_string()) })
     }
 }

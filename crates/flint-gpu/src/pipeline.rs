@@ -176,5 +176,5 @@ fn compile(device: &wgpu::Device, key: &PipelineKey) -> Result<wgpu::ComputePipe
 }
 
 fn poisoned<T>(_: T) -> GpuError {
-    GpuError::DeviceLost("pipeline cache lock poisoned".into())
+    GpuError::DeviceLost { cause: "pipeline cache lock poisoned".into() }
 }

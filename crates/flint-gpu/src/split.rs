@@ -231,14 +231,12 @@ pub fn split_layout(ctxs: &[Arc<GpuContext>], cfg: &ModelConfig, opts: &BackendO
     plan_kv(cfg, opts, binding).map_err(backend_error)
 }
 
-/// Names the part an error met.
+/// Names the part a device error met, by wrapping it.
 fn with_part(e: BackendError, i: usize, layers: &Range<usize>, ctx: &GpuContext) -> BackendError {
-    let at = |m: String| format!("part {i} (layers {}..{}, {}): {m}", layers.start, layers.end, ctx.info.name);
     match e {
-        BackendError::DeviceLost(m) => BackendError::DeviceLost(at(m)),
-        BackendError::OutOfMemory(m) => BackendError::OutOfMemory(at(m)),
-        BackendError::Validation(m) => BackendError::Validation(at(m)),
-        BackendError::Device(m) => BackendError::Device(at(m)),
+        BackendError::DeviceLost { .. } | BackendError::OutOfMemory { .. } | BackendError::Validation { .. } | BackendError::Device { .. } => {
+            BackendError::OnPart { part: i, layers: layers.clone(), adapter: ctx.info.name.clone(), source: Box::new(e) }
+        }
         e => e,
     }
 }

@@ -55,9 +55,9 @@ fn js_error(name: &str, message: impl std::fmt::Display) -> JsValue {
 
 /// The package's error class for a backend error, by its variant.
 fn backend_error_name(e: &BackendError, loading: bool) -> &'static str {
-    match e {
-        BackendError::DeviceLost(_) => "DeviceLostError",
-        BackendError::OutOfMemory(_) | BackendError::Validation(_) | BackendError::Device(_) if !loading => "GPUError",
+    match e.root() {
+        BackendError::DeviceLost { .. } => "DeviceLostError",
+        BackendError::OutOfMemory { .. } | BackendError::Validation { .. } | BackendError::Device { .. } if !loading => "GPUError",
         BackendError::BadToken { .. } | BackendError::Sampling(_) if !loading => "InvalidRequestError",
         _ if loading => "ModelLoadError",
         _ => "GenerationError",
@@ -68,8 +68,8 @@ fn backend_error_name(e: &BackendError, loading: bool) -> &'static str {
 fn error_name(e: &EngineError, loading: bool) -> &'static str {
     use flint::GpuError;
     match e {
-        EngineError::Gpu(GpuError::NoAdapter(_) | GpuError::RequestDevice(_)) => "WebGPUNotAvailableError",
-        EngineError::Gpu(GpuError::DeviceLost(_)) => "DeviceLostError",
+        EngineError::Gpu(GpuError::NoAdapter { .. } | GpuError::RequestDevice { .. }) => "WebGPUNotAvailableError",
+        EngineError::Gpu(GpuError::DeviceLost { .. }) => "DeviceLostError",
         EngineError::Gpu(_) if loading => "ModelLoadError",
         EngineError::Gpu(_) => "GPUError",
         EngineError::Generate(GenerateError::ContextExceeded { .. } | GenerateError::ReplyExceedsContext { .. })

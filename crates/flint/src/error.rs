@@ -72,8 +72,8 @@ impl EngineError {
     /// The backend error underneath, if any (a step's or a load's).
     pub fn backend(&self) -> Option<&BackendError> {
         match self {
-            EngineError::Backend(b) | EngineError::Generate(GenerateError::Backend(b)) => Some(b),
-            EngineError::Step(b) => Some(b),
+            EngineError::Backend(b) | EngineError::Generate(GenerateError::Backend(b)) => Some(b.root()),
+            EngineError::Step(b) => Some(b.root()),
             _ => None,
         }
     }

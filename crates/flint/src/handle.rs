@@ -21,7 +21,13 @@ pub struct RequestHandle {
 }
 
 impl RequestHandle {
-    pub(crate) fn new(id: u64, events: mpsc::UnboundedReceiver<EventResult>, commands: mpsc::UnboundedSender<Command>, remaining: usize, prompt_tokens: usize) -> Self {
+    pub(crate) fn new(
+        id: u64,
+        events: mpsc::UnboundedReceiver<EventResult>,
+        commands: mpsc::UnboundedSender<Command>,
+        remaining: usize,
+        prompt_tokens: usize,
+    ) -> Self {
         RequestHandle { id, events, commands, remaining, prompt_tokens, finished: false }
     }
 

@@ -34,12 +34,12 @@ pub use flint_core::sched::{BlockCounts, Histogram, SchedError, SchedStats};
 pub use flint_core::selftest::{SelfTestError, TapReport};
 pub use flint_core::spec::{SpecConfig, SpecError, SpecKind, DRAFT_MAX, DRAFT_P_MIN};
 pub use flint_core::tokenizer::VocabMismatch;
-pub use flint_gpu::split::SplitError;
 pub use flint_core::tokenizer::{Tokenizer, TokenizerError};
 /// The GPU adapters wgpu finds (native), as `--device` indexes and names them.
 #[cfg(not(target_arch = "wasm32"))]
 pub use flint_gpu::context::{adapters as gpu_adapters, AdapterEntry};
 pub use flint_gpu::pipeline::CompileEvent;
+pub use flint_gpu::split::SplitError;
 pub use flint_gpu::GpuError;
 pub use handle::{Canceller, RequestHandle};
 pub use options::{BackendKind, CompileProgress, LoadOptions, ModelPart, SplitOptions, DEFAULT_CTX, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_SEQS};
@@ -137,7 +137,7 @@ impl Engine {
                     }
                 }
             })
-            .map_err(|e| EngineError::Backend(BackendError::Device(format!("cannot start the engine thread: {e}"))))?;
+            .map_err(|e| EngineError::Backend(BackendError::Device { cause: format!("cannot start the engine thread: {e}") }))?;
         let mut engine = ready_rx.recv().map_err(|_| EngineError::Closed)??;
         engine.thread = Some(thread);
         Ok(engine)
@@ -431,4 +431,3 @@ impl Drop for Engine {
         }
     }
 }
-

@@ -12,9 +12,9 @@ use flint_gpu::split::{split_layout, Costs, SplitBackend, SplitRule};
 use flint_gpu::GpuContext;
 
 use crate::error::DraftError;
-use crate::{selftest, BackendKind, EngineError, GgufFile, LoadOptions, ModelConfig, ModelPart, SelfTestReport, SpecConfig, SpecKind, Tokenizer};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::GgufError;
+use crate::{selftest, BackendKind, EngineError, GgufFile, LoadOptions, ModelConfig, ModelPart, SelfTestReport, SpecConfig, SpecKind, Tokenizer};
 
 /// Builds the backend `LoadOptions` ask for: at load, and again after the device is lost.
 #[derive(Clone)]

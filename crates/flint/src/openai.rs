@@ -66,7 +66,7 @@ impl ApiError {
             EngineError::Backend(BackendError::BadToken { .. }) => ApiError::invalid(prompt_param, e.to_string()),
             EngineError::Closed => ApiError::new(status::UNAVAILABLE, "server_error", "the engine has stopped"),
             // The next request opens a new device and loads the model again.
-            _ if matches!(e.backend(), Some(BackendError::DeviceLost(_))) => {
+            _ if matches!(e.backend(), Some(BackendError::DeviceLost { .. })) => {
                 ApiError::new(status::UNAVAILABLE, "server_error", e.to_string()).with_code("device_lost")
             }
             _ => ApiError::new(status::INTERNAL, "server_error", e.to_string()),

@@ -89,9 +89,7 @@ pub(crate) fn prepare(
         return Err(GenerateError::BadN { n: req.n, max: MAX_N }.into());
     }
     let prediction = match &req.prediction {
-        Some(_) if !drafts => {
-            return Err(EngineError::PredictionNeedsDrafts)
-        }
+        Some(_) if !drafts => return Err(EngineError::PredictionNeedsDrafts),
         // Plain text: no BOS, special tokens not parsed. The reply fits the context, so the
         // prediction is of use only that far.
         Some(text) => {

@@ -207,7 +207,7 @@ impl Runner {
         // browser): the requests' KV went with it, so they fail first; the next request
         // rebuilds.
         match self.gpus.iter().find_map(|g| g.lost_reason()) {
-            Some(reason) => Err(BackendError::DeviceLost(reason)),
+            Some(reason) => Err(BackendError::DeviceLost { cause: reason }),
             None => Ok(()),
         }
     }
@@ -219,7 +219,8 @@ impl Runner {
     async fn rebuild_backend(&mut self) -> Result<(), BackendError> {
         self.sched.clear_cache();
         let lost = self.lost || self.gpu_lost();
-        let failed = |m: String| if lost { BackendError::DeviceLost(format!("the device was lost and {m}")) } else { BackendError::Device(m) };
+        let failed =
+            |m: String| if lost { BackendError::DeviceLost { cause: format!("the device was lost and {m}") } } else { BackendError::Device { cause: m } };
         let (backend, gpus) = (self.rebuild)().await.map_err(|e| failed(format!("loading the model again failed: {e}")))?;
         if backend.kv_layout() != self.backend.kv_layout() {
             return Err(failed("the new backend lays out the KV cache differently".into()));
@@ -274,7 +275,7 @@ impl Runner {
     /// a cached prefix. A lost device also drops every cached prefix (its KV is gone) and
     /// marks the backend for a rebuild.
     fn fail_all(&mut self, e: BackendError) {
-        let lost = matches!(e, BackendError::DeviceLost(_));
+        let lost = matches!(e.root(), BackendError::DeviceLost { .. });
         let e = Arc::new(e);
         for (_, req) in self.requests.drain() {
             for c in &req.choices {

@@ -175,7 +175,7 @@ impl CpuBackend {
     fn vector(&self, name: &str) -> Result<Vec<f32>, BackendError> {
         let t = self.file.require_tensor(name)?;
         let mut v = vec![0f32; t.n_elems as usize];
-        quant::dequantize(t.ty, self.bytes(t), &mut v).map_err(|e| BackendError::Device(e.to_string()))?;
+        quant::dequantize(t.ty, self.bytes(t), &mut v).map_err(|e| BackendError::Device { cause: e.to_string() })?;
         Ok(v)
     }
 
@@ -258,7 +258,7 @@ impl CpuBackend {
 
     fn run(&mut self, batch: StepBatch<'_>) -> Result<StepResult, BackendError> {
         if self.layers.len() != self.cfg.n_layer {
-            return Err(BackendError::BadStep("this CPU reference holds only the self-test's first layer".into()));
+            return Err(BackendError::BadStep { cause: "this CPU reference holds only the self-test's first layer".into() });
         }
         check_step(&batch, &self.limits, &self.layout, self.cfg.n_vocab)?;
         let bs = self.layout.block_size as usize;
@@ -424,7 +424,7 @@ impl CpuBackend {
         let bs = self.layout.block_size as usize;
         let table = probe.table(bs);
         if table.iter().any(|&b| self.layout.groups.iter().any(|g| b >= g.n_blocks)) {
-            return Err(BackendError::BadStep(format!("the probe needs {} blocks a group", table.len())));
+            return Err(BackendError::BadStep { cause: format!("the probe needs {} blocks a group", table.len()) });
         }
         let tables: Vec<&[u32]> = self.layout.groups.iter().map(|_| table.as_slice()).collect();
         let mut taps = Vec::new();
@@ -506,7 +506,7 @@ fn attention(c: &ModelConfig, il: usize, q: &[f32], places: &[TokenPlace], group
 fn experts(file: &GgufFile, name: &str) -> Result<Matrix, BackendError> {
     let info = file.require_tensor(name)?.clone();
     if info.dims.len() != 3 {
-        return Err(BackendError::Device(format!("{name} is not a stack of matrices: {:?}", info.dims)));
+        return Err(BackendError::Device { cause: format!("{name} is not a stack of matrices: {:?}", info.dims) });
     }
     let (n_in, n_out) = (info.dims[0] as usize, info.dims[1] as usize);
     Ok(Matrix { info, n_in, n_out })
@@ -515,7 +515,7 @@ fn experts(file: &GgufFile, name: &str) -> Result<Matrix, BackendError> {
 fn matrix(file: &GgufFile, name: &str) -> Result<Matrix, BackendError> {
     let info = file.require_tensor(name)?.clone();
     if info.dims.len() != 2 {
-        return Err(BackendError::Device(format!("{name} is not a matrix: {:?}", info.dims)));
+        return Err(BackendError::Device { cause: format!("{name} is not a matrix: {:?}", info.dims) });
     }
     let (n_in, n_out) = (info.dims[0] as usize, info.dims[1] as usize);
     Ok(Matrix { info, n_in, n_out })

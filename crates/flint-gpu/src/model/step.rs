@@ -163,7 +163,7 @@ impl GpuModel {
             sampled.extend(sample::decode(&d.plan, &d.rows, ids, lp).into_iter().map(|mut v| v.pop().unwrap_or_default()));
         }
         if sampled.len() != n_out {
-            return Err(GpuError::Readback(format!("{} samples for {n_out} output rows", sampled.len())));
+            return Err(GpuError::Readback { cause: format!("{} samples for {n_out} output rows", sampled.len()) });
         }
         Ok(sampled)
     }
