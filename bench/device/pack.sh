@@ -24,7 +24,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and keep.match(m["target"]["name"]):
         shutil.copy(m["executable"], sys.argv[1] + "/" + m["target"]["name"])
 ' "$out/stage/bin"
-cargo build --release -p flint-gpu --example matmul_speed
+cargo build --release -p flint-gpu --features testing --example matmul_speed
 cp "$target/release/examples/matmul_speed" "$out/stage/bin/"
 strip "$out"/stage/bin/*
 

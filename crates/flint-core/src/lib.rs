@@ -13,4 +13,6 @@ pub mod sampling;
 pub mod sched;
 pub mod selftest;
 pub mod spec;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tokenizer;

@@ -14,7 +14,9 @@ use flint_core::gguf::{GgufFile, Metadata};
 use flint_core::tokenizer::Tokenizer;
 use serde_json::{json, Value as Json};
 
-const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared");
+fn shared() -> String {
+    flint_core::testing::shared_dir().to_string_lossy().into_owned()
+}
 const GEMMA_BOS: u32 = 2;
 const QWEN_SYSTEM_DEFAULT: &str = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n";
 
@@ -46,7 +48,7 @@ fn qwen_template() -> ChatTemplate {
 }
 
 fn read(rel: &str) -> String {
-    let path = format!("{SHARED}/{rel}");
+    let path = format!("{}/{rel}", shared());
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 

@@ -9,7 +9,9 @@ use std::time::Instant;
 use flint_core::chat::{ChatError, ChatMessage, ChatTemplate, FUEL_BASE};
 use serde_json::Value;
 
-const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared");
+fn shared() -> String {
+    flint_core::testing::shared_dir().to_string_lossy().into_owned()
+}
 
 fn render(source: &str) -> (Result<String, ChatError>, f64) {
     let t = ChatTemplate::new(source, "<s>", "</s>").unwrap_or_else(|e| panic!("{source}: {e}"));
@@ -106,14 +108,14 @@ fn a_template_reads_no_file_environment_or_network() {
 
 #[test]
 fn real_templates_render_with_a_tenth_of_the_budget() {
-    let cases: Value = serde_json::from_str(&std::fs::read_to_string(format!("{SHARED}/golden/chat-templates/cases.json")).unwrap()).unwrap();
+    let cases: Value = serde_json::from_str(&std::fs::read_to_string(format!("{}/golden/chat-templates/cases.json", shared())).unwrap()).unwrap();
     let mut rendered = 0;
     for case in cases["cases"].as_array().unwrap() {
         if case.get("expected").is_none() {
             continue;
         }
         let name = case["template"].as_str().unwrap();
-        let source = std::fs::read_to_string(format!("{SHARED}/golden/chat-templates/{name}")).unwrap();
+        let source = std::fs::read_to_string(format!("{}/golden/chat-templates/{name}", shared())).unwrap();
         let Ok(t) = ChatTemplate::new(&source, "<s>", "</s>") else { continue };
         let t = t.with_fuel_base(FUEL_BASE / 10);
         let messages = case["messages"].as_array().unwrap();

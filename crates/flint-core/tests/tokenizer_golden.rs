@@ -14,7 +14,9 @@ use flint_core::tokenizer::{StreamDecoder, Tokenizer, TokenizerError, VocabMisma
 use proptest::prelude::*;
 use serde_json::Value as Json;
 
-const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared");
+fn shared() -> String {
+    flint_core::testing::shared_dir().to_string_lossy().into_owned()
+}
 const GOLDEN_PROMPTS: usize = 7;
 /// Release-build budget for building gemma's 262k-token tokenizer from metadata.
 const MAX_BUILD_SECS: f64 = 10.0;
@@ -71,9 +73,9 @@ fn prompt_file(model_dir: &str, index: usize) -> String {
 
 fn check_golden(model_dir: &str, tok: &Tokenizer) {
     for i in 1..=GOLDEN_PROMPTS {
-        let golden = read_json(&format!("{SHARED}/golden/{model_dir}/{i}.json"));
+        let golden = read_json(&format!("{}/golden/{model_dir}/{i}.json", shared()));
         let file = prompt_file(model_dir, i);
-        let prompt = std::fs::read_to_string(format!("{SHARED}/golden/prompts/{file}")).unwrap();
+        let prompt = std::fs::read_to_string(format!("{}/golden/prompts/{file}", shared())).unwrap();
         assert_eq!(golden["prompt"].as_str().unwrap(), prompt, "{model_dir}/{i}.json was not made from {file}");
         assert_eq!(golden["add_bos"].as_bool().unwrap(), tok.add_bos_default(), "{model_dir}/{i}: add_bos");
 

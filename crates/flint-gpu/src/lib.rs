@@ -11,6 +11,7 @@ pub mod ops;
 pub mod pipeline;
 pub mod shader;
 pub mod split;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod weights;
 

@@ -38,17 +38,7 @@ macro_rules! gpu_test {
     }};
 }
 
-/// Normalized mean squared error Σ(a−b)² / Σ(b−mean b)² (Σb² when b is constant).
-pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len(), "length mismatch");
-    let mean = want.iter().map(|&v| v as f64).sum::<f64>() / want.len().max(1) as f64;
-    let num: f64 = got.iter().zip(want).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
-    let mut den: f64 = want.iter().map(|&b| (b as f64 - mean).powi(2)).sum();
-    if den == 0.0 {
-        den = want.iter().map(|&b| (b as f64).powi(2)).sum::<f64>().max(1e-30);
-    }
-    num / den
-}
+pub use flint_core::testing::{model_path, models_dir, nmse, shared_dir};
 
 /// Edited logits against the CPU's: None unless `got` is non-finite exactly where `want` is
 /// (banned and masked tokens), else the NMSE over the finite values (0 when there are none).

@@ -22,12 +22,7 @@ const WINDOW: u32 = 64;
 const CONTEXT: usize = 3000;
 const MAX_NMSE: f64 = 1e-5;
 
-fn nmse(got: &[f32], want: &[f32]) -> f64 {
-    let mean = want.iter().map(|&v| v as f64).sum::<f64>() / want.len() as f64;
-    let num: f64 = got.iter().zip(want).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
-    let den: f64 = want.iter().map(|&b| (b as f64 - mean).powi(2)).sum();
-    num / den
-}
+use flint_gpu::testing::nmse;
 
 fn greedy(backend: &mut dyn Backend, seq: &mut Solo, first: u32, n: usize) -> Vec<u32> {
     let mut sampler = Sampler::new(SamplingParams::greedy()).unwrap();

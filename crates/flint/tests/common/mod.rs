@@ -15,18 +15,8 @@ pub const MAX_NMSE: f64 = 1e-5;
 /// A divergence is tolerated only right after a step whose reference top-2 margin is below this.
 pub const NEAR_TIE: f64 = 1e-2;
 
-pub fn shared() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"))
-}
-
-pub fn model_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("FLINT_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/flint/models"));
-    let p = dir.join(format!("{name}.gguf"));
-    assert!(p.exists(), "{} is missing: run `flint pull {name}` (scripts/test.sh does)", p.display());
-    p
-}
+#[allow(unused_imports)]
+pub use flint_gpu::testing::{model_path, nmse, shared_dir as shared};
 
 pub fn json(path: PathBuf) -> Value {
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -54,14 +44,6 @@ pub fn golden_prompt(engine: &Engine, golden: &str, index: usize) -> Vec<u32> {
     let prompt = engine.tokenize_raw(&text).unwrap();
     assert_eq!(prompt, ids(&llama["prompt_token_ids"]), "{golden} prompt {index}: prompt ids differ from llama.cpp's");
     prompt
-}
-
-pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let mean = want.iter().map(|&v| v as f64).sum::<f64>() / want.len() as f64;
-    let num: f64 = got.iter().zip(want).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
-    let den: f64 = want.iter().map(|&b| (b as f64 - mean).powi(2)).sum();
-    num / den
 }
 
 /// Greedy ids must equal the reference's, except after a step whose top-2 margin is a near tie.
