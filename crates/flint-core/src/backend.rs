@@ -161,6 +161,13 @@ pub trait Backend {
     fn verify_sizes(&self) -> &'static [usize] {
         &[]
     }
+    /// Whether a step of `tokens` tokens (one sequence, one output) runs on kernels already
+    /// built; false where it would first compile some (a GPU builds a token count's matmul
+    /// kernels at its first step of that size).
+    fn step_ready(&self, tokens: usize) -> bool {
+        let _ = tokens;
+        true
+    }
     /// The backend as `Any`, for engines that join two backends of one kind (a draft model's
     /// device store); None where that is not offered.
     fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {

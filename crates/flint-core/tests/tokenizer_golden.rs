@@ -331,6 +331,14 @@ fn stream_decoder_can_skip_special_tokens() {
     assert_eq!(text, g.decode(&ids, true).unwrap());
     assert_eq!(text, "user\nhi");
     assert_eq!(g.decode(&ids, false).unwrap(), "<bos><start_of_turn>user\nhi<end_of_turn>");
+    // Gemma's image marker is a user-defined token: a reply leaves it out, its HTML tags stay.
+    let ids = g.encode("<table>a<start_of_image>b", false, true).unwrap();
+    let mut dec = StreamDecoder::new().skip_special(true);
+    let text: String = ids.iter().map(|&id| dec.push(g, id)).collect::<String>() + &dec.finish();
+    assert_eq!(text, "<table>ab");
+    let mut dec = StreamDecoder::new();
+    let text: String = ids.iter().map(|&id| dec.push(g, id)).collect::<String>() + &dec.finish();
+    assert_eq!(text, "<table>a<start_of_image>b");
 }
 
 // ---- tiny synthetic vocabularies ----

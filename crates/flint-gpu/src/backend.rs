@@ -129,6 +129,9 @@ impl Backend for GpuBackend {
     /// CPU-type adapters compute a step's matmuls in blocks of 4, 8 or 16 tokens, each dearer
     /// than the last (lavapipe, qwen2.5-coder-0.5b: 8 tokens 579 ms, 9 tokens 1249 ms); on a GPU
     /// a decode step is bound by reading the weights, whatever the block.
+    fn step_ready(&self, tokens: usize) -> bool {
+        self.model.step_ready(tokens as u32)
+    }
     fn verify_sizes(&self) -> &'static [usize] {
         if self.model.ctx.caps.cpu_like {
             &[4, 8, 16]

@@ -86,6 +86,11 @@ impl PipelineCache {
         self.first_use.swap(false, std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether `key` is compiled.
+    pub fn contains(&self, key: &PipelineKey) -> bool {
+        self.map.lock().is_ok_and(|m| m.contains_key(key))
+    }
+
     /// Tells the observer, if any, of `event`.
     pub fn notify(&self, event: &CompileEvent) {
         let observer = self.observer.lock().ok().and_then(|o| o.clone());

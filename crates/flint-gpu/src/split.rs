@@ -278,6 +278,9 @@ impl Backend for SplitBackend {
         let parts: Vec<String> = self.parts.iter().map(|p| format!("{} {}..{}", p.ctx.info.name, p.part.layers.start, p.part.layers.end)).collect();
         format!("gpu split ({})", parts.join(" | "))
     }
+    fn step_ready(&self, tokens: usize) -> bool {
+        self.parts.iter().all(|p| p.step_ready(tokens as u32))
+    }
     /// As [`crate::backend::GpuBackend`]'s, when any part runs on a CPU-type adapter.
     fn verify_sizes(&self) -> &'static [usize] {
         if self.parts.iter().any(|p| p.ctx.caps.cpu_like) {

@@ -25,6 +25,10 @@ use crate::draft::{DraftModel, Want};
 use crate::request::Prepared;
 use crate::EngineError;
 
+/// The longest lone prompt run one token a step while its step size's kernels are not built
+/// (see `Runner::cold_prompt`).
+const COLD_PROMPT_TOKENS: usize = 16;
+
 /// What a request's stream yields.
 pub type EventResult = Result<Event, EngineError>;
 
@@ -354,7 +358,10 @@ impl Runner {
         if self.spec.drafts() {
             self.propose_drafts().await?;
         }
-        let plan = self.sched.schedule();
+        let plan = match self.cold_prompt() {
+            true => self.sched.schedule_within(1),
+            false => self.sched.schedule(),
+        };
         if plan.is_empty() {
             return Ok(());
         }
@@ -376,6 +383,15 @@ impl Runner {
         }
         self.fold(&plan, result?);
         Ok(())
+    }
+
+    /// Whether a lone short prompt should run one token a step: its step size's kernels are
+    /// not built, and [`COLD_PROMPT_TOKENS`] one-token steps (whose kernels the load built)
+    /// cost less than building them where a driver compiles on the CPU (lavapipe: seconds
+    /// per kernel, in every process), and little elsewhere. The tokens are the same either
+    /// way: a token's result does not depend on its step's size.
+    fn cold_prompt(&self) -> bool {
+        self.sched.lone_pending().is_some_and(|n| (2..=COLD_PROMPT_TOKENS).contains(&n) && !self.backend.step_ready(n))
     }
 
     /// The choice sequence `seq` belongs to.

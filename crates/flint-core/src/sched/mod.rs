@@ -430,6 +430,26 @@ impl Scheduler {
         self.stats.preemptions += 1;
     }
 
+    /// The tokens still to compute of the one sequence that has any, when it is the only
+    /// sequence with work (no other running, waiting or forked): a lone request's prompt.
+    pub fn lone_pending(&self) -> Option<usize> {
+        let mut busy = self.seqs.values().filter(|s| s.tokens.len() > s.computed || s.state == State::Pending);
+        let s = busy.next()?;
+        if busy.next().is_some() || s.state == State::Pending || !s.forks.is_empty() {
+            return None;
+        }
+        Some(s.tokens.len() - s.computed)
+    }
+
+    /// [`Scheduler::schedule`] with the step's token budget cut to `max_tokens` (at least 1).
+    pub fn schedule_within(&mut self, max_tokens: usize) -> StepPlan {
+        let full = self.cfg.max_batch_tokens;
+        self.cfg.max_batch_tokens = max_tokens.clamp(1, full);
+        let plan = self.schedule();
+        self.cfg.max_batch_tokens = full;
+        plan
+    }
+
     /// Records that `plan` ran: its positions are stored; full blocks are indexed and
     /// windows slide.
     pub fn step_done(&mut self, plan: &StepPlan) {

@@ -391,3 +391,28 @@ fn update_reports_a_broken_row_and_leaves_the_sequence_to_the_caller() {
     assert!(s.contains(a));
     s.discard(a);
 }
+
+#[test]
+fn a_lone_prompt_can_run_a_token_a_step() {
+    let mut s = sched(16, 4, 64, 64);
+    assert_eq!(s.lone_pending(), None, "nothing to do");
+    let a = s.add(toks(1, 5), 0).unwrap()[0];
+    assert_eq!(s.lone_pending(), Some(5));
+    // One token a step: the prompt's positions in order, the output at the last.
+    for i in 0..5 {
+        let p = s.schedule_within(1);
+        assert_eq!(p.entries.iter().map(|e| (e.start, e.len, e.output)).collect::<Vec<_>>(), vec![(i, 1, i == 4)]);
+        update(&mut s, &p, &vec![60; p.output_rows().len()], &[]);
+    }
+    assert_eq!(s.lone_pending(), Some(1), "decoding its next token");
+    assert_eq!(s.tokens(a)[5], 60);
+    // The full budget again afterwards; another sequence, or a fork, ends the lone case.
+    let b = s.add(toks(2, 3), 0).unwrap()[0];
+    assert_eq!(s.lone_pending(), None);
+    let p = s.schedule();
+    assert_eq!(p.n_tokens(), 4);
+    s.finish(b);
+    s.finish(a);
+    s.add(toks(3, 4), 1).unwrap();
+    assert_eq!(s.lone_pending(), None, "a request with a fork to make");
+}

@@ -56,6 +56,8 @@ pub struct Tokenizer {
     specials: SpecialMatcher,
     tokens: Vec<String>,
     attrs: Vec<Attr>,
+    /// User-defined tokens that mark non-text input (see [`REPLY_MARKERS`]), sorted.
+    markers: Vec<u32>,
     /// Bytes each token contributes to output, control tokens as their text (llama.cpp's
     /// token-to-piece cache with `special = true`).
     pieces: Vec<Box<[u8]>>,
@@ -90,6 +92,9 @@ impl Tokenizer {
         let mut vocab = Vocab::read(md)?;
         let specials = SpecialMatcher::new(&vocab);
         let pieces = token_pieces(&vocab);
+        let markers = (0..vocab.tokens.len() as u32)
+            .filter(|&id| vocab.attrs[id as usize].has(Attr::USER_DEFINED) && REPLY_MARKERS.contains(&vocab.tokens[id as usize].as_str()))
+            .collect();
         let inner = match (vocab.kind, vocab.pre) {
             (ModelKind::Spm, _) => spm::build(&mut vocab)?,
             (ModelKind::Bpe, Some(pre)) => bpe::build(&mut vocab, pre)?,
@@ -101,6 +106,7 @@ impl Tokenizer {
             specials,
             tokens: vocab.tokens,
             attrs: vocab.attrs,
+            markers,
             pieces,
             bos: vocab.bos,
             eos: vocab.eos,
@@ -189,6 +195,12 @@ impl Tokenizer {
         self.attrs.get(id as usize).is_some_and(|a| a.has(Attr::CONTROL.with(Attr::UNKNOWN)))
     }
 
+    /// What a reply leaves out unless special tokens are asked for: control and unknown
+    /// tokens, and the markers of non-text input some files store as user-defined tokens.
+    pub(crate) fn is_hidden_in_replies(&self, id: u32) -> bool {
+        self.is_hidden_when_skipping(id) || self.markers.binary_search(&id).is_ok()
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.tokens.len()
     }
@@ -252,6 +264,11 @@ pub enum VocabMismatch {
     #[error("token {id} is {ours:?} in one and {theirs:?} in the other")]
     Token { id: u32, ours: String, theirs: String },
 }
+
+/// Markers of image and audio input that Gemma 3 files store as user-defined tokens, though
+/// the model's own tokenizer marks them special: a text reply shows them only with special
+/// tokens asked for. (Other user-defined tokens, such as Gemma's HTML tags, are text.)
+pub const REPLY_MARKERS: &[&str] = &["<start_of_image>", "<end_of_image>", "<image_soft_token>", "<start_of_audio>", "<end_of_audio>", "<audio_soft_token>"];
 
 /// How far a draft model's vocabulary size may be from the target's (llama.cpp's limit).
 pub const DRAFT_VOCAB_SLACK: usize = 128;

@@ -18,7 +18,8 @@ impl StreamDecoder {
         Self::default()
     }
 
-    /// Whether control and unknown tokens are left out (like `decode(ids, true)`).
+    /// Whether control and unknown tokens, and markers of non-text input, are left out (a
+    /// reply without special tokens; `decode(ids, true)` leaves out the first two).
     pub fn skip_special(mut self, skip: bool) -> Self {
         self.skip_special = skip;
         self
@@ -27,7 +28,7 @@ impl StreamDecoder {
     /// Adds one token; returns the text that is now complete (possibly empty). Ids outside the
     /// vocabulary contribute nothing.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> String {
-        if !(self.skip_special && tok.is_hidden_when_skipping(id)) {
+        if !(self.skip_special && tok.is_hidden_in_replies(id)) {
             self.pending.extend_from_slice(tok.piece(id));
         }
         self.drain(false)

@@ -97,6 +97,11 @@ impl GpuModel {
     /// compiling on the CPU (lavapipe) takes seconds for each. `head_rows`: the head's rows
     /// when the step has outputs.
     fn build_kernels(&self, step: &Step, head_rows: Option<u32>) {
+        self.ctx.pipelines.build_all(&self.ctx.device, self.unbuilt(step, head_rows));
+    }
+
+    /// The kernels a step would build first: `step`'s body, and the head's for `head_rows`.
+    fn unbuilt(&self, step: &Step, head_rows: Option<u32>) -> Vec<crate::pipeline::PipelineKey> {
         let mut keys = Vec::new();
         for op in self.graph.body() {
             op.unbuilt(step, &mut keys);
@@ -107,7 +112,15 @@ impl GpuModel {
                 op.unbuilt(&rows, &mut keys);
             }
         }
-        self.ctx.pipelines.build_all(&self.ctx.device, keys);
+        keys
+    }
+
+    /// Whether a step of `tokens` tokens with one output row runs on built kernels only
+    /// (another model on the device may have built them).
+    pub fn step_ready(&self, tokens: u32) -> bool {
+        let step = Step { n_tok: tokens, max_kv_len: tokens };
+        let rows = self.out.is_some().then_some(1);
+        self.unbuilt(&step, rows).iter().all(|k| self.ctx.pipelines.contains(k))
     }
 
     /// Records the block copies, then one compute pass: the embedding (first part), the
