@@ -256,10 +256,10 @@ impl Sink {
     fn resume(path: &Path, progress: Progress) -> Result<Self> {
         let file = OpenOptions::new().read(true).append(true).create(true).open(path).with_context(|| format!("cannot open {}", path.display()))?;
         let mut sink = Sink { file, hasher: Sha256::new(), written: 0, limit: None, head: [0; 4], head_len: 0, progress };
+        // Read from the start through the same handle; its writes still append.
         let mut buf = vec![0u8; COPY_CHUNK];
-        let mut old = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
         loop {
-            let n = old.read(&mut buf).with_context(|| format!("cannot read {}", path.display()))?;
+            let n = (&sink.file).read(&mut buf).with_context(|| format!("cannot read {}", path.display()))?;
             if n == 0 {
                 break;
             }

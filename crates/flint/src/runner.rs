@@ -408,12 +408,12 @@ impl Runner {
         let want_logits = rows.iter().any(|(s, _)| self.owner.get(s).and_then(|(r, _)| self.requests.get(r)).is_some_and(|r| r.logits));
         let mut copies: Vec<(SeqId, Vec<Sampler>)> = Vec::new();
         for &(seq, n) in rows.iter().filter(|(_, n)| *n > 1) {
-            let drafts = self.sched.drafts(seq).to_vec();
-            let link = self.linked.get(&seq).copied();
-            let Some(c) = self.choice_mut(seq) else { continue };
-            let base = c.gen.sampler_mut();
+            let Some(&(rid, ci)) = self.owner.get(&seq) else { continue };
+            let Some(req) = self.requests.get_mut(&rid) else { continue };
+            let drafts = self.sched.drafts(seq);
+            let base = req.choices[ci].gen.sampler_mut();
             let mut list: Vec<Sampler> = (1..n).map(|j| base.after(&drafts[..j])).collect();
-            if let Some((slot, draft_max)) = link {
+            if let Some(&(slot, draft_max)) = self.linked.get(&seq) {
                 let link = |j: usize| Some(DraftLink::Verify { token: drafts[j], q_row: (slot * draft_max + j) as u32 });
                 base.set_link(link(0));
                 for (j, row) in list.iter_mut().enumerate().take(drafts.len().saturating_sub(1)) {
@@ -474,14 +474,17 @@ impl Runner {
             }
         });
         for u in updates {
-            let Some(&(rid, _)) = self.owner.get(&u.seq) else { continue };
-            let Some(c) = self.choice_mut(u.seq) else { continue };
+            let Some(&(rid, ci)) = self.owner.get(&u.seq) else { continue };
+            let Some(req) = self.requests.get_mut(&rid) else { continue };
+            let gen = &mut req.choices[ci].gen;
             // Rows 1..taken drew on the choice's behalf (row 0 with its own sampler).
-            c.gen.sampler_mut().advance(u.taken as u32 - 1);
-            let token = c.gen.completion_tokens() + 1;
+            gen.sampler_mut().advance(u.taken as u32 - 1);
             self.spec_counts.add(u.drafts, u.accepted.min(u.taken));
             match u.end {
-                SeqEnd::Broken => self.fail(rid, BackendError::NonFiniteLogits { token, backend: self.backend.name() }),
+                SeqEnd::Broken => {
+                    let token = gen.completion_tokens() + 1;
+                    self.fail(rid, BackendError::NonFiniteLogits { token, backend: self.backend.name() })
+                }
                 SeqEnd::Kv(e) => self.fail(rid, BackendError::Kv(e)),
                 SeqEnd::Finished | SeqEnd::Continues | SeqEnd::Held => {
                     if u.end == SeqEnd::Finished {

@@ -13,7 +13,7 @@
 use flint_core::backend::{StepBatch, StepEntry, StepResult};
 use flint_core::kv::{GroupCopy, NO_BLOCK};
 
-use super::graph::Step;
+use super::graph::{Encode, Step};
 use super::{GpuModel, READBACK_WORDS};
 use crate::error::{GpuError, Result};
 use crate::ops::penalize::{PenalizePlan, StepEdits};
@@ -92,25 +92,23 @@ impl GpuModel {
         Ok((rows, Some(plan)))
     }
 
-    /// Compiles together, before recording, the kernels this step is the first to need (a
-    /// matmul's variant for a new token count): natively on several threads, since a driver
-    /// compiling on the CPU (lavapipe) takes seconds for each. `head_rows`: the head's rows
-    /// when the step has outputs.
-    fn build_kernels(&self, step: &Step, head_rows: Option<u32>) {
-        self.ctx.pipelines.build_all(&self.ctx.device, self.unbuilt(step, head_rows));
+    /// A step's ops in order, each with the step it records: the body's with `step`, then
+    /// (when `head_rows` is given and this part holds the head) the head's with that many rows.
+    fn step_ops(&self, step: Step, head_rows: Option<u32>) -> Vec<(&dyn Encode, Step)> {
+        let mut ops: Vec<(&dyn Encode, Step)> = self.graph.body().into_iter().map(|op| (op, step)).collect();
+        if let (Some(n_tok), Some(head)) = (head_rows, &self.graph.head) {
+            let rows = Step { n_tok, ..step };
+            ops.extend(head.ops().into_iter().map(|op| (op, rows)));
+        }
+        ops
     }
 
-    /// The kernels a step would build first: `step`'s body, and the head's for `head_rows`.
-    fn unbuilt(&self, step: &Step, head_rows: Option<u32>) -> Vec<crate::pipeline::PipelineKey> {
+    /// The kernels `ops` would build at their first step of these sizes (a matmul's variant
+    /// for a new token count).
+    fn unbuilt(ops: &[(&dyn Encode, Step)]) -> Vec<crate::pipeline::PipelineKey> {
         let mut keys = Vec::new();
-        for op in self.graph.body() {
+        for (op, step) in ops {
             op.unbuilt(step, &mut keys);
-        }
-        if let (Some(n_tok), Ok((head, _))) = (head_rows, self.outputs("step")) {
-            let rows = Step { n_tok, ..*step };
-            for op in head.ops() {
-                op.unbuilt(&rows, &mut keys);
-            }
         }
         keys
     }
@@ -118,26 +116,24 @@ impl GpuModel {
     /// Whether a step of `tokens` tokens with one output row runs on built kernels only
     /// (another model on the device may have built them).
     pub fn step_ready(&self, tokens: u32) -> bool {
-        let step = Step { n_tok: tokens, max_kv_len: tokens };
-        let rows = self.out.is_some().then_some(1);
-        self.unbuilt(&step, rows).iter().all(|k| self.ctx.pipelines.contains(k))
+        let ops = self.step_ops(Step { n_tok: tokens, max_kv_len: tokens }, Some(1));
+        Self::unbuilt(&ops).iter().all(|k| self.ctx.pipelines.contains(k))
     }
 
     /// Records the block copies, then one compute pass: the embedding (first part), the
-    /// part's layers, and with `plan` the head, the logit edits and the sampler.
+    /// part's layers, and with `plan` the head, the logit edits and the sampler. The kernels
+    /// this step is the first to need are compiled together before recording: natively on
+    /// several threads, since a driver compiling on the CPU (lavapipe) takes seconds for each.
     fn encode_step(&self, enc: &mut wgpu::CommandEncoder, copies: &[GroupCopy], layout: &Layout, plan: Option<&OutputPlans>) {
         self.kv.encode_copies(enc, copies);
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
         let step = Step { n_tok: layout.tokens.len() as u32, max_kv_len: layout.max_kv_len };
-        self.build_kernels(&step, plan.map(|_| layout.gather.len() as u32));
-        for op in self.graph.body() {
-            op.encode(&mut pass, &step);
+        let ops = self.step_ops(step, plan.map(|_| layout.gather.len() as u32));
+        self.ctx.pipelines.build_all(&self.ctx.device, Self::unbuilt(&ops));
+        for (op, step) in &ops {
+            op.encode(&mut pass, step);
         }
-        if let (Some((edits, samples)), Ok((head, out))) = (plan, self.outputs("step")) {
-            let rows = Step { n_tok: layout.gather.len() as u32, ..step };
-            for op in head.ops() {
-                op.encode(&mut pass, &rows);
-            }
+        if let (Some((edits, samples)), Ok((_, out))) = (plan, self.outputs("step")) {
             out.penalize.encode(&mut pass, edits);
             out.sampler.encode(&mut pass, samples);
         }
