@@ -169,9 +169,14 @@ impl GpuContext {
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             cpu_like: info.device_type == wgpu::DeviceType::Cpu,
         };
-        for (on, f) in
-            [(caps.shader_f16, wgpu::Features::SHADER_F16), (caps.subgroups, wgpu::Features::SUBGROUP), (caps.timestamps, wgpu::Features::TIMESTAMP_QUERY)]
-        {
+        // The driver's pipeline cache is kept on disk where the backend has one (Vulkan).
+        let disk_path = crate::disk_cache::path_for(&info).filter(|_| features.contains(wgpu::Features::PIPELINE_CACHE));
+        for (on, f) in [
+            (caps.shader_f16, wgpu::Features::SHADER_F16),
+            (caps.subgroups, wgpu::Features::SUBGROUP),
+            (caps.timestamps, wgpu::Features::TIMESTAMP_QUERY),
+            (disk_path.is_some(), wgpu::Features::PIPELINE_CACHE),
+        ] {
             if on {
                 required |= f;
             }
@@ -217,7 +222,8 @@ impl GpuContext {
             };
         };
         let (wrong_kernel, fail_alloc) = (switch("FLINT_TEST_WRONG_KERNEL"), switch("FLINT_TEST_FAIL_ALLOC"));
-        Ok(GpuContext { adapter, device, queue, limits, caps, info, pipelines: PipelineCache::new(), wrong_kernel, fail_alloc, sink })
+        let pipelines = PipelineCache::with_disk(disk_path.map(|p| crate::disk_cache::DiskCache::open(&device, p)));
+        Ok(GpuContext { adapter, device, queue, limits, caps, info, pipelines, wrong_kernel, fail_alloc, sink })
     }
 
     /// A short adapter description for reports: `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)`.

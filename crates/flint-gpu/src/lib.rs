@@ -5,6 +5,7 @@ pub mod backend;
 pub mod bench;
 pub mod buffer;
 pub mod context;
+pub mod disk_cache;
 pub mod error;
 pub mod model;
 pub mod ops;

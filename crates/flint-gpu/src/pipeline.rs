@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::context::GpuContext;
+use crate::disk_cache::DiskCache;
 use crate::error::{GpuError, Result};
 use crate::shader::{preprocess, ShaderDefs};
 
@@ -61,11 +62,30 @@ pub struct PipelineCache {
     observer: Arc<Mutex<Option<CompileObserver>>>,
     /// A kernel was recorded for its first dispatch since the last `take_first_use`.
     first_use: Arc<std::sync::atomic::AtomicBool>,
+    /// The driver's cache kept on disk, where the device has one (see [`crate::disk_cache`]).
+    disk: Option<Arc<DiskCache>>,
 }
 
 impl PipelineCache {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A cache whose compiles go through `disk` (and are saved to it).
+    pub fn with_disk(disk: Option<DiskCache>) -> Self {
+        PipelineCache { disk: disk.map(Arc::new), ..Self::default() }
+    }
+
+    /// The file the driver's cache is kept in, if any.
+    pub fn disk_path(&self) -> Option<&std::path::Path> {
+        self.disk.as_deref().map(DiskCache::path)
+    }
+
+    /// Writes the driver's cache to disk if kernels were compiled since the last save.
+    pub fn save(&self) {
+        if let Some(d) = &self.disk {
+            d.save();
+        }
     }
 
     /// Reports every later compile to `observer` (None: to nobody).
@@ -102,7 +122,7 @@ impl PipelineCache {
     /// Compiles `key` on `device`, telling the observer.
     fn compile(&self, device: &wgpu::Device, key: &PipelineKey) -> Result<wgpu::ComputePipeline> {
         self.notify(&CompileEvent::Start { label: key.label() });
-        let p = compile(device, key);
+        let p = compile(device, key, self.disk.as_deref());
         let compiled = self.map.lock().map_err(poisoned)?.len() + 1;
         self.notify(&CompileEvent::Done { label: key.label(), compiled });
         p
@@ -147,26 +167,33 @@ impl PipelineCache {
         keys.retain(|k| self.map.lock().is_ok_and(|m| !m.contains_key(k)));
         #[cfg(not(target_arch = "wasm32"))]
         if keys.len() > 1 {
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(keys.len());
-            let next = std::sync::atomic::AtomicUsize::new(0);
-            std::thread::scope(|s| {
-                for _ in 0..threads {
-                    s.spawn(|| loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(key) = keys.get(i) else { break };
-                        let _ = self.get_now(device, key);
-                    });
-                }
-            });
+            self.build_in_parallel(device, &keys);
+            self.save();
             return;
         }
         for key in &keys {
             let _ = self.get_now(device, key);
         }
+        self.save();
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn build_in_parallel(&self, device: &wgpu::Device, keys: &[PipelineKey]) {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(keys.len());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(key) = keys.get(i) else { break };
+                    let _ = self.get_now(device, key);
+                });
+            }
+        });
     }
 }
 
-fn compile(device: &wgpu::Device, key: &PipelineKey) -> Result<wgpu::ComputePipeline> {
+fn compile(device: &wgpu::Device, key: &PipelineKey, disk: Option<&DiskCache>) -> Result<wgpu::ComputePipeline> {
     let source = preprocess(key.shader, &key.defs)?;
     let label = key.label();
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(source.into()) });
@@ -176,7 +203,7 @@ fn compile(device: &wgpu::Device, key: &PipelineKey) -> Result<wgpu::ComputePipe
         module: &module,
         entry_point: Some(key.entry),
         compilation_options: Default::default(),
-        cache: None,
+        cache: disk.inspect(|d| d.touch()).map(|d| &d.cache),
     }))
 }
 
