@@ -4,6 +4,7 @@
 pub mod arch;
 pub mod backend;
 pub mod chat;
+pub mod constrain;
 pub mod generate;
 pub mod gguf;
 pub mod kv;
