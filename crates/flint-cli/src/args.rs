@@ -216,6 +216,43 @@ pub struct SamplingArgs {
     pub special: bool,
 }
 
+/// The grammar a reply is held to (llama.cpp's flags): at most one of them.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct GrammarArgs {
+    /// Hold the reply to this JSON schema (JSON text; `{}` for any JSON value).
+    #[arg(short = 'j', long = "json-schema", value_name = "SCHEMA", group = "constraint")]
+    pub json_schema: Option<String>,
+    /// Hold the reply to the JSON schema in FILE (also -jf).
+    #[arg(long = "json-schema-file", value_name = "FILE", group = "constraint")]
+    pub json_schema_file: Option<PathBuf>,
+    /// Hold the reply to this grammar: GBNF (llama.cpp's, rules with `::=`) or Lark.
+    #[arg(long = "grammar", value_name = "GRAMMAR", group = "constraint")]
+    pub grammar: Option<String>,
+    /// Hold the reply to the grammar in FILE.
+    #[arg(long = "grammar-file", value_name = "FILE", group = "constraint")]
+    pub grammar_file: Option<PathBuf>,
+}
+
+impl GrammarArgs {
+    /// The constraint the flags ask for; a file that cannot be read or a schema that is not
+    /// JSON is a usage error here, one that does not compile is refused at submit.
+    pub fn constraint(&self) -> Result<Option<flint::Constrained>, Failure> {
+        let read = |flag: &str, path: &PathBuf| std::fs::read_to_string(path).map_err(|e| Failure::usage(format!("{flag} {}: {e}", path.display())));
+        let schema = |field: &'static str, text: &str| -> Result<flint::Constrained, Failure> {
+            let value: serde_json::Value = serde_json::from_str(text).map_err(|e| Failure::usage(format!("{field}: not JSON: {e}")))?;
+            Ok(flint::Constrained { grammar: flint::Grammar::JsonSchema(value), field })
+        };
+        let grammar = |field: &'static str, text: &str| flint::Constrained { grammar: flint::Grammar::from_text(text), field };
+        Ok(match (&self.json_schema, &self.json_schema_file, &self.grammar, &self.grammar_file) {
+            (Some(s), ..) => Some(schema("--json-schema", s)?),
+            (_, Some(f), ..) => Some(schema("--json-schema-file", &read("--json-schema-file", f)?)?),
+            (_, _, Some(g), _) => Some(grammar("--grammar", g)),
+            (_, _, _, Some(f)) => Some(grammar("--grammar-file", &read("--grammar-file", f)?)),
+            _ => None,
+        })
+    }
+}
+
 /// `-n`, `--seed` or `/set max_tokens` as the engine takes them.
 pub fn max_tokens_from(n: i64) -> Result<Option<usize>, String> {
     match n {

@@ -9,7 +9,7 @@ use clap::Args;
 use flint::{Canceller, Engine, EngineError, Event, FinishReason, GenerateParams, Request, Summary};
 use futures::StreamExt;
 
-use crate::args::{max_tokens_from, seed_from, ModelArgs, SamplingArgs};
+use crate::args::{max_tokens_from, seed_from, GrammarArgs, ModelArgs, SamplingArgs};
 use crate::run::{chat_input, Opened, EXIT_INTERRUPTED};
 use crate::Failure;
 
@@ -19,6 +19,8 @@ pub struct ChatArgs {
     model: ModelArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    grammar: GrammarArgs,
 }
 
 const PROMPT: &str = ">>> ";
@@ -92,6 +94,8 @@ enum Input {
 struct Session {
     engine: Engine,
     params: GenerateParams,
+    /// The grammar every reply is held to (`--json-schema`, `--grammar`, ...).
+    constraint: Option<flint::Constrained>,
     system: Option<String>,
     /// User and assistant turns (role, content), oldest first.
     history: Vec<(String, String)>,
@@ -102,6 +106,7 @@ struct Session {
 
 pub fn chat(args: ChatArgs) -> Result<(), Failure> {
     let params = args.sampling.params(0)?;
+    let constraint = args.grammar.constraint()?;
     let opened = Opened::open(&args.model)?;
     if !opened.has_template() {
         return Err(Failure::usage(format!(
@@ -123,10 +128,14 @@ pub fn chat(args: ChatArgs) -> Result<(), Failure> {
     }
     let name = opened.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let engine = opened.load(&args.model)?;
+    if let Some(c) = &constraint {
+        engine.check_constraint(c).map_err(|e| Failure::usage(e.to_string()))?;
+    }
     if interactive {
         eprintln!("{name} on {}, context {} tokens. /help for commands, /bye or Ctrl-D to exit.", engine.adapter_name(), engine.n_ctx());
     }
-    let mut session = Session { engine, params, system: args.model.system.clone(), history: Vec::new(), last: None, ctl, dim: std::io::stderr().is_terminal() };
+    let mut session =
+        Session { engine, params, constraint, system: args.model.system.clone(), history: Vec::new(), last: None, ctl, dim: std::io::stderr().is_terminal() };
     session.repl()
 }
 
@@ -299,7 +308,8 @@ impl Session {
     /// the KV blocks of the prefix it has cached.
     fn reply(&mut self, text: String) -> Result<(), Failure> {
         self.history.push(("user".to_string(), text));
-        let request = Request::new(chat_input(&self.messages()), self.params.clone());
+        let mut request = Request::new(chat_input(&self.messages()), self.params.clone());
+        request.constraint = self.constraint.clone();
         let mut stream = match self.engine.submit(request) {
             Ok(s) => s,
             Err(e) => {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 use flint::{Engine, Event, GgufFile, Input, LoadOptions, Request, KEY_CHAT_TEMPLATE};
 
-use crate::args::{ModelArgs, SamplingArgs};
+use crate::args::{GrammarArgs, ModelArgs, SamplingArgs};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -31,6 +31,8 @@ pub struct RunArgs {
     model: ModelArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    grammar: GrammarArgs,
     /// The prompt (or use -f).
     prompt: Option<String>,
     /// Read the prompt from a file, byte for byte (`-` for stdin).
@@ -142,6 +144,7 @@ fn install_abort_handler(canceller: flint::Canceller, generating: Arc<AtomicBool
 
 pub fn run(args: RunArgs) -> Result<(), Failure> {
     let params = args.sampling.params(args.logprobs)?;
+    let constraint = args.grammar.constraint()?;
     if args.logprobs > 0 && matches!(args.format, Format::Text) {
         return Err(Failure::usage("--logprobs needs --format jsonl"));
     }
@@ -160,7 +163,12 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
     } else {
         Input::Text(prompt)
     };
-    let mut stream = engine.submit(Request::new(input, params)).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+    let mut request = Request::new(input, params);
+    request.constraint = constraint;
+    let mut stream = engine.submit(request).map_err(|e| match e {
+        flint::EngineError::Constraint { .. } => Failure::usage(e.to_string()),
+        e => Failure::usage(format!("{}: {e}", path.display())),
+    })?;
     let generating = Arc::new(AtomicBool::new(false));
     install_abort_handler(stream.canceller(), generating.clone());
     let format = args.format;

@@ -6,6 +6,7 @@
 use thiserror::Error;
 
 use crate::backend::BackendError;
+use crate::constrain::{Constraint, ConstraintError};
 use crate::sampling::{Sampled, Sampler, SamplingError, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -152,6 +153,10 @@ pub struct Generation {
     done: bool,
     spec: crate::spec::SpecCounts,
     speculate: bool,
+    /// The grammar the reply is held to, if any.
+    constraint: Option<Constraint>,
+    /// The constraint could not go on: the request fails with this.
+    constraint_error: Option<ConstraintError>,
 }
 
 impl Generation {
@@ -185,7 +190,56 @@ impl Generation {
             done: false,
             spec: Default::default(),
             speculate: params.speculative.unwrap_or(true),
+            constraint: None,
+            constraint_error: None,
         })
+    }
+
+    /// Holds the reply to `constraint`'s grammar.
+    pub fn with_constraint(mut self, constraint: Constraint) -> Generation {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// Why the reply's constraint cannot go on, once (the request then fails with it).
+    pub fn take_constraint_error(&mut self) -> Option<ConstraintError> {
+        self.constraint_error.take()
+    }
+
+    /// The masks of the rows a step draws for this choice: row 0 from where the reply is,
+    /// row j after the first j of `drafts` (a verify step). Unconstrained: None. Drafts must
+    /// be ones the grammar allows ([`Generation::grammar_prefix`]). On an error the rows allow
+    /// only end-of-generation tokens and the error waits in [`take_constraint_error`](Self::take_constraint_error).
+    pub fn row_masks(&mut self, drafts: &[u32], rows: usize) -> Option<Vec<Vec<u32>>> {
+        let c = self.constraint.as_mut()?;
+        let mut masks = Vec::with_capacity(rows);
+        let mut fed = 0;
+        let result = (|| {
+            for j in 0..rows {
+                if j > 0 {
+                    c.consume(drafts[j - 1])?;
+                    fed += 1;
+                }
+                masks.push(c.mask()?);
+            }
+            Ok(())
+        })();
+        let undone = c.rollback(fed);
+        if let Err(e) = result.and(undone) {
+            self.constraint_error = Some(e);
+            let only_end = c.end_mask();
+            return Some(vec![only_end; rows]);
+        }
+        Some(masks)
+    }
+
+    /// How much of `draft` the reply's grammar allows from here (all of it, unconstrained).
+    pub fn grammar_prefix(&mut self, draft: &[u32]) -> usize {
+        self.constraint.as_mut().map_or(draft.len(), |c| c.valid_prefix(draft))
     }
 
     pub fn choice(&self) -> usize {
@@ -240,6 +294,12 @@ impl Generation {
         if !self.ignore_eos && tokenizer.is_eog(id) {
             return (vec![self.finish(FinishReason::Stop, now)], false);
         }
+        if let Some(c) = self.constraint.as_mut() {
+            if let Err(e) = c.consume(id) {
+                self.constraint_error = Some(e);
+                return (Vec::new(), false);
+            }
+        }
         let logprobs = sampled.logprob.map(|logprob| TokenLogprobs { logprob, top: sampled.top_logprobs });
         self.completion += 1;
         self.sampler.accept(id);
@@ -263,6 +323,11 @@ impl Generation {
             let cut = self.held.len() - keep;
             let text: String = self.held.drain(..cut).collect();
             events.push(Event::Token { choice, id, text, logprobs, logits: None });
+        }
+        if self.constraint.as_ref().is_some_and(Constraint::is_finished) {
+            // The grammar is complete: nothing may follow.
+            events.push(self.finish(FinishReason::Stop, now));
+            return (events, false);
         }
         if self.max_tokens.is_some_and(|m| self.completion >= m) || !room {
             events.push(self.finish(FinishReason::Length, now));

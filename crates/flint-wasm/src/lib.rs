@@ -78,6 +78,9 @@ fn error_name(e: &EngineError, loading: bool) -> &'static str {
         EngineError::Step(b) => backend_error_name(b, false),
         EngineError::Generate(_) | EngineError::Sched(_) => "InvalidRequestError",
         EngineError::Chat(ChatError::Raised(_)) => "InvalidRequestError",
+        // A schema or grammar that does not compile; one that cannot go on mid-reply is a
+        // GenerationError.
+        EngineError::Constraint { source: flint::ConstraintError::Invalid { .. } | flint::ConstraintError::Vocabulary { .. }, .. } => "InvalidRequestError",
         EngineError::Chat(_) | EngineError::NoChatTemplate if !loading => "ChatTemplateError",
         EngineError::Closed => "EngineUnloadedError",
         EngineError::SelfTest { .. } => "SelfTestError",

@@ -47,6 +47,9 @@ pub enum EngineError {
     Draft { model: String, source: DraftError },
     #[error("a prediction needs an engine that verifies drafts (load it with speculation or predictions on)")]
     PredictionNeedsDrafts,
+    /// The request's grammar (from its field `field`) does not compile, or could not go on.
+    #[error("{field}: {source}")]
+    Constraint { field: &'static str, source: flint_core::constrain::ConstraintError },
 }
 
 /// Why a draft model cannot draft for its target.

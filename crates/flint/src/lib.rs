@@ -15,6 +15,7 @@ mod options;
 mod request;
 mod runner;
 mod selftest;
+mod structured;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,6 +27,7 @@ pub use error::{DraftError, EngineError};
 pub use flint_core::arch::{ArchError, ModelConfig};
 pub use flint_core::backend::BackendError;
 pub use flint_core::chat::{ChatError, ChatTemplate, KEY_CHAT_TEMPLATE};
+pub use flint_core::constrain::{Constrainer, ConstraintError, Grammar};
 pub use flint_core::generate::{Event, FinishReason, GenerateError, GenerateParams, Summary, TokenLogprobs};
 pub use flint_core::gguf::{GgufError, GgufFile};
 pub use flint_core::kv::KvError;
@@ -43,7 +45,7 @@ pub use flint_gpu::split::SplitError;
 pub use flint_gpu::GpuError;
 pub use handle::{Canceller, RequestHandle};
 pub use options::{BackendKind, CompileProgress, LoadOptions, ModelPart, SplitOptions, DEFAULT_CTX, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_SEQS};
-pub use request::{Input, Request, MAX_N};
+pub use request::{Constrained, Input, Request, MAX_N};
 pub use runner::{EventResult, OpTimes};
 pub use selftest::SelfTestReport;
 
@@ -87,6 +89,15 @@ pub struct EngineInfo {
     /// The devices, in layer order (the copy bandwidth is the first's, measured on request).
     gpus: Vec<Arc<GpuContext>>,
     clock: Clock,
+    /// The constraint compiler, built on the first constrained request.
+    constrainer: std::sync::OnceLock<Result<Arc<Constrainer>, ConstraintError>>,
+}
+
+impl EngineInfo {
+    /// The model's constraint compiler (its tokenizer as llguidance's), built once.
+    pub fn constrainer(&self) -> Result<Arc<Constrainer>, ConstraintError> {
+        self.constrainer.get_or_init(|| Constrainer::new(self.tokenizer.clone()).map(Arc::new)).clone()
+    }
 }
 
 /// A loaded model. Cheap to share (`Arc`); requests may come from any thread.
@@ -236,6 +247,7 @@ impl Engine {
             gpus: gpus.clone(),
             clock,
             spec,
+            constrainer: Default::default(),
         };
         let (tx, rx) = mpsc::unbounded();
         // The loop keeps the file (and its memory map) alive with the backend.
@@ -307,7 +319,7 @@ impl Engine {
     pub fn submit(&self, req: Request) -> Result<RequestHandle, EngineError> {
         let now = (self.info.clock)();
         let sizes = (self.info.n_ctx, self.info.config.n_vocab);
-        let prepared = request::prepare(req, &self.info.tokenizer, self.info.template.as_ref(), sizes, self.info.spec.drafts(), now)?;
+        let prepared = request::prepare(req, &self.info, sizes, self.info.spec.drafts(), now)?;
         let n_choices = prepared.choices.len();
         let prompt_tokens = prepared.prompt.len();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -322,6 +334,13 @@ impl Engine {
     }
 
     /// Drops every cached prefix that no running request holds (a new conversation).
+    /// Compiles `c`'s grammar for this model without running anything: a front end that
+    /// holds every reply to one grammar refuses a bad one before the first request.
+    pub fn check_constraint(&self, c: &Constrained) -> Result<(), EngineError> {
+        let fail = |source| EngineError::Constraint { field: c.field, source };
+        self.info.constrainer().map_err(fail)?.constraint(&c.grammar, self.info.config.n_vocab).map_err(fail).map(drop)
+    }
+
     pub fn clear_cache(&self) {
         let _ = self.commands.unbounded_send(Command::ClearCache);
     }

@@ -65,6 +65,7 @@ impl ApiError {
             EngineError::Tokenizer(_) => ApiError::invalid(prompt_param, e.to_string()),
             EngineError::Backend(BackendError::BadToken { .. }) => ApiError::invalid(prompt_param, e.to_string()),
             EngineError::Closed => ApiError::new(status::UNAVAILABLE, "server_error", "the engine has stopped"),
+            EngineError::Constraint { field, .. } => ApiError::invalid(field, e.to_string()),
             // The next request opens a new device and loads the model again.
             _ if matches!(e.backend(), Some(BackendError::DeviceLost { .. })) => {
                 ApiError::new(status::UNAVAILABLE, "server_error", e.to_string()).with_code("device_lost")
@@ -150,6 +151,9 @@ pub struct Parsed {
     /// Chat: end the rendered prompt with the assistant's turn opening (vLLM's field; default
     /// true).
     pub add_generation_prompt: bool,
+    /// The grammar the replies are held to (`response_format`, `json_schema`, `grammar`,
+    /// `structured_outputs`, `guided_*`).
+    pub constraint: Option<crate::Constrained>,
     /// Top-level fields this reader does not know, in the body's order: ignored.
     pub unknown: Vec<String>,
 }
@@ -165,6 +169,7 @@ impl Parsed {
                 req.prediction = self.prediction.clone();
                 req.add_generation_prompt = self.add_generation_prompt;
                 req.fit_max_tokens = true;
+                req.constraint = self.constraint.clone();
                 req
             })
             .collect()
@@ -206,7 +211,6 @@ const COMMON_FIELDS: &[&str] = &[
     "ignore_eos",
     "prediction",
     "speculative",
-    "response_format",
 ];
 const CHAT_FIELDS: &[&str] =
     &["messages", "top_logprobs", "add_generation_prompt", "tools", "tool_choice", "functions", "function_call", "audio", "modalities"];
@@ -218,7 +222,8 @@ fn unknown_fields(obj: &Map<String, Value>, endpoint: Endpoint) -> Vec<String> {
         Endpoint::Chat => CHAT_FIELDS,
         Endpoint::Completions => COMPLETION_FIELDS,
     };
-    obj.keys().filter(|k| !COMMON_FIELDS.contains(&k.as_str()) && !own.contains(&k.as_str())).cloned().collect()
+    let known = |k: &str| COMMON_FIELDS.contains(&k) || own.contains(&k) || crate::structured::FIELDS.contains(&k);
+    obj.keys().filter(|k| !known(k)).cloned().collect()
 }
 
 /// Logs each unknown field name once per process (a client sends the same ones every time).
@@ -261,7 +266,6 @@ fn prediction(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
 fn unsupported(obj: &Map<String, Value>, endpoint: Endpoint) -> Result<(), ApiError> {
     let asks = |name: &str, v: &Value| -> bool {
         match name {
-            "response_format" => v.get("type").and_then(Value::as_str).is_some_and(|t| t != "text"),
             "tools" | "functions" => v.as_array().is_some_and(|a| !a.is_empty()),
             "tool_choice" | "function_call" => v.as_str() != Some("none"),
             "modalities" => v.as_array().is_some_and(|a| a.iter().any(|m| m.as_str() != Some("text"))),
@@ -271,8 +275,8 @@ fn unsupported(obj: &Map<String, Value>, endpoint: Endpoint) -> Result<(), ApiEr
         }
     };
     let names: &[&str] = match endpoint {
-        Endpoint::Chat => &["response_format", "tools", "tool_choice", "functions", "function_call", "audio", "modalities"],
-        Endpoint::Completions => &["suffix", "best_of", "response_format"],
+        Endpoint::Chat => &["tools", "tool_choice", "functions", "function_call", "audio", "modalities"],
+        Endpoint::Completions => &["suffix", "best_of"],
     };
     for &name in names {
         if let Some(v) = obj.get(name).filter(|v| !v.is_null()) {
@@ -503,8 +507,9 @@ pub fn parse_value(value: Value, endpoint: Endpoint, defaults: &Defaults) -> Res
         Endpoint::Chat => boolean(&obj, "add_generation_prompt")?.unwrap_or(true),
         Endpoint::Completions => true,
     };
+    let constraint = crate::structured::constraint(&obj)?;
     let unknown = unknown_fields(&obj, endpoint);
-    Ok(Parsed { endpoint, model, inputs, params, n, stream, include_usage, top_logprobs, echo, prediction, add_generation_prompt, unknown })
+    Ok(Parsed { endpoint, model, inputs, params, n, stream, include_usage, top_logprobs, echo, prediction, add_generation_prompt, constraint, unknown })
 }
 
 #[cfg(test)]
@@ -558,7 +563,7 @@ mod tests {
             ("stop", json!(["a", "b", "c", "d", "e"])),
             ("logit_bias", json!({"x": 1})),
             ("tools", json!([{"type": "function"}])),
-            ("response_format", json!({"type": "json_object"})),
+            ("response_format", json!({"type": "yaml"})),
             ("prediction", json!({"type": "text", "content": "x"})),
             ("prediction", json!({"type": "content", "content": [{"type": "image_url"}]})),
             ("temperature", json!("hot")),

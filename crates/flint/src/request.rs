@@ -4,11 +4,12 @@
 //! loop, so a request that cannot run fails at `submit` with a typed error.
 
 use flint_core::chat::{tokenize_rendered, ChatError, ChatTemplate};
+use flint_core::constrain::Grammar;
 use flint_core::generate::{GenerateError, GenerateParams, Generation};
 use flint_core::sampling::clock_seed;
 use flint_core::tokenizer::Tokenizer;
 
-use crate::EngineError;
+use crate::{EngineError, EngineInfo};
 
 /// Most choices one request may ask for (OpenAI's limit).
 pub const MAX_N: usize = 128;
@@ -41,11 +42,21 @@ pub struct Request {
     /// Refuse the request when the prompt and `max_tokens` do not fit in the context together
     /// (OpenAI's rule); otherwise generation stops at the context's end (llama.cpp's CLI).
     pub fit_max_tokens: bool,
+    /// The grammar every choice's reply is held to (structured output).
+    pub constraint: Option<Constrained>,
+}
+
+/// A reply's grammar and the request field it came from (named in errors: `response_format`,
+/// `guided_json`, `--grammar`, ...).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Constrained {
+    pub grammar: Grammar,
+    pub field: &'static str,
 }
 
 impl Request {
     pub fn new(input: Input, params: GenerateParams) -> Request {
-        Request { input, params, n: 1, add_generation_prompt: true, logits: false, prediction: None, fit_max_tokens: false }
+        Request { input, params, n: 1, add_generation_prompt: true, logits: false, prediction: None, fit_max_tokens: false, constraint: None }
     }
 }
 
@@ -56,6 +67,8 @@ pub(crate) struct Prepared {
     pub logits: bool,
     /// The predicted output's tokens (empty: none), at most the context's length.
     pub prediction: Vec<u32>,
+    /// The request field its grammar came from (empty: none).
+    pub constraint_field: &'static str,
 }
 
 /// Renders chat `messages` with `template`; a template's refusal is a typed error.
@@ -77,17 +90,19 @@ pub(crate) fn chat_tokens(
 
 /// Checks `req` against the model and turns it into ids and choices. `drafts`: whether the
 /// engine can verify drafts (a prediction needs it).
-pub(crate) fn prepare(
-    req: Request,
-    tokenizer: &Tokenizer,
-    template: Option<&ChatTemplate>,
-    (n_ctx, n_vocab): (usize, usize),
-    drafts: bool,
-    now: f64,
-) -> Result<Prepared, EngineError> {
+pub(crate) fn prepare(req: Request, info: &EngineInfo, (n_ctx, n_vocab): (usize, usize), drafts: bool, now: f64) -> Result<Prepared, EngineError> {
+    let (tokenizer, template) = (&*info.tokenizer, info.template.as_ref());
     if !(1..=MAX_N).contains(&req.n) {
         return Err(GenerateError::BadN { n: req.n, max: MAX_N }.into());
     }
+    // The grammar compiles before any other work, so a bad one costs nothing else.
+    let constraint = match &req.constraint {
+        Some(Constrained { grammar, field }) => {
+            let fail = |source| EngineError::Constraint { field, source };
+            Some(info.constrainer().map_err(fail)?.constraint(grammar, n_vocab).map_err(fail)?)
+        }
+        None => None,
+    };
     let prediction = match &req.prediction {
         Some(_) if !drafts => return Err(EngineError::PredictionNeedsDrafts),
         // Plain text: no BOS, special tokens not parsed. The reply fits the context, so the
@@ -122,6 +137,15 @@ pub(crate) fn prepare(
     }
     // One seed for the request; choice i draws from its stream i.
     let seed = req.params.sampling.seed.unwrap_or_else(clock_seed);
-    let choices = (0..req.n).map(|i| Generation::new(&prompt, &req.params, seed, i, n_vocab, now)).collect::<Result<Vec<_>, _>>()?;
-    Ok(Prepared { prompt, choices, logits: req.logits, prediction })
+    let choices = (0..req.n)
+        .map(|i| {
+            let gen = Generation::new(&prompt, &req.params, seed, i, n_vocab, now)?;
+            Ok(match &constraint {
+                Some(c) => gen.with_constraint(c.clone()),
+                None => gen,
+            })
+        })
+        .collect::<Result<Vec<_>, EngineError>>()?;
+    let constraint_field = req.constraint.as_ref().map_or("", |c| c.field);
+    Ok(Prepared { prompt, choices, logits: req.logits, prediction, constraint_field })
 }

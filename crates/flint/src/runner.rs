@@ -81,6 +81,8 @@ struct RequestState {
     logits: bool,
     /// Its predicted output's tokens, a draft source for every choice (empty: none).
     prediction: Vec<u32>,
+    /// The request field its grammar came from, named in a constraint's error.
+    constraint_field: &'static str,
 }
 
 pub(crate) struct Runner {
@@ -237,7 +239,7 @@ impl Runner {
     }
 
     fn submit(&mut self, id: u64, prepared: Prepared, events: mpsc::UnboundedSender<EventResult>) {
-        let Prepared { prompt, choices, logits, prediction } = prepared;
+        let Prepared { prompt, choices, logits, prediction, constraint_field } = prepared;
         let seqs = match self.sched.add(prompt, choices.len() - 1) {
             Ok(s) => s,
             Err(e) => {
@@ -249,7 +251,7 @@ impl Runner {
         for (i, c) in choices.iter().enumerate() {
             self.owner.insert(c.seq, (id, i));
         }
-        self.requests.insert(id, RequestState { events, choices, logits, prediction });
+        self.requests.insert(id, RequestState { events, choices, logits, prediction, constraint_field });
     }
 
     /// Ends every unfinished choice of request `id` with `abort` and frees its sequences.
@@ -266,13 +268,13 @@ impl Runner {
     }
 
     /// Ends request `id` with `e`, keeping none of its blocks as cached prefixes.
-    fn fail(&mut self, id: u64, e: BackendError) {
+    fn fail(&mut self, id: u64, e: EngineError) {
         let Some(req) = self.requests.remove(&id) else { return };
         for c in &req.choices {
             self.owner.remove(&c.seq);
             self.sched.discard(c.seq);
         }
-        let _ = req.events.unbounded_send(Err(EngineError::Backend(e)));
+        let _ = req.events.unbounded_send(Err(e));
     }
 
     /// A failed step fails every request: the device state is unknown, so no block becomes
@@ -330,6 +332,7 @@ impl Runner {
                     wants.push(Want { seq: c.seq, k: fit_draft(k, sizes), sampler });
                     continue;
                 }
+                draft.truncate(c.gen.grammar_prefix(&draft));
                 draft.truncate(fit_draft(draft.len(), sizes));
                 if !draft.is_empty() && draft.len() >= self.spec.draft_min {
                     self.sched.propose(c.seq, draft);
@@ -339,8 +342,11 @@ impl Runner {
         if let Some(model) = self.draft.as_mut().filter(|_| !wants.is_empty()) {
             let draft_max = self.spec.draft_max;
             for (seq, drafted) in model.draft(&self.sched, wants).await? {
-                // It may have stopped early (p_min): cut again.
+                // It may have stopped early (p_min), or left the grammar: cut again.
                 let mut draft = drafted.tokens;
+                if let Some(c) = self.choice_mut(seq) {
+                    draft.truncate(c.gen.grammar_prefix(&draft));
+                }
                 draft.truncate(fit_draft(draft.len(), sizes));
                 if !draft.is_empty() && draft.len() >= self.spec.draft_min {
                     self.sched.propose(seq, draft);
@@ -407,12 +413,28 @@ impl Runner {
         let rows = plan.output_rows();
         let want_logits = rows.iter().any(|(s, _)| self.owner.get(s).and_then(|(r, _)| self.requests.get(r)).is_some_and(|r| r.logits));
         let mut copies: Vec<(SeqId, Vec<Sampler>)> = Vec::new();
+        // Constrained choices: each row's allowed tokens (row j after j drafts); row 0's go
+        // into the choice's sampler, the rest into its copies below.
+        let mut later_masks: HashMap<SeqId, Vec<Vec<u32>>> = HashMap::new();
+        for &(seq, n) in &rows {
+            let Some(&(rid, ci)) = self.owner.get(&seq) else { continue };
+            let Some(req) = self.requests.get_mut(&rid) else { continue };
+            let gen = &mut req.choices[ci].gen;
+            if let Some(mut masks) = gen.row_masks(self.sched.drafts(seq), n) {
+                let first = masks.remove(0);
+                gen.sampler_mut().set_mask(Some(first));
+                later_masks.insert(seq, masks);
+            }
+        }
         for &(seq, n) in rows.iter().filter(|(_, n)| *n > 1) {
             let Some(&(rid, ci)) = self.owner.get(&seq) else { continue };
             let Some(req) = self.requests.get_mut(&rid) else { continue };
             let drafts = self.sched.drafts(seq);
             let base = req.choices[ci].gen.sampler_mut();
             let mut list: Vec<Sampler> = (1..n).map(|j| base.after(&drafts[..j])).collect();
+            for (row, mask) in list.iter_mut().zip(later_masks.remove(&seq).unwrap_or_default()) {
+                row.set_mask(Some(mask));
+            }
             if let Some(&(slot, draft_max)) = self.linked.get(&seq) {
                 let link = |j: usize| Some(DraftLink::Verify { token: drafts[j], q_row: (slot * draft_max + j) as u32 });
                 base.set_link(link(0));
@@ -446,6 +468,8 @@ impl Runner {
         let (requests, owner, spec) = (&mut self.requests, &self.owner, &self.spec);
         let (tokenizer, n_ctx) = (&self.tokenizer, self.n_ctx);
         let mut deaf: Vec<u64> = Vec::new();
+        // Requests whose grammar could not go on, with why.
+        let mut broken: Vec<(u64, flint_core::constrain::ConstraintError)> = Vec::new();
         let updates = self.sched.update(plan, &ids, |row| {
             let Some(&(rid, ci)) = owner.get(&row.seq) else { return Flow::Stop };
             let Some(req) = requests.get_mut(&rid) else { return Flow::Stop };
@@ -459,7 +483,15 @@ impl Runner {
             if row.confirms_draft() {
                 c.gen.record_drafts(0, 1);
             }
+            if let Some(e) = c.gen.take_constraint_error() {
+                broken.push((rid, e));
+                return Flow::Stop;
+            }
             let (mut events, on) = c.gen.on_sampled(tokenizer, result.sampled[row.index].clone(), now, row.held < n_ctx);
+            if let Some(e) = c.gen.take_constraint_error() {
+                broken.push((rid, e));
+                return Flow::Stop;
+            }
             if let (true, Some(Event::Token { logits, .. })) = (req.logits, events.first_mut()) {
                 *logits = result.logits.get(row.index).cloned();
             }
@@ -475,6 +507,12 @@ impl Runner {
         });
         for u in updates {
             let Some(&(rid, ci)) = self.owner.get(&u.seq) else { continue };
+            if let Some(i) = broken.iter().position(|(r, _)| *r == rid) {
+                let (_, source) = broken.swap_remove(i);
+                let field = self.requests.get(&rid).map_or("grammar", |r| r.constraint_field);
+                self.fail(rid, EngineError::Constraint { field, source });
+                continue;
+            }
             let Some(req) = self.requests.get_mut(&rid) else { continue };
             let gen = &mut req.choices[ci].gen;
             // Rows 1..taken drew on the choice's behalf (row 0 with its own sampler).
@@ -483,9 +521,9 @@ impl Runner {
             match u.end {
                 SeqEnd::Broken => {
                     let token = gen.completion_tokens() + 1;
-                    self.fail(rid, BackendError::NonFiniteLogits { token, backend: self.backend.name() })
+                    self.fail(rid, BackendError::NonFiniteLogits { token, backend: self.backend.name() }.into())
                 }
-                SeqEnd::Kv(e) => self.fail(rid, BackendError::Kv(e)),
+                SeqEnd::Kv(e) => self.fail(rid, BackendError::Kv(e).into()),
                 SeqEnd::Finished | SeqEnd::Continues | SeqEnd::Held => {
                     if u.end == SeqEnd::Finished {
                         self.owner.remove(&u.seq);

@@ -219,19 +219,12 @@ impl Constraint {
                 *w = v;
             }
         }
-        if accepting || self.matcher.is_stopped() {
-            for &id in self.eog.iter() {
-                if let Some(w) = words.get_mut(id as usize / 32) {
-                    *w |= 1 << (id % 32);
-                }
-            }
-        } else {
-            // llguidance's end token stands for the grammar's end only.
-            for &id in self.eog.iter() {
-                if let Some(w) = words.get_mut(id as usize / 32) {
-                    *w &= !(1 << (id % 32));
-                }
-            }
+        // llguidance's end token stands for the grammar's end: every end-of-generation token
+        // may end the reply where the grammar may end, none elsewhere.
+        let ends = self.end_mask();
+        let may_end = accepting || self.matcher.is_stopped();
+        for (w, e) in words.iter_mut().zip(&ends) {
+            *w = if may_end { *w | e } else { *w & !e };
         }
         if words.iter().all(|&w| w == 0) {
             return Err(self.stuck("no token can continue the reply"));
@@ -260,10 +253,22 @@ impl Constraint {
         self.matcher.is_accepting().unwrap_or(false)
     }
 
-    /// How many leading tokens of `tokens` the grammar allows from here (drafts past them
-    /// cannot be taken).
+    /// How many leading tokens of `tokens` the grammar allows from here, up to the first
+    /// end-of-generation token (drafts past them cannot be taken).
     pub fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
-        self.matcher.validate_tokens(tokens).unwrap_or(0)
+        let text = tokens.iter().position(|t| self.eog.contains(t)).unwrap_or(tokens.len());
+        self.matcher.validate_tokens(&tokens[..text]).unwrap_or(0)
+    }
+
+    /// A mask that allows only the end-of-generation tokens.
+    pub fn end_mask(&self) -> Vec<u32> {
+        let mut words = vec![0u32; self.words];
+        for &id in self.eog.iter() {
+            if let Some(w) = words.get_mut(id as usize / 32) {
+                *w |= 1 << (id % 32);
+            }
+        }
+        words
     }
 
     /// Undoes the last `n` consumed tokens.
