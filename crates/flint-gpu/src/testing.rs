@@ -1,13 +1,21 @@
-//! Helpers for GPU tests: one shared context, and the rule that a missing adapter is a
-//! loud skip normally but a failure when `FLINT_REQUIRE_GPU=1`.
+//! The one harness of the GPU op tests: a shared context (a missing adapter is a loud skip,
+//! or a failure when `FLINT_REQUIRE_GPU=1`), submit, sentinels, tolerance presets, seeded
+//! data, and a case runner that runs every case of a test and reports every failing one.
 
 #![cfg(not(target_arch = "wasm32"))]
 
-use std::sync::OnceLock;
+use std::fmt::Debug;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{LazyLock, OnceLock};
+use std::time::Instant;
 
 use crate::context::GpuContext;
+use crate::pipeline::PipelineCache;
 
 static CONTEXT: OnceLock<Option<GpuContext>> = OnceLock::new();
+static PIPELINES: LazyLock<PipelineCache> = LazyLock::new(PipelineCache::new);
+static GPU_LIKE: [OnceLock<(GpuContext, PipelineCache)>; 2] = [OnceLock::new(), OnceLock::new()];
 
 /// The shared test context, or None (with a message) when there is no adapter and the
 /// environment does not require one. Panics when `FLINT_REQUIRE_GPU=1` and none is found.
@@ -36,6 +44,159 @@ macro_rules! gpu_test {
         let Some($ctx) = $crate::testing::context() else { return };
         futures::executor::block_on(async move $body)
     }};
+}
+
+/// The pipeline cache of the shared context, so that a test binary compiles each kernel once.
+pub fn pipelines() -> &'static PipelineCache {
+    &PIPELINES
+}
+
+/// A second context on the shared adapter, told it is not CPU-like, with its own pipeline
+/// cache: the kernels a discrete GPU takes (lanes sharing a row; subgroup shuffles unless
+/// `subgroups` is false) then run on lavapipe and SwiftShader too. None (a skip) where
+/// [`context`] is None. It blocks on the device, so call it from the test function, not from
+/// inside a case's future.
+pub fn gpu_like(subgroups: bool) -> Option<&'static (GpuContext, PipelineCache)> {
+    context()?;
+    Some(GPU_LIKE[subgroups as usize].get_or_init(|| {
+        let mut ctx = futures::executor::block_on(GpuContext::new()).expect("a second context on the shared adapter");
+        ctx.caps.cpu_like = false;
+        if !subgroups {
+            ctx.caps.subgroups = false;
+            ctx.caps.subgroup_min_size = 0;
+        }
+        eprintln!("{} as a GPU, subgroups {} (smallest {})", ctx.adapter_name(), ctx.caps.subgroups, ctx.caps.subgroup_min_size);
+        (ctx, PipelineCache::new())
+    }))
+}
+
+/// Records one compute pass with `f` and submits it: one encoder, one pass, one submit.
+pub fn submit(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        f(&mut pass);
+    }
+    ctx.queue.submit([enc.finish()]);
+}
+
+/// Written into every f32 cell an op must leave alone: exact in f32, far from any test value.
+pub const SENTINEL: f32 = -12345.5;
+/// Written into every u32 cell (ids, counts, lists) an op must leave alone.
+pub const SENTINEL_U32: u32 = 0xdead_beef;
+
+/// A cell type with a sentinel, compared bit for bit.
+pub trait Sentinel: Copy + Debug {
+    const SENTINEL: Self;
+    fn is_sentinel(self) -> bool;
+}
+
+impl Sentinel for f32 {
+    const SENTINEL: f32 = SENTINEL;
+    fn is_sentinel(self) -> bool {
+        self.to_bits() == SENTINEL.to_bits()
+    }
+}
+
+impl Sentinel for u32 {
+    const SENTINEL: u32 = SENTINEL_U32;
+    fn is_sentinel(self) -> bool {
+        self == SENTINEL_U32
+    }
+}
+
+/// `data` followed by sentinels up to `cap` cells (a buffer for the op's most tokens).
+pub fn padded<T: Sentinel>(data: &[T], cap: usize) -> Vec<T> {
+    assert!(data.len() <= cap, "{} cells do not fit in {cap}", data.len());
+    let mut v = data.to_vec();
+    v.resize(cap, T::SENTINEL);
+    v
+}
+
+/// Panics unless every cell of `cells`, a range the op must not write, still holds the
+/// sentinel; the message says `what`, how many cells changed and the first one.
+pub fn assert_untouched<T: Sentinel>(cells: &[T], what: &str) {
+    let mut changed = cells.iter().enumerate().filter(|(_, v)| !v.is_sentinel());
+    if let Some((first, v)) = changed.next() {
+        let n = 1 + changed.count();
+        panic!("{what}: {n} of {} sentinel cells overwritten, the first at +{first} ({v:?})", cells.len());
+    }
+}
+
+/// Runs `run` on every case with the shared context (a loud skip without an adapter, a
+/// failure when `FLINT_REQUIRE_GPU=1`), each case on its own: a case that panics, or leaves a
+/// device error behind, does not stop the rest. At the end it panics listing every failing
+/// case (its `Debug` label and message) and how many passed. A test function calls it (it
+/// blocks on each case), never a future.
+pub fn run_cases<C, F, Fut>(test: &str, cases: impl IntoIterator<Item = C>, run: F)
+where
+    C: Debug,
+    F: Fn(&'static GpuContext, C) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    if let Some(ctx) = context() {
+        run_cases_on(ctx, test, cases, run);
+    }
+}
+
+/// [`run_cases`] on another context than the shared one (e.g. [`gpu_like`]'s), whose device
+/// errors it then checks after each case.
+pub fn run_cases_on<C, F, Fut>(ctx: &'static GpuContext, test: &str, cases: impl IntoIterator<Item = C>, run: F)
+where
+    C: Debug,
+    F: Fn(&'static GpuContext, C) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let cases: Vec<C> = cases.into_iter().collect();
+    assert!(!cases.is_empty(), "{test}: no cases");
+    let n = cases.len();
+    let mut failed = Vec::new();
+    for case in cases {
+        let label = format!("{case:?}");
+        let t0 = Instant::now();
+        let outcome = catch_unwind(AssertUnwindSafe(|| futures::executor::block_on(run(ctx, case))));
+        // A device error the case left behind is its failure, not the next case's.
+        let error = match (outcome, ctx.check()) {
+            (Ok(()), Ok(())) => None,
+            (Ok(()), Err(e)) => Some(format!("device error: {e}")),
+            (Err(p), Ok(())) => Some(panic_message(p.as_ref())),
+            (Err(p), Err(e)) => Some(format!("{}; then device error: {e}", panic_message(p.as_ref()))),
+        };
+        eprintln!("{test} [{label}]: {} in {:.2?}", if error.is_some() { "FAILED" } else { "ok" }, t0.elapsed());
+        if let Some(e) = error {
+            failed.push(format!("  {label}\n    {e}"));
+        }
+    }
+    if !failed.is_empty() {
+        panic!("{test}: {} of {n} cases failed, {} passed:\n{}", failed.len(), n - failed.len(), failed.join("\n"));
+    }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// One `#[test]` per `name => cases` pair, each running its cases (anything iterable whose
+/// items are `Debug`) through [`run_cases`](crate::testing::run_cases) with the async case
+/// function given first (`async fn(&GpuContext, Case)`):
+///
+/// ```ignore
+/// flint_gpu::op_tests! { run;
+///     add_residual => cases(AddKind::Residual),
+///     add_bias => [Case { kind: AddKind::Bias, n: 100, n_tok: 3 }],
+/// }
+/// ```
+#[macro_export]
+macro_rules! op_tests {
+    ($run:expr; $($(#[$attr:meta])* $name:ident => $cases:expr),+ $(,)?) => {
+        $(
+            $(#[$attr])*
+            #[test]
+            fn $name() {
+                $crate::testing::run_cases(stringify!($name), $cases, $run);
+            }
+        )+
+    };
 }
 
 pub use flint_core::testing::{model_path, models_dir, nmse, shared_dir};

@@ -10,11 +10,9 @@ use flint_gpu::ops::kv_write::{encode_block_copy, KvWrite};
 use flint_gpu::ops::rope::RopeSpec;
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
-use flint_gpu::testing::{nmse, TestRng, NMSE_F32};
+use flint_gpu::testing::{assert_untouched, nmse, pipelines, submit, TestRng, NMSE_F32, SENTINEL};
 use flint_gpu::GpuContext;
 
-/// Written into every output and cache element the step must leave alone.
-const SENTINEL: f32 = -12345.5;
 /// Extra batch rows past the step's tokens, kept at SENTINEL to catch stray writes.
 const SPARE_TOKENS: u32 = 3;
 /// Unused cache blocks mixed into the pool, kept at SENTINEL.
@@ -33,6 +31,7 @@ enum Split {
     Fixed(u32),
 }
 
+#[derive(Debug)]
 struct Case {
     desc: AttentionDesc,
     block_size: u32,
@@ -78,10 +77,9 @@ fn reference(d: &AttentionDesc, q: &[f32], k: &Rows, v: &Rows, pos: usize) -> Ve
     out
 }
 
-/// Runs kv_write then attention in one pass; checks caches exactly, sentinels, and returns
-/// the output's NMSE against the reference.
-/// Runs `c` (with `split` forced when `force_split`); returns the NMSE and whether the serial
-/// kernel ran.
+/// Runs kv_write then attention in one pass (with `split` forced when `force_split`); checks
+/// caches exactly and sentinels; returns the output's NMSE against the reference and whether
+/// the serial kernel ran.
 async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) {
     let d = &c.desc;
     let (kv_dim, v_dim, q_dim, out_dim) = (d.kv_dim() as usize, d.v_dim() as usize, d.q_dim() as usize, d.out_dim() as usize);
@@ -164,10 +162,10 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
     let (kc_buf, vc_buf) = (buf("k_cache", &k_cache), buf("v_cache", &v_cache));
     let out_buf = buf("out", &vec![SENTINEL; max_tokens as usize * out_dim]);
 
-    let cache = PipelineCache::new();
-    let write = KvWrite::new(ctx, &cache, &batch, d, &k_buf, &v_buf, &kc_buf, &vc_buf).await.unwrap();
+    let cache = pipelines();
+    let write = KvWrite::new(ctx, cache, &batch, d, &k_buf, &v_buf, &kc_buf, &vc_buf).await.unwrap();
     let scratch = storage(ctx, "scratch", Attention::scratch_bytes(d, max_tokens)).unwrap();
-    let mut attn = Attention::new(ctx, &cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch).await.unwrap();
+    let mut attn = Attention::new(ctx, cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch).await.unwrap();
     if force_split {
         attn.force_split(ctx);
     }
@@ -179,13 +177,10 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
     if let Split::Fixed(n) = c.split {
         attn.fix_splits(ctx, Some(n));
     }
-    let mut enc = ctx.device.create_command_encoder(&Default::default());
-    {
-        let mut pass = enc.begin_compute_pass(&Default::default());
-        write.encode(&mut pass, n_tok);
-        attn.encode_kv(&mut pass, n_tok, grid_kv);
-    }
-    ctx.queue.submit([enc.finish()]);
+    submit(ctx, |pass| {
+        write.encode(pass, n_tok);
+        attn.encode_kv(pass, n_tok, grid_kv);
+    });
 
     let out = read_f32(ctx, &out_buf, 0, max_tokens as usize * out_dim).await.unwrap();
     let kc = read_f32(ctx, &kc_buf, 0, k_cache.len()).await.unwrap();
@@ -207,79 +202,49 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
     assert!(vc == v_cache, "v_cache differs after kv_write");
 
     let (got, tail) = out.split_at(n_tok as usize * out_dim);
-    assert!(tail.iter().all(|&x| x == SENTINEL), "attention wrote past its {n_tok} tokens");
+    assert_untouched(tail, &format!("attention wrote past its {n_tok} tokens"));
     let want: Vec<f32> = toks.iter().enumerate().flat_map(|(t, &(s, p))| reference(d, &q_ref[t * q_dim..][..q_dim], &hist[s].0, &hist[s].1, p)).collect();
     assert!(got.iter().all(|x| x.is_finite()), "non-finite attention output");
     (nmse(got, &want), attn.serial())
 }
 
-fn check(c: Case) {
-    flint_gpu::gpu_test!(ctx => {
-        // Both kernels where the adapter picks the serial one.
-        for force_split in [false, true] {
-            let t0 = std::time::Instant::now();
-            let (e, serial) = run_case(ctx, &c, force_split).await;
-            let kernel = if serial { "rows" } else { "split" };
-            eprintln!("{:?} seqs {:?} bs {} split {:?} {kernel}: nmse {e:.3e} in {:.2?}", c.desc, c.seqs, c.block_size, c.split, t0.elapsed());
-            assert!(e <= NMSE_F32, "{kernel}: nmse {e:e} > {NMSE_F32:e}");
-            if !serial && !force_split {
-                break;
-            }
+async fn check(ctx: &GpuContext, c: Case) {
+    // Both kernels where the adapter picks the serial one.
+    for force_split in [false, true] {
+        let t0 = std::time::Instant::now();
+        let (e, serial) = run_case(ctx, &c, force_split).await;
+        let kernel = if serial { "rows" } else { "split" };
+        eprintln!("{:?} seqs {:?} bs {} split {:?} {kernel}: nmse {e:.3e} in {:.2?}", c.desc, c.seqs, c.block_size, c.split, t0.elapsed());
+        assert!(e <= NMSE_F32, "{kernel}: nmse {e:e} > {NMSE_F32:e}");
+        if !serial && !force_split {
+            break;
         }
-    });
-}
-
-#[test]
-fn decode_one_sequence_gqa_hd64() {
-    check(Case { desc: desc(14, 2, 64, None), block_size: 16, seqs: &[(45, 1)], split: Split::Auto, shuffle_tokens: false, seed: 1 });
-}
-
-#[test]
-fn three_sequences_prefill_decode_and_chunk() {
-    // A fresh prefill, a decode and a continued (chunked) prefill in one batch, interleaved.
-    check(Case { desc: desc(14, 2, 64, None), block_size: 16, seqs: &[(0, 5), (37, 1), (20, 3)], split: Split::Auto, shuffle_tokens: true, seed: 2 });
-}
-
-#[test]
-fn three_sequences_odd_block_size_forced_splits() {
-    // Contexts past several splits, a block size that is no power of two, split counts 1..=5.
-    for n in [1, 2, 5] {
-        check(Case { desc: desc(14, 2, 64, None), block_size: 7, seqs: &[(300, 1), (0, 6), (130, 4)], split: Split::Fixed(n), shuffle_tokens: true, seed: 3 });
     }
 }
 
-#[test]
-fn prefill_one_sequence_hd128() {
-    // Each token sees the rows written earlier in the same pass.
-    check(Case { desc: desc(8, 2, 128, None), block_size: 16, seqs: &[(0, 40)], split: Split::Auto, shuffle_tokens: false, seed: 4 });
-}
-
-#[test]
-fn gqa_4_1_hd256_sliding_window() {
-    // Window 100 < context: the visible range starts mid-block and crosses split boundaries.
-    check(Case { desc: desc(4, 1, 256, Some(100)), block_size: 16, seqs: &[(350, 1), (90, 12), (3, 2)], split: Split::Kv, shuffle_tokens: true, seed: 5 });
-}
-
-#[test]
-fn soft_capped_scores() {
-    // gemma2's cap, small enough to bite on these scores (scale 1: scores of several units);
-    // both kernels (rows and split) and a window.
+/// gemma2's cap, small enough to bite on these scores (scale 1: scores of several units);
+/// both kernels (rows and split) and a window.
+fn soft_capped() -> [Case; 2] {
     let capped = |d: AttentionDesc| AttentionDesc { softcap: Some(2.0), scale: 1.0, ..d };
-    check(Case { desc: capped(desc(4, 2, 32, None)), block_size: 16, seqs: &[(40, 3), (0, 7)], split: Split::Auto, shuffle_tokens: true, seed: 21 });
-    check(Case { desc: capped(desc(4, 2, 32, Some(16))), block_size: 16, seqs: &[(300, 2)], split: Split::Kv, shuffle_tokens: false, seed: 22 });
+    [
+        Case { desc: capped(desc(4, 2, 32, None)), block_size: 16, seqs: &[(40, 3), (0, 7)], split: Split::Auto, shuffle_tokens: true, seed: 21 },
+        Case { desc: capped(desc(4, 2, 32, Some(16))), block_size: 16, seqs: &[(300, 2)], split: Split::Kv, shuffle_tokens: false, seed: 22 },
+    ]
 }
 
-#[test]
-fn fused_rope_both_styles_partial_rotation() {
-    // q and this step's K rows rotated by attention and kv_write, against the CPU reference.
+/// q and this step's K rows rotated by attention and kv_write, against the CPU reference.
+fn fused_rope() -> Vec<Case> {
     type RopeCase = (RopeStyle, u32, &'static [(u32, u32)]);
-    let cases: [RopeCase; 2] = [(RopeStyle::Neox, 64, &[(0, 9), (30, 1)]), (RopeStyle::Normal, 32, &[(70, 2)])];
-    for (style, rope_dim, seqs) in cases {
-        let rope = Some(RopeSpec { rope_dim, style, base: 10000.0, freq_scale: 0.5, freq_factors: None });
-        check(Case { desc: AttentionDesc { rope, ..desc(14, 2, 64, None) }, block_size: 16, seqs, split: Split::Auto, shuffle_tokens: true, seed: 11 });
-    }
+    let styles: [RopeCase; 2] = [(RopeStyle::Neox, 64, &[(0, 9), (30, 1)]), (RopeStyle::Normal, 32, &[(70, 2)])];
+    let mut cases: Vec<Case> = styles
+        .into_iter()
+        .map(|(style, rope_dim, seqs)| {
+            let rope = Some(RopeSpec { rope_dim, style, base: 10000.0, freq_scale: 0.5, freq_factors: None });
+            Case { desc: AttentionDesc { rope, ..desc(14, 2, 64, None) }, block_size: 16, seqs, split: Split::Auto, shuffle_tokens: true, seed: 11 }
+        })
+        .collect();
     let rope = Some(RopeSpec { rope_dim: 256, style: RopeStyle::Neox, base: 1e6, freq_scale: 1.0, freq_factors: None });
-    check(Case {
+    cases.push(Case {
         desc: AttentionDesc { rope, ..desc(4, 1, 256, Some(50)) },
         block_size: 16,
         seqs: &[(100, 3)],
@@ -290,7 +255,7 @@ fn fused_rope_both_styles_partial_rotation() {
     // Llama 3's per-dimension frequency factors (rope_freqs.weight), 1 to 17, on q and K.
     let factors: Vec<f32> = TestRng::new(31).vec(32).iter().map(|x| 1.0 + 16.0 * x.abs()).collect();
     let rope = Some(RopeSpec { rope_dim: 64, style: RopeStyle::Normal, base: 5e5, freq_scale: 1.0, freq_factors: Some(factors.into()) });
-    check(Case {
+    cases.push(Case {
         desc: AttentionDesc { rope, ..desc(8, 2, 64, None) },
         block_size: 16,
         seqs: &[(200, 2), (0, 5)],
@@ -298,37 +263,71 @@ fn fused_rope_both_styles_partial_rotation() {
         shuffle_tokens: true,
         seed: 16,
     });
+    cases
 }
 
-#[test]
-fn prefill_with_small_window() {
-    check(Case { desc: desc(4, 1, 256, Some(5)), block_size: 8, seqs: &[(0, 17)], split: Split::Auto, shuffle_tokens: false, seed: 6 });
-}
-
-#[test]
-fn long_prefill_chunk_hd256_windowed() {
+flint_gpu::op_tests! { check;
+    decode_one_sequence_gqa_hd64 => [Case { desc: desc(14, 2, 64, None), block_size: 16, seqs: &[(45, 1)], split: Split::Auto, shuffle_tokens: false, seed: 1 }],
+    // A fresh prefill, a decode and a continued (chunked) prefill in one batch, interleaved.
+    three_sequences_prefill_decode_and_chunk => [Case {
+        desc: desc(14, 2, 64, None),
+        block_size: 16,
+        seqs: &[(0, 5), (37, 1), (20, 3)],
+        split: Split::Auto,
+        shuffle_tokens: true,
+        seed: 2,
+    }],
+    // Contexts past several splits, a block size that is no power of two, split counts 1..=5.
+    three_sequences_odd_block_size_forced_splits => [1, 2, 5].map(|n| Case {
+        desc: desc(14, 2, 64, None),
+        block_size: 7,
+        seqs: &[(300, 1), (0, 6), (130, 4)],
+        split: Split::Fixed(n),
+        shuffle_tokens: true,
+        seed: 3,
+    }),
+    // Each token sees the rows written earlier in the same pass.
+    prefill_one_sequence_hd128 => [Case { desc: desc(8, 2, 128, None), block_size: 16, seqs: &[(0, 40)], split: Split::Auto, shuffle_tokens: false, seed: 4 }],
+    // Window 100 < context: the visible range starts mid-block and crosses split boundaries.
+    gqa_4_1_hd256_sliding_window => [Case {
+        desc: desc(4, 1, 256, Some(100)),
+        block_size: 16,
+        seqs: &[(350, 1), (90, 12), (3, 2)],
+        split: Split::Kv,
+        shuffle_tokens: true,
+        seed: 5,
+    }],
+    soft_capped_scores => soft_capped(),
+    fused_rope_both_styles_partial_rotation => fused_rope(),
+    prefill_with_small_window => [Case { desc: desc(4, 1, 256, Some(5)), block_size: 8, seqs: &[(0, 17)], split: Split::Auto, shuffle_tokens: false, seed: 6 }],
     // gemma-3-270m's shape: a 173-token chunk after 1024 cached positions, window 512 (golden
     // prompt 7's last chunk).
-    check(Case { desc: desc(4, 1, 256, Some(512)), block_size: 16, seqs: &[(1024, 173)], split: Split::Kv, shuffle_tokens: false, seed: 13 });
-    check(Case { desc: desc(4, 1, 256, None), block_size: 16, seqs: &[(1024, 173)], split: Split::Kv, shuffle_tokens: false, seed: 14 });
-}
-
-#[test]
-fn serial_kernel_walks_past_65535_loop_iterations() {
+    long_prefill_chunk_hd256_windowed => [
+        Case { desc: desc(4, 1, 256, Some(512)), block_size: 16, seqs: &[(1024, 173)], split: Split::Kv, shuffle_tokens: false, seed: 13 },
+        Case { desc: desc(4, 1, 256, None), block_size: 16, seqs: &[(1024, 173)], split: Split::Kv, shuffle_tokens: false, seed: 14 },
+    ],
     // One split of 1024 positions at head size 256: 66k iterations had the per-position loops
     // been loops (llvmpipe stops a loop nest there).
-    check(Case { desc: desc(4, 1, 256, None), block_size: 16, seqs: &[(1024, 1)], split: Split::Fixed(1), shuffle_tokens: false, seed: 15 });
-}
-
-#[test]
-fn long_decode_1500() {
-    check(Case { desc: desc(14, 2, 64, None), block_size: 16, seqs: &[(1500, 1)], split: Split::Auto, shuffle_tokens: false, seed: 7 });
-    check(Case { desc: desc(16, 8, 128, None), block_size: 32, seqs: &[(1531, 1)], split: Split::Fixed(1), shuffle_tokens: false, seed: 8 });
-}
-
-#[test]
-fn long_decode_1500_windowed_hd256() {
-    check(Case { desc: desc(4, 1, 256, Some(512)), block_size: 16, seqs: &[(1499, 1), (700, 1)], split: Split::Kv, shuffle_tokens: false, seed: 9 });
+    serial_kernel_walks_past_65535_loop_iterations => [Case {
+        desc: desc(4, 1, 256, None),
+        block_size: 16,
+        seqs: &[(1024, 1)],
+        split: Split::Fixed(1),
+        shuffle_tokens: false,
+        seed: 15,
+    }],
+    long_decode_1500 => [
+        Case { desc: desc(14, 2, 64, None), block_size: 16, seqs: &[(1500, 1)], split: Split::Auto, shuffle_tokens: false, seed: 7 },
+        Case { desc: desc(16, 8, 128, None), block_size: 32, seqs: &[(1531, 1)], split: Split::Fixed(1), shuffle_tokens: false, seed: 8 },
+    ],
+    long_decode_1500_windowed_hd256 => [Case {
+        desc: desc(4, 1, 256, Some(512)),
+        block_size: 16,
+        seqs: &[(1499, 1), (700, 1)],
+        split: Split::Kv,
+        shuffle_tokens: false,
+        seed: 9,
+    }],
 }
 
 #[test]
@@ -394,42 +393,45 @@ async fn outputs_for(ctx: &GpuContext, d: &AttentionDesc, force_split: bool, tok
     let buf = |label: &str, data: &[f32]| storage_init(ctx, label, bytemuck::cast_slice(data)).unwrap();
     let (q_buf, k_buf, kc_buf, vc_buf) = (buf("q", &q), buf("k", &rows), buf("kc", &kc), buf("vc", &kc));
     let out_buf = buf("out", &vec![SENTINEL; n_tok * out_dim]);
-    let cache = PipelineCache::new();
+    let cache = pipelines();
     let scratch = storage(ctx, "scratch", Attention::scratch_bytes(d, n_tok as u32)).unwrap();
-    let write = KvWrite::new(ctx, &cache, &batch, d, &k_buf, &k_buf, &kc_buf, &vc_buf).await.unwrap();
-    let mut attn = Attention::new(ctx, &cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch).await.unwrap();
+    let write = KvWrite::new(ctx, cache, &batch, d, &k_buf, &k_buf, &kc_buf, &vc_buf).await.unwrap();
+    let mut attn = Attention::new(ctx, cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch).await.unwrap();
     if force_split {
         attn.force_split(ctx);
     }
-    let mut enc = ctx.device.create_command_encoder(&Default::default());
-    {
-        let mut pass = enc.begin_compute_pass(&Default::default());
-        write.encode(&mut pass, n_tok as u32);
-        attn.encode_kv(&mut pass, n_tok as u32, max_pos as u32);
-    }
-    ctx.queue.submit([enc.finish()]);
+    submit(ctx, |pass| {
+        write.encode(pass, n_tok as u32);
+        attn.encode_kv(pass, n_tok as u32, max_pos as u32);
+    });
     let got = read_f32(ctx, &out_buf, 0, n_tok * out_dim).await.unwrap();
     ctx.check().unwrap();
     got.chunks_exact(out_dim).map(|r| r.to_vec()).collect()
 }
 
-#[test]
-fn a_tokens_output_does_not_depend_on_its_step() {
-    // A decode at position 700 alone, then beside a 40-token prefill of another sequence
-    // (which widens the split grid and the step), then beside more decodes: the same bits.
-    flint_gpu::gpu_test!(ctx => {
-        for d in [desc(14, 2, 64, None), desc(4, 1, 256, Some(512))] {
-            for force_split in [false, true] {
-                let alone = outputs_for(ctx, &d, force_split, &[(0, 700)], 21).await;
-                let mut with_prefill: Vec<(usize, usize)> = (0..40).map(|p| (1, 900 + p)).collect();
-                with_prefill.insert(17, (0, 700));
-                let mixed = outputs_for(ctx, &d, force_split, &with_prefill, 21).await;
-                let busy = outputs_for(ctx, &d, force_split, &[(2, 30), (0, 700), (3, 1)], 21).await;
-                assert!(alone[0] == mixed[17], "{d:?} split {force_split}: a prefill beside it changed the output");
-                assert!(alone[0] == busy[1], "{d:?} split {force_split}: other decodes beside it changed the output");
-            }
-        }
-    });
+/// A token's step mates, on one kernel family.
+#[derive(Debug)]
+struct Neighbours {
+    desc: AttentionDesc,
+    force_split: bool,
+}
+
+/// A decode at position 700 alone, then beside a 40-token prefill of another sequence (which
+/// widens the split grid and the step), then beside more decodes: the same bits.
+async fn same_bits_whatever_the_step(ctx: &GpuContext, Neighbours { desc: d, force_split }: Neighbours) {
+    let alone = outputs_for(ctx, &d, force_split, &[(0, 700)], 21).await;
+    let mut with_prefill: Vec<(usize, usize)> = (0..40).map(|p| (1, 900 + p)).collect();
+    with_prefill.insert(17, (0, 700));
+    let mixed = outputs_for(ctx, &d, force_split, &with_prefill, 21).await;
+    let busy = outputs_for(ctx, &d, force_split, &[(2, 30), (0, 700), (3, 1)], 21).await;
+    assert!(alone[0] == mixed[17], "{d:?} split {force_split}: a prefill beside it changed the output");
+    assert!(alone[0] == busy[1], "{d:?} split {force_split}: other decodes beside it changed the output");
+}
+
+flint_gpu::op_tests! { same_bits_whatever_the_step;
+    a_tokens_output_does_not_depend_on_its_step => [desc(14, 2, 64, None), desc(4, 1, 256, Some(512))]
+        .into_iter()
+        .flat_map(|desc| [false, true].map(|force_split| Neighbours { desc: desc.clone(), force_split })),
 }
 
 #[test]

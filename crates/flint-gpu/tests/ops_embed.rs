@@ -2,25 +2,18 @@
 //! fusion in the mul-add formats): every format, a table split into two parts with ids in
 //! both, more chunks than a workgroup, and sentinels on the rows no part may write.
 
-use std::sync::LazyLock;
-
 use flint_core::quant::{self, QuantType};
 use flint_gpu::buffer::{read_f32, storage_init};
 use flint_gpu::ops::embed::Embed;
 use flint_gpu::ops::Batch;
-use flint_gpu::pipeline::PipelineCache;
-use flint_gpu::testing::{random_quant, TestRng};
+use flint_gpu::testing::{pipelines, random_quant, submit, TestRng, SENTINEL};
 use flint_gpu::weights::layout;
 use flint_gpu::GpuContext;
 
-/// Written into every cell of x the op must not touch.
-const SENTINEL: f32 = 1234.5;
 /// Rows of x past n_tok, never written.
 const SPARE_TOKENS: usize = 2;
 /// One f16 value in this many is a subnormal, to check the exact f16 conversion.
 const SUBNORMAL_EVERY: u32 = 7;
-
-static CACHE: LazyLock<PipelineCache> = LazyLock::new(PipelineCache::new);
 
 /// f16 bits of `v`, or now and then a random subnormal.
 fn f16_bits(v: f32, rng: &mut TestRng) -> u16 {
@@ -35,10 +28,21 @@ fn random_table(ty: QuantType, n_elems: usize, rng: &mut TestRng) -> Vec<u8> {
     random_quant(ty, n_elems, rng, f16_bits)
 }
 
-/// Looks up `ids` in a `vocab`-row table of `ty` split at row `split`, encoding part 0 alone
-/// first and then both, and checks each state bit for bit against the CPU.
-#[allow(clippy::too_many_arguments)]
-async fn run(ctx: &GpuContext, ty: QuantType, n_embd: usize, vocab: usize, split: usize, ids: &[u32], scale: f32, seed: u64) {
+/// A lookup of `ids` in a `vocab`-row table of `ty`, `n_embd` wide, split at row `split`.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    ty: QuantType,
+    n_embd: usize,
+    vocab: usize,
+    split: usize,
+    ids: &'static [u32],
+    scale: f32,
+    seed: u64,
+}
+
+/// Runs `case`, encoding part 0 alone first and then both, and checks each state bit for bit
+/// against the CPU.
+async fn run(ctx: &GpuContext, Case { ty, n_embd, vocab, split, ids, scale, seed }: Case) {
     let mut rng = TestRng::new(seed);
     let n_tok = ids.len();
     let rows = n_tok + SPARE_TOKENS;
@@ -57,19 +61,13 @@ async fn run(ctx: &GpuContext, ty: QuantType, n_embd: usize, vocab: usize, split
     let mut ops = Vec::new();
     for &(first, count) in &parts {
         let buf = storage_init(ctx, "table_part", &gpu_table[first * row_bytes..(first + count) * row_bytes]).unwrap();
-        let op = Embed::new(ctx, &CACHE, &batch, ty, n_embd as u32, count as u32, first as u32, &buf, &x, scale).await.unwrap_or_else(|e| panic!("{ty}: {e}"));
+        let op =
+            Embed::new(ctx, pipelines(), &batch, ty, n_embd as u32, count as u32, first as u32, &buf, &x, scale).await.unwrap_or_else(|e| panic!("{ty}: {e}"));
         ops.push((op, buf));
     }
 
     for n_parts in [1, 2] {
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            for (op, _) in &ops[..n_parts] {
-                op.encode(&mut pass, n_tok as u32);
-            }
-        }
-        ctx.queue.submit([enc.finish()]);
+        submit(ctx, |pass| ops[..n_parts].iter().for_each(|(op, _)| op.encode(pass, n_tok as u32)));
         let got = read_f32(ctx, &x, 0, rows * n_embd).await.unwrap();
         ctx.check().unwrap();
         let covered = parts[n_parts - 1].0 + parts[n_parts - 1].1;
@@ -111,27 +109,39 @@ fn fused_tolerance(ty: QuantType, row: &[f32], i: usize) -> f32 {
     (max + spread) * f32::EPSILON * FUSED_ULPS
 }
 
-#[test]
-fn every_type_two_parts_bit_exact() {
-    flint_gpu::gpu_test!(ctx => {
-        // Ids at both ends of both parts, repeated, out of order.
-        let ids = [0, 19, 20, 36, 5, 25, 19, 0, 31];
-        for ty in QuantType::ALL {
-            let n_embd = if ty.block_elems() == 256 { 3 * 256 } else { 5 * 32 };
-            for (scale, seed) in [(1.0, 1), (25.298_22, 2)] {
-                run(ctx, ty, n_embd, 37, 20, &ids, scale, seed).await;
-            }
-        }
-    });
+/// Ids at both ends of both parts, repeated, out of order.
+const IDS: [u32; 9] = [0, 19, 20, 36, 5, 25, 19, 0, 31];
+
+/// `ty`'s rows (an odd number of blocks and chunks) in two parts, unscaled and scaled.
+fn two_parts(ty: QuantType) -> [Case; 2] {
+    let n_embd = if ty.block_elems() == 256 { 3 * 256 } else { 5 * 32 };
+    [(1.0, 1), (25.298_22, 2)].map(|(scale, seed)| Case { ty, n_embd, vocab: 37, split: 20, ids: &IDS, scale, seed })
+}
+
+flint_gpu::op_tests! { run;
+    embed_f32 => two_parts(QuantType::F32),
+    embed_f16 => two_parts(QuantType::F16),
+    embed_bf16 => two_parts(QuantType::BF16),
+    embed_q4_0 => two_parts(QuantType::Q4_0),
+    embed_q4_1 => two_parts(QuantType::Q4_1),
+    embed_q5_0 => two_parts(QuantType::Q5_0),
+    embed_q5_1 => two_parts(QuantType::Q5_1),
+    embed_q8_0 => two_parts(QuantType::Q8_0),
+    embed_q4_k => two_parts(QuantType::Q4K),
+    embed_q5_k => two_parts(QuantType::Q5K),
+    embed_q6_k => two_parts(QuantType::Q6K),
+    // 72 and 80 chunks per row: three workgroups in x, the last one partial.
+    embed_rows_wider_than_a_workgroup => [
+        Case { ty: QuantType::Q8_0, n_embd: 72 * 32, vocab: 11, split: 4, ids: &[10, 3, 4, 0, 7], scale: 25.298_22, seed: 3 },
+        Case { ty: QuantType::Q6K, n_embd: 10 * 256, vocab: 11, split: 9, ids: &[10, 3, 4, 0, 7, 8, 9], scale: 1.0, seed: 4 },
+    ],
 }
 
 #[test]
-fn rows_wider_than_a_workgroup() {
-    flint_gpu::gpu_test!(ctx => {
-        // 72 and 80 chunks per row: three workgroups in x, the last one partial.
-        run(ctx, QuantType::Q8_0, 72 * 32, 11, 4, &[10, 3, 4, 0, 7], 25.298_22, 3).await;
-        run(ctx, QuantType::Q6K, 10 * 256, 11, 9, &[10, 3, 4, 0, 7, 8, 9], 1.0, 4).await;
-    });
+fn every_format_has_its_embed_test() {
+    // The named tests above take these formats; a new one needs its own.
+    use QuantType::*;
+    assert_eq!(QuantType::ALL, [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4K, Q5K, Q6K]);
 }
 
 #[test]
@@ -142,7 +152,7 @@ fn rejects_bad_shapes() {
         let x = storage_init(ctx, "x", &[0u8; 4096]).unwrap();
         // Not whole super-blocks; not whole chunks; a table part too small for its rows.
         for (ty, n_embd, rows) in [(QuantType::Q4K, 128, 1), (QuantType::F16, 48, 1), (QuantType::Q8_0, 256, 100)] {
-            assert!(Embed::new(ctx, &CACHE, &batch, ty, n_embd, rows, 0, &buf, &x, 1.0).await.is_err(), "{ty} {n_embd}");
+            assert!(Embed::new(ctx, pipelines(), &batch, ty, n_embd, rows, 0, &buf, &x, 1.0).await.is_err(), "{ty} {n_embd}");
         }
         ctx.check().unwrap();
     });

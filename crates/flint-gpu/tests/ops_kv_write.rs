@@ -11,88 +11,93 @@ use flint_gpu::ops::attention::AttentionDesc;
 use flint_gpu::ops::kv_write::{encode_block_copy, KvWrite};
 use flint_gpu::ops::rope::RopeSpec;
 use flint_gpu::ops::Batch;
-use flint_gpu::pipeline::PipelineCache;
-use flint_gpu::testing::{nmse, TestRng, NMSE_F32};
-
-const SENTINEL: f32 = -777.25;
+use flint_gpu::testing::{nmse, pipelines, submit, Sentinel, TestRng, NMSE_F32, SENTINEL};
+use flint_gpu::GpuContext;
 
 fn desc(rope: Option<RopeSpec>) -> AttentionDesc {
     AttentionDesc { n_head: 4, n_head_kv: 2, head_dim: 64, head_dim_v: 32, scale: 0.125, window: None, rope, softcap: None }
 }
 
-#[test]
-fn rows_land_in_their_slots() {
-    flint_gpu::gpu_test!(ctx => {
-        let ropes = [
-            None,
-            Some(RopeSpec { rope_dim: 64, style: RopeStyle::Neox, base: 10000.0, freq_scale: 1.0, freq_factors: None }),
-            Some(RopeSpec { rope_dim: 32, style: RopeStyle::Normal, base: 1e6, freq_scale: 0.25, freq_factors: None }),
-            // Llama 3 scaling: per-pair divisors (rope_freqs.weight), seeded.
-            Some(RopeSpec {
-                rope_dim: 64,
-                style: RopeStyle::Normal,
-                base: 5e5,
-                freq_scale: 1.0,
-                freq_factors: Some(TestRng::new(9).vec(32).iter().map(|x| 1.0 + 16.0 * x.abs()).collect()),
-            }),
-        ];
-        for (case, rope_spec) in ropes.into_iter().enumerate() {
-            let d = desc(rope_spec.clone());
-            let (kv_dim, v_dim, hd) = (d.kv_dim() as usize, d.v_dim() as usize, d.head_dim as usize);
-            let (bs, n_blocks) = (8usize, 12usize);
-            let mut rng = TestRng::new(50 + case as u64);
-            // Three sequences: a fresh prefill, a decode, a continued prefill; tokens interleaved.
-            let tables: Vec<Vec<u32>> = vec![vec![7, 2], vec![0, 9, 4, 11], vec![5, 1]];
-            let toks: Vec<(usize, usize)> = vec![(0, 0), (1, 27), (2, 9), (0, 1), (2, 10), (0, 2), (2, 11)];
-            let n_tok = toks.len();
-            let spare = 2; // rows past the step, kept at SENTINEL in the inputs
-            let k: Vec<f32> = rng.vec((n_tok + spare) * kv_dim);
-            let v: Vec<f32> = rng.vec((n_tok + spare) * v_dim);
-            let batch = Batch::new(ctx, (n_tok + spare) as u32, 3, 4, bs as u32).unwrap();
-            let pos: Vec<u32> = toks.iter().map(|t| t.1 as u32).collect();
-            let seq: Vec<u32> = toks.iter().map(|t| t.0 as u32).collect();
-            let refs: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
-            batch.write(ctx, &vec![0; n_tok], &pos, &seq, &refs);
-            let n_slots = n_blocks * bs;
-            let buf = |label: &str, data: &[f32]| storage_init(ctx, label, bytemuck::cast_slice(data)).unwrap();
-            let (k_buf, v_buf) = (buf("k", &k), buf("v", &v));
-            let kc = buf("k_cache", &vec![SENTINEL; n_slots * kv_dim]);
-            let vc = buf("v_cache", &vec![SENTINEL; n_slots * v_dim]);
-            let write = KvWrite::new(ctx, &PipelineCache::new(), &batch, &d, &k_buf, &v_buf, &kc, &vc).await.unwrap();
-            let mut enc = ctx.device.create_command_encoder(&Default::default());
-            {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                write.encode(&mut pass, n_tok as u32);
-            }
-            ctx.queue.submit([enc.finish()]);
-            let got_k = read_f32(ctx, &kc, 0, n_slots * kv_dim).await.unwrap();
-            let got_v = read_f32(ctx, &vc, 0, n_slots * v_dim).await.unwrap();
-            ctx.check().unwrap();
+/// The rotation K takes on its way into the cache (None: copied), and the data's seed.
+#[derive(Clone, Debug)]
+struct Case {
+    rope: Option<RopeSpec>,
+    seed: u64,
+}
 
-            let mut want_k = vec![SENTINEL; n_slots * kv_dim];
-            let mut want_v = vec![SENTINEL; n_slots * v_dim];
-            for (t, &(s, p)) in toks.iter().enumerate() {
-                let slot = tables[s][p / bs] as usize * bs + p % bs;
-                let mut row = k[t * kv_dim..][..kv_dim].to_vec();
-                if let Some(r) = &rope_spec {
-                    for head in row.chunks_mut(hd) {
-                        rope(head, p, &rope_inv_freq(r.rope_dim as usize, r.base, r.freq_factors.as_deref()), r.freq_scale, r.style);
-                    }
-                }
-                want_k[slot * kv_dim..][..kv_dim].copy_from_slice(&row);
-                want_v[slot * v_dim..][..v_dim].copy_from_slice(&v[t * v_dim..][..v_dim]);
-            }
-            assert!(got_v == want_v, "case {case}: V rows must be copied exactly, nowhere else");
-            let untouched = |g: &[f32], w: &[f32]| g.iter().zip(w).filter(|(_, w)| **w == SENTINEL).all(|(g, _)| *g == SENTINEL);
-            assert!(untouched(&got_k, &want_k), "case {case}: K written outside the step's slots");
-            if rope_spec.is_some() {
-                let e = nmse(&got_k, &want_k);
-                assert!(e <= NMSE_F32, "case {case}: rotated K nmse {e:e}");
-            } else {
-                assert!(got_k == want_k, "case {case}: K rows must be copied exactly");
+/// Three sequences (a fresh prefill, a decode, a continued prefill), tokens interleaved.
+async fn run(ctx: &GpuContext, Case { rope: rope_spec, seed }: Case) {
+    let d = desc(rope_spec.clone());
+    let (kv_dim, v_dim, hd) = (d.kv_dim() as usize, d.v_dim() as usize, d.head_dim as usize);
+    let (bs, n_blocks) = (8usize, 12usize);
+    let mut rng = TestRng::new(seed);
+    let tables: Vec<Vec<u32>> = vec![vec![7, 2], vec![0, 9, 4, 11], vec![5, 1]];
+    let toks: Vec<(usize, usize)> = vec![(0, 0), (1, 27), (2, 9), (0, 1), (2, 10), (0, 2), (2, 11)];
+    let n_tok = toks.len();
+    let spare = 2; // rows past the step, kept at SENTINEL in the inputs
+    let k: Vec<f32> = rng.vec((n_tok + spare) * kv_dim);
+    let v: Vec<f32> = rng.vec((n_tok + spare) * v_dim);
+    let batch = Batch::new(ctx, (n_tok + spare) as u32, 3, 4, bs as u32).unwrap();
+    let pos: Vec<u32> = toks.iter().map(|t| t.1 as u32).collect();
+    let seq: Vec<u32> = toks.iter().map(|t| t.0 as u32).collect();
+    let refs: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
+    batch.write(ctx, &vec![0; n_tok], &pos, &seq, &refs);
+    let n_slots = n_blocks * bs;
+    let buf = |label: &str, data: &[f32]| storage_init(ctx, label, bytemuck::cast_slice(data)).unwrap();
+    let (k_buf, v_buf) = (buf("k", &k), buf("v", &v));
+    let kc = buf("k_cache", &vec![SENTINEL; n_slots * kv_dim]);
+    let vc = buf("v_cache", &vec![SENTINEL; n_slots * v_dim]);
+    let write = KvWrite::new(ctx, pipelines(), &batch, &d, &k_buf, &v_buf, &kc, &vc).await.unwrap();
+    submit(ctx, |p| write.encode(p, n_tok as u32));
+    let got_k = read_f32(ctx, &kc, 0, n_slots * kv_dim).await.unwrap();
+    let got_v = read_f32(ctx, &vc, 0, n_slots * v_dim).await.unwrap();
+    ctx.check().unwrap();
+
+    let mut want_k = vec![SENTINEL; n_slots * kv_dim];
+    let mut want_v = vec![SENTINEL; n_slots * v_dim];
+    for (t, &(s, p)) in toks.iter().enumerate() {
+        let slot = tables[s][p / bs] as usize * bs + p % bs;
+        let mut row = k[t * kv_dim..][..kv_dim].to_vec();
+        if let Some(r) = &rope_spec {
+            for head in row.chunks_mut(hd) {
+                rope(head, p, &rope_inv_freq(r.rope_dim as usize, r.base, r.freq_factors.as_deref()), r.freq_scale, r.style);
             }
         }
-    });
+        want_k[slot * kv_dim..][..kv_dim].copy_from_slice(&row);
+        want_v[slot * v_dim..][..v_dim].copy_from_slice(&v[t * v_dim..][..v_dim]);
+    }
+    assert!(got_v == want_v, "V rows must be copied exactly, nowhere else");
+    let untouched = |g: &[f32], w: &[f32]| g.iter().zip(w).filter(|(_, w)| w.is_sentinel()).all(|(g, _)| g.is_sentinel());
+    assert!(untouched(&got_k, &want_k), "K written outside the step's slots");
+    if rope_spec.is_some() {
+        let e = nmse(&got_k, &want_k);
+        assert!(e <= NMSE_F32, "rotated K nmse {e:e}");
+    } else {
+        assert!(got_k == want_k, "K rows must be copied exactly");
+    }
+}
+
+flint_gpu::op_tests! { run;
+    kv_write_copies_k_without_rope => [Case { rope: None, seed: 50 }],
+    kv_write_rotates_k_neox => [Case {
+        rope: Some(RopeSpec { rope_dim: 64, style: RopeStyle::Neox, base: 10000.0, freq_scale: 1.0, freq_factors: None }),
+        seed: 51,
+    }],
+    kv_write_rotates_k_normal_partial_scaled => [Case {
+        rope: Some(RopeSpec { rope_dim: 32, style: RopeStyle::Normal, base: 1e6, freq_scale: 0.25, freq_factors: None }),
+        seed: 52,
+    }],
+    // Llama 3 scaling: per-pair divisors (rope_freqs.weight), seeded.
+    kv_write_rotates_k_llama3_freq_factors => [Case {
+        rope: Some(RopeSpec {
+            rope_dim: 64,
+            style: RopeStyle::Normal,
+            base: 5e5,
+            freq_scale: 1.0,
+            freq_factors: Some(TestRng::new(9).vec(32).iter().map(|x| 1.0 + 16.0 * x.abs()).collect()),
+        }),
+        seed: 53,
+    }],
 }
 
 #[test]

@@ -4,23 +4,17 @@
 //! row is bit-identical whatever token block (1, 4, 8, 16, tiles) its step takes, on both
 //! kernel families.
 
-use std::sync::LazyLock;
-
 use flint_core::quant::{self, QuantType};
 use flint_gpu::buffer::{read_f32, storage_init};
 use flint_gpu::ops::matmul::{Matmul, MatmulDesc, TOKEN_BLOCKS};
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
-use flint_gpu::testing::{f16_nearest, nmse, random_quant, TestRng, NMSE_F32, NMSE_QUANT};
+use flint_gpu::testing::{f16_nearest, gpu_like, nmse, pipelines, random_quant, run_cases, run_cases_on, submit, TestRng, NMSE_F32, NMSE_QUANT, SENTINEL};
 use flint_gpu::weights::layout;
 use flint_gpu::GpuContext;
 
-/// Written into every cell of y the op must not touch.
-const SENTINEL: f32 = 1234.5;
 /// Extra rows of x and y past n_tok in batch mode: filled, never read or written.
 const SPARE_TOKENS: usize = 2;
-
-static CACHE: LazyLock<PipelineCache> = LazyLock::new(PipelineCache::new);
 
 /// Seeded random rows of `ty` with sane f16 scales (no NaN or inf).
 fn random_weights(ty: QuantType, n_elems: usize, rng: &mut TestRng) -> Vec<u8> {
@@ -48,21 +42,24 @@ struct Case {
     max_tokens: Option<u32>,
     bias: bool,
     accumulate: bool,
+    seed: u64,
 }
 
 impl Case {
-    fn new(ty: QuantType, n_rows: u32, n_tok: u32) -> Case {
-        Case { ty, n_in: odd_n_in(ty), n_rows, n_tok, row_offset: 0, y_stride: n_rows, max_tokens: None, bias: false, accumulate: false }
+    fn new(ty: QuantType, n_rows: u32, n_tok: u32, seed: u64) -> Case {
+        Case { ty, n_in: odd_n_in(ty), n_rows, n_tok, row_offset: 0, y_stride: n_rows, max_tokens: None, bias: false, accumulate: false, seed }
     }
 }
 
-/// Runs `case` on the GPU and checks it against the CPU reference; returns the NMSE.
-async fn run(ctx: &GpuContext, case: Case, seed: u64) -> f64 {
-    run_in(ctx, &CACHE, case, seed).await
+/// Runs `case` with the shared context's kernels.
+async fn run(ctx: &GpuContext, case: Case) {
+    let e = run_in(ctx, pipelines(), case).await;
+    eprintln!("{case:?}: nmse {e:.2e}");
 }
 
-async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case, seed: u64) -> f64 {
-    let Case { ty, n_in, n_rows, n_tok, row_offset, y_stride, max_tokens, bias, accumulate } = case;
+/// Runs `case` on the GPU and checks it against the CPU reference; returns the NMSE.
+async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> f64 {
+    let Case { ty, n_in, n_rows, n_tok, row_offset, y_stride, max_tokens, bias, accumulate, seed } = case;
     let (n_in, n_rows, n_tok_u, y_stride_u) = (n_in as usize, n_rows as usize, n_tok as usize, y_stride as usize);
     let mut rng = TestRng::new(seed);
     let max_tokens = max_tokens.unwrap_or(n_tok).max(n_tok);
@@ -86,12 +83,7 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case, seed: u64) 
     let b_buf = storage_init(ctx, "bias", bytemuck::cast_slice(&b)).unwrap();
     let desc = MatmulDesc { label: "test", ty, n_in: n_in as u32, n_rows: n_rows as u32, row_offset, y_stride, max_tokens, accumulate, ids: None };
     let mm = Matmul::new(ctx, cache, &batch.info, &desc, &w_buf, &x_buf, &y_buf, bias.then_some(&b_buf)).await.unwrap_or_else(|e| panic!("{case:?}: {e}"));
-    let mut enc = ctx.device.create_command_encoder(&Default::default());
-    {
-        let mut pass = enc.begin_compute_pass(&Default::default());
-        mm.encode(&mut pass, n_tok);
-    }
-    ctx.queue.submit([enc.finish()]);
+    submit(ctx, |p| mm.encode(p, n_tok));
     let got = read_f32(ctx, &y_buf, 0, y0.len()).await.unwrap();
     ctx.check().unwrap_or_else(|e| panic!("{case:?}: {e}"));
 
@@ -124,119 +116,93 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case, seed: u64) 
     e
 }
 
-#[test]
-fn every_type_1_and_13_tokens() {
+/// Every case of format `ty`.
+fn cases(ty: QuantType) -> Vec<Case> {
+    use QuantType::*;
+    let mut cases = Vec::new();
     // Dequantization is per format, the token blocks' code is not: every format through the
-    // 1- and 16-token kernels, the 4- and 8-token blocks below with two formats.
-    flint_gpu::gpu_test!(ctx => {
-        for ty in QuantType::ALL {
-            for n_tok in [1, 13] {
-                let e = run(ctx, Case::new(ty, 67, n_tok), 10 + n_tok as u64).await;
-                eprintln!("{ty} n_rows 67 n_tok {n_tok}: nmse {e:.2e}");
+    // 1- and 16-token kernels, the 4- and 8-token blocks with two formats.
+    for n_tok in [1, 13] {
+        cases.push(Case::new(ty, 67, n_tok, 10 + n_tok as u64));
+    }
+    if [Q4K, Q8_0].contains(&ty) {
+        for n_tok in [2, 3, 4, 6, 8] {
+            cases.push(Case { max_tokens: Some(16), ..Case::new(ty, 67, n_tok, 90 + n_tok as u64) });
+        }
+    }
+    // One token into a wider y.
+    cases.push(Case { row_offset: 5, y_stride: 19, max_tokens: Some(4), ..Case::new(ty, 7, 1, 20) });
+    if [F32, Q8_0, Q4K, Q6K].contains(&ty) {
+        // Bias, accumulate and a row offset, batched and single-token.
+        for (bias, accumulate) in [(true, false), (false, true), (true, true)] {
+            for (max_tokens, n_tok) in [(13, 13), (1, 1), (3, 1)] {
+                cases.push(Case { row_offset: 3, y_stride: 16, max_tokens: Some(max_tokens), bias, accumulate, ..Case::new(ty, 7, n_tok, 30) });
             }
         }
-    });
-}
-
-#[test]
-fn small_token_blocks() {
-    flint_gpu::gpu_test!(ctx => {
-        for ty in [QuantType::Q4K, QuantType::Q8_0] {
-            for n_tok in [2, 3, 4, 6, 8] {
-                let e = run(ctx, Case { max_tokens: Some(16), ..Case::new(ty, 67, n_tok) }, 90 + n_tok as u64).await;
-                eprintln!("{ty} n_rows 67 n_tok {n_tok}: nmse {e:.2e}");
-            }
+    }
+    if [Q5_0, Q5K, BF16].contains(&ty) {
+        // A single row; then 41 chunks a row (16 lanes a row, a ragged last round) or 64 (32
+        // lanes), through both kernels; the short rows above take 8 lanes.
+        cases.push(Case::new(ty, 1, 13, 40));
+        let long = if ty.block_elems() == 256 { 2048 } else { 41 * 32 };
+        for n_tok in [1, 13] {
+            cases.push(Case { n_in: long, ..Case::new(ty, 9, n_tok, 41) });
         }
-    });
-}
-
-#[test]
-fn every_type_one_token_into_wider_y() {
-    flint_gpu::gpu_test!(ctx => {
-        for ty in QuantType::ALL {
-            let case = Case { row_offset: 5, y_stride: 19, max_tokens: Some(4), ..Case::new(ty, 7, 1) };
-            run(ctx, case, 20).await;
-        }
-    });
-}
-
-#[test]
-fn bias_accumulate_and_row_offset() {
-    flint_gpu::gpu_test!(ctx => {
-        for ty in [QuantType::F32, QuantType::Q8_0, QuantType::Q4K, QuantType::Q6K] {
-            for (bias, accumulate) in [(true, false), (false, true), (true, true)] {
-                for (max_tokens, n_tok) in [(13, 13), (1, 1), (3, 1)] {
-                    let case = Case { row_offset: 3, y_stride: 16, max_tokens: Some(max_tokens), bias, accumulate, ..Case::new(ty, 7, n_tok) };
-                    run(ctx, case, 30).await;
-                }
-            }
-        }
-    });
-}
-
-#[test]
-fn single_row_and_long_rows() {
-    flint_gpu::gpu_test!(ctx => {
-        for ty in [QuantType::Q5_0, QuantType::Q5K, QuantType::BF16] {
-            run(ctx, Case::new(ty, 1, 13), 40).await;
-            // 41 chunks a row (16 lanes a row, a ragged last round) or 64 (32 lanes), through
-            // both kernels; the short rows above take 8 lanes.
-            let long = if ty.block_elems() == 256 { 2048 } else { 41 * 32 };
-            for n_tok in [1, 13] {
-                run(ctx, Case { n_in: long, ..Case::new(ty, 9, n_tok) }, 41).await;
-            }
-        }
-    });
-}
-
-#[test]
-fn several_token_tiles_and_ragged_row_blocks() {
-    flint_gpu::gpu_test!(ctx => {
+    }
+    if [Q5_0, Q8_0, Q4K, Q6K].contains(&ty) {
         // 37 tokens: three 16-token tiles, the last ragged; 43 rows: a ragged 16-row block.
-        for ty in [QuantType::Q5_0, QuantType::Q8_0, QuantType::Q4K, QuantType::Q6K] {
-            for (bias, accumulate) in [(false, false), (true, true)] {
-                let case = Case { row_offset: 2, y_stride: 47, bias, accumulate, ..Case::new(ty, 43, 37) };
-                run(ctx, case, 45).await;
-            }
+        for (bias, accumulate) in [(false, false), (true, true)] {
+            cases.push(Case { row_offset: 2, y_stride: 47, bias, accumulate, ..Case::new(ty, 43, 37, 45) });
         }
+    }
+    cases
+}
+
+flint_gpu::op_tests! { run;
+    matmul_f32 => cases(QuantType::F32),
+    matmul_f16 => cases(QuantType::F16),
+    matmul_bf16 => cases(QuantType::BF16),
+    matmul_q4_0 => cases(QuantType::Q4_0),
+    matmul_q4_1 => cases(QuantType::Q4_1),
+    matmul_q5_0 => cases(QuantType::Q5_0),
+    matmul_q5_1 => cases(QuantType::Q5_1),
+    matmul_q8_0 => cases(QuantType::Q8_0),
+    matmul_q4_k => cases(QuantType::Q4K),
+    matmul_q5_k => cases(QuantType::Q5K),
+    matmul_q6_k => cases(QuantType::Q6K),
+    // 600000 rows at 8 rows a workgroup is 75000 groups, past the 65535 per dimension.
+    matmul_folded_grid_over_65535_groups => [2, 1].map(|n_tok| Case { n_in: 32, ..Case::new(QuantType::Q8_0, 600_000, n_tok, 50) }),
+}
+
+#[test]
+fn every_format_has_its_matmul_test() {
+    // The named tests above take these formats; a new one needs its own.
+    use QuantType::*;
+    assert_eq!(QuantType::ALL, [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4K, Q5K, Q6K]);
+}
+
+/// The kernels a discrete GPU takes (lanes sharing a row; subgroup shuffles where the adapter
+/// has subgroups and `subgroups` allows them), run on this adapter by a second context that is
+/// told it is not CPU-like: lavapipe and SwiftShader otherwise only run their own kernels.
+fn on_lane_teams(test: &str, subgroups: bool) {
+    let Some((ctx, cache)) = gpu_like(subgroups) else { return };
+    // Rows of 5, 41 and 64 chunks: teams of 8, 16 and 32 lanes.
+    let cases = [(QuantType::Q5_0, 5 * 32), (QuantType::Q8_0, 41 * 32), (QuantType::Q4K, 2048)].into_iter().flat_map(|(ty, n_in)| {
+        [1, 13, 37].map(|n_tok| Case { n_in, row_offset: 1, y_stride: 44, bias: true, accumulate: n_tok == 13, ..Case::new(ty, 43, n_tok, 60 + n_tok as u64) })
+    });
+    run_cases_on(ctx, test, cases, |ctx, case| async move {
+        run_in(ctx, cache, case).await;
     });
 }
 
 #[test]
-fn gpu_kernels_lane_teams_with_and_without_subgroups() {
-    // The kernels a discrete GPU takes (lanes sharing a row; subgroup shuffles where the
-    // adapter has subgroups), run on this adapter by a second context that is told it is not
-    // CPU-like: lavapipe and SwiftShader otherwise only run their own kernels.
-    flint_gpu::gpu_test!(shared => {
-        for subgroups in [true, false] {
-            let mut ctx = GpuContext::new().await.unwrap();
-            ctx.caps.cpu_like = false;
-            if !subgroups {
-                ctx.caps.subgroups = false;
-                ctx.caps.subgroup_min_size = 0;
-            }
-            eprintln!("{} as a GPU, subgroups {} (smallest {})", shared.adapter_name(), ctx.caps.subgroups, ctx.caps.subgroup_min_size);
-            let cache = PipelineCache::new();
-            // Rows of 5, 41 and 64 chunks: teams of 8, 16 and 32 lanes.
-            for (ty, n_in) in [(QuantType::Q5_0, 5 * 32), (QuantType::Q8_0, 41 * 32), (QuantType::Q4K, 2048)] {
-                for n_tok in [1, 13, 37] {
-                    let case = Case { n_in, row_offset: 1, y_stride: 44, bias: true, accumulate: n_tok == 13, ..Case::new(ty, 43, n_tok) };
-                    run_in(&ctx, &cache, case, 60 + n_tok as u64).await;
-                }
-            }
-        }
-    });
+fn matmul_lane_teams_with_subgroups() {
+    on_lane_teams("matmul_lane_teams_with_subgroups", true);
 }
 
 #[test]
-fn folded_grid_over_65535_groups() {
-    flint_gpu::gpu_test!(ctx => {
-        // 600000 rows at 8 rows a workgroup is 75000 groups, past the 65535 per dimension.
-        for n_tok in [2, 1] {
-            let case = Case { n_in: 32, ..Case::new(QuantType::Q8_0, 600_000, n_tok) };
-            run(ctx, case, 50).await;
-        }
-    });
+fn matmul_lane_teams_without_subgroups() {
+    on_lane_teams("matmul_lane_teams_without_subgroups", false);
 }
 
 #[test]
@@ -253,7 +219,7 @@ fn rejects_bad_shapes() {
             MatmulDesc { max_tokens: 0, ..ok },      // no tokens
         ];
         for d in bad {
-            assert!(Matmul::new(ctx, &CACHE, &batch.info, &d, &buf, &buf, &buf, None).await.is_err(), "{d:?}");
+            assert!(Matmul::new(ctx, pipelines(), &batch.info, &d, &buf, &buf, &buf, None).await.is_err(), "{d:?}");
         }
         ctx.check().unwrap();
     });
@@ -275,12 +241,7 @@ async fn rows_by_step(ctx: &GpuContext, cache: &PipelineCache, ty: QuantType, n_
         let want_block = TOKEN_BLOCKS.iter().copied().find(|&b| b >= n).unwrap_or(*TOKEN_BLOCKS.last().unwrap());
         assert_eq!(shape.tokens, want_block, "{n} tokens take the smallest block that holds them");
         batch.write(ctx, &vec![0; n as usize], &(0..n).collect::<Vec<_>>(), &vec![0; n as usize], &[&[0]]);
-        let mut enc = ctx.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            mm.encode(&mut pass, n);
-        }
-        ctx.queue.submit([enc.finish()]);
+        submit(ctx, |p| mm.encode(p, n));
         let got = read_f32(ctx, &y, 0, (n * n_rows) as usize).await.unwrap();
         ctx.check().unwrap();
         out.push(got.chunks_exact(n_rows as usize).map(|r| r.to_vec()).collect());
@@ -288,27 +249,39 @@ async fn rows_by_step(ctx: &GpuContext, cache: &PipelineCache, ty: QuantType, n_
     out
 }
 
-#[test]
-fn token_rows_are_bit_identical_whatever_the_step_size() {
-    // Steps of 1, 3 (block 4), 8, 9 and 16 (block 16) and 37 (tiles) tokens over the same x:
-    // token t's row must not change with the step. Both kernel families.
-    flint_gpu::gpu_test!(shared => {
-        let sizes = [1u32, 3, 8, 9, 16, 37];
-        // One format per block layout family (legacy, K-quant): the block code is the same for all.
-        for cpu_like in [shared.caps.cpu_like, false] {
-            let mut ctx = GpuContext::new().await.unwrap();
-            ctx.caps.cpu_like = cpu_like;
-            let cache = PipelineCache::new();
-            for (ty, n_in, n_rows) in [(QuantType::Q5_0, 5 * 32, 70), (QuantType::Q6K, 256, 1100)] {
-                let by_step = rows_by_step(&ctx, &cache, ty, n_in, n_rows, &sizes).await;
-                for (k, rows) in by_step.iter().enumerate() {
-                    for (t, row) in rows.iter().enumerate() {
-                        // Token t's row in the largest step is the reference.
-                        let want = &by_step[sizes.len() - 1][t];
-                        assert!(row == want, "{ty} cpu_like {cpu_like}: token {t} differs in a step of {} tokens", sizes[k]);
-                    }
-                }
-            }
+/// One format per block layout family (legacy, K-quant): the block code is the same for all.
+#[derive(Clone, Copy, Debug)]
+struct Invariance {
+    ty: QuantType,
+    n_in: u32,
+    n_rows: u32,
+}
+
+const INVARIANCE: [Invariance; 2] = [Invariance { ty: QuantType::Q5_0, n_in: 5 * 32, n_rows: 70 }, Invariance { ty: QuantType::Q6K, n_in: 256, n_rows: 1100 }];
+
+/// Steps of 1, 3 (block 4), 8, 9 and 16 (block 16) and 37 (tiles) tokens over the same x:
+/// token t's row must not change with the step.
+async fn rows_are_bit_identical(ctx: &GpuContext, cache: &PipelineCache, Invariance { ty, n_in, n_rows }: Invariance) {
+    let sizes = [1u32, 3, 8, 9, 16, 37];
+    let by_step = rows_by_step(ctx, cache, ty, n_in, n_rows, &sizes).await;
+    for (k, rows) in by_step.iter().enumerate() {
+        for (t, row) in rows.iter().enumerate() {
+            // Token t's row in the largest step is the reference.
+            let want = &by_step[sizes.len() - 1][t];
+            assert!(row == want, "{ty} cpu_like {}: token {t} differs in a step of {} tokens", ctx.caps.cpu_like, sizes[k]);
         }
+    }
+}
+
+#[test]
+fn token_rows_are_bit_identical_whatever_the_step_size_adapter_kernels() {
+    run_cases("token_rows_are_bit_identical_whatever_the_step_size_adapter_kernels", INVARIANCE, |ctx, case| rows_are_bit_identical(ctx, pipelines(), case));
+}
+
+#[test]
+fn token_rows_are_bit_identical_whatever_the_step_size_lane_team_kernels() {
+    let Some((ctx, cache)) = gpu_like(true) else { return };
+    run_cases_on(ctx, "token_rows_are_bit_identical_whatever_the_step_size_lane_team_kernels", INVARIANCE, |ctx, case| {
+        rows_are_bit_identical(ctx, cache, case)
     });
 }

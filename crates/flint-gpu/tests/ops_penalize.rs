@@ -8,19 +8,8 @@ use flint_core::sampling::{LogitEdit, Penalties, Sampler, SamplingParams};
 use flint_gpu::buffer::{read_f32, storage_init};
 use flint_gpu::ops::penalize::{mask_words, Penalize, StepEdits};
 use flint_gpu::pipeline::PipelineCache;
-use flint_gpu::testing::{finite_nmse, TestRng, NMSE_F32};
+use flint_gpu::testing::{assert_untouched, finite_nmse, pipelines, submit, TestRng, NMSE_F32, SENTINEL};
 use flint_gpu::GpuContext;
-
-const SENTINEL: f32 = 12345.0;
-
-fn submit(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
-    let mut enc = ctx.device.create_command_encoder(&Default::default());
-    {
-        let mut pass = enc.begin_compute_pass(&Default::default());
-        f(&mut pass);
-    }
-    ctx.queue.submit([enc.finish()]);
-}
 
 /// Logits in [-10, 10) with a few exact zeros (the penalty's `> 0` boundary).
 fn random_logits(rng: &mut TestRng, n: usize) -> Vec<f32> {
@@ -83,44 +72,70 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-#[test]
-fn penalize_matches_cpu() {
-    flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
-        for &n in &[151_936usize, 1000, 37, 1] {
-            let mut rng = TestRng::new(n as u64 + 17);
-            // Two sentinels past the logits catch out-of-bounds writes.
-            let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![SENTINEL; n + 2])).unwrap();
-            let mut pen = Penalize::new(ctx, &cache, n as u32, 1, &buf).await.unwrap();
-            for case in cases() {
-                let logits = random_logits(&mut rng, n);
-                let s = cpu_sampler(&mut rng, n, &case);
-                let mut want = logits.clone();
-                s.penalize(&mut want);
-                ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits));
-                let plan = pen.prepare(ctx, &[StepEdits::from_sampler(&s)]).unwrap();
-                submit(ctx, |p| pen.encode(p, &plan));
-                let got = read_f32(ctx, &buf, 0, n + 2).await.unwrap();
-                ctx.check().unwrap();
-                let label = format!("n {n} {}", case.label);
-                assert_eq!(&got[n..], &[SENTINEL, SENTINEL], "{label}: wrote past the logits");
-                let got = &got[..n];
-                // Bans and mask: the same tokens at −inf; every untouched logit bit-exact.
-                let touched: std::collections::HashSet<u32> = s.edits().iter().map(|e| e.id).collect();
-                let mut exact = 0;
-                for i in 0..n {
-                    assert_eq!(got[i] == f32::NEG_INFINITY, want[i] == f32::NEG_INFINITY, "{label}: token {i} got {} want {}", got[i], want[i]);
-                    if !touched.contains(&(i as u32)) || want[i] == f32::NEG_INFINITY {
-                        assert_eq!(got[i].to_bits(), want[i].to_bits(), "{label}: untouched token {i}");
-                    }
-                    exact += (got[i].to_bits() == want[i].to_bits()) as usize;
-                }
-                let e = finite_nmse(got, &want).unwrap_or_else(|| panic!("{label}: non-finite logits where the CPU's are finite"));
-                eprintln!("{label}: {} edits, {exact}/{n} bit-exact, nmse {e:.2e}", touched.len());
-                assert!(e <= NMSE_F32, "{label}: nmse {e}");
-            }
+/// The edits of `cases()[kind]` on a vocabulary of `n`.
+#[derive(Clone, Copy)]
+struct Vocab {
+    kind: usize,
+    n: usize,
+}
+
+impl std::fmt::Debug for Vocab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}, n {}", cases()[self.kind].label, self.n)
+    }
+}
+
+/// The edits labelled `label` on a model's vocabulary, a small one, an odd one and one token.
+fn vocabs(label: &str) -> Vec<Vocab> {
+    let kind = cases().iter().position(|c| c.label == label).unwrap_or_else(|| panic!("no case {label:?}"));
+    [151_936usize, 1000, 37, 1].into_iter().map(|n| Vocab { kind, n }).collect()
+}
+
+async fn run(ctx: &GpuContext, Vocab { kind, n }: Vocab) {
+    let all = cases();
+    let mut rng = TestRng::new(n as u64 + 17);
+    // The kinds before this one draw from the same generator first: replay their draws.
+    for case in &all[..kind] {
+        random_logits(&mut rng, n);
+        cpu_sampler(&mut rng, n, case);
+    }
+    let case = &all[kind];
+    // Two sentinels past the logits catch out-of-bounds writes.
+    let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![SENTINEL; n + 2])).unwrap();
+    let mut pen = Penalize::new(ctx, pipelines(), n as u32, 1, &buf).await.unwrap();
+    let logits = random_logits(&mut rng, n);
+    let s = cpu_sampler(&mut rng, n, case);
+    let mut want = logits.clone();
+    s.penalize(&mut want);
+    ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits));
+    let plan = pen.prepare(ctx, &[StepEdits::from_sampler(&s)]).unwrap();
+    submit(ctx, |p| pen.encode(p, &plan));
+    let got = read_f32(ctx, &buf, 0, n + 2).await.unwrap();
+    ctx.check().unwrap();
+    assert_untouched(&got[n..], "wrote past the logits");
+    let got = &got[..n];
+    // Bans and mask: the same tokens at −inf; every untouched logit bit-exact.
+    let touched: std::collections::HashSet<u32> = s.edits().iter().map(|e| e.id).collect();
+    let mut exact = 0;
+    for i in 0..n {
+        assert_eq!(got[i] == f32::NEG_INFINITY, want[i] == f32::NEG_INFINITY, "token {i} got {} want {}", got[i], want[i]);
+        if !touched.contains(&(i as u32)) || want[i] == f32::NEG_INFINITY {
+            assert_eq!(got[i].to_bits(), want[i].to_bits(), "untouched token {i}");
         }
-    });
+        exact += (got[i].to_bits() == want[i].to_bits()) as usize;
+    }
+    let e = finite_nmse(got, &want).unwrap_or_else(|| panic!("non-finite logits where the CPU's are finite"));
+    eprintln!("{}: {} edits, {exact}/{n} bit-exact, nmse {e:.2e}", case.label, touched.len());
+    assert!(e <= NMSE_F32, "nmse {e}");
+}
+
+flint_gpu::op_tests! { run;
+    penalize_penalties_window_64 => vocabs("penalties, window 64"),
+    penalize_penalties_whole_context => vocabs("penalties, whole context"),
+    penalize_repeat_below_1 => vocabs("repeat < 1"),
+    penalize_bias_only => vocabs("bias only"),
+    penalize_mask_only => vocabs("mask only"),
+    penalize_everything => vocabs("everything"),
 }
 
 #[test]
@@ -173,38 +188,38 @@ fn prepare_rejects_what_does_not_fit() {
     });
 }
 
-#[test]
-fn rows_edit_their_own_logits() {
-    flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
-        let n = 1000usize;
-        for n_rows in [3usize, 8] {
-            let mut rng = TestRng::new(40 + n_rows as u64);
-            let all = cases();
-            let samplers: Vec<Sampler> = (0..n_rows).map(|r| cpu_sampler(&mut rng, n, &all[r % all.len()])).collect();
-            let logits: Vec<Vec<f32>> = (0..n_rows).map(|_| random_logits(&mut rng, n)).collect();
-            let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![SENTINEL; n_rows * n + 2])).unwrap();
-            let mut pen = Penalize::new(ctx, &cache, n as u32, n_rows as u32, &buf).await.unwrap();
-            ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits.concat()));
-            let edits: Vec<StepEdits> = samplers.iter().map(StepEdits::from_sampler).collect();
-            let plan = pen.prepare(ctx, &edits).unwrap();
-            submit(ctx, |p| pen.encode(p, &plan));
-            let together = read_f32(ctx, &buf, 0, n_rows * n + 2).await.unwrap();
-            assert_eq!(&together[n_rows * n..], &[SENTINEL, SENTINEL], "{n_rows} rows: wrote past the logits");
-            for (r, s) in samplers.iter().enumerate() {
-                let mut want = logits[r].clone();
-                s.penalize(&mut want);
-                let got = &together[r * n..(r + 1) * n];
-                let e = finite_nmse(got, &want).unwrap_or_else(|| panic!("{n_rows} rows: row {r}'s bans"));
-                assert!(e <= NMSE_F32, "{n_rows} rows: row {r} nmse {e}");
-                // Alone, the row edits to the same bits.
-                ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits[r]));
-                let plan = pen.prepare(ctx, &[StepEdits::from_sampler(s)]).unwrap();
-                submit(ctx, |p| pen.encode(p, &plan));
-                let alone = read_f32(ctx, &buf, 0, n).await.unwrap();
-                assert!(alone.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()), "{n_rows} rows: row {r} differs from alone");
-            }
-            ctx.check().unwrap();
-        }
-    });
+/// `n_rows` rows with their own edits in one step, each equal to the CPU's and to the row
+/// alone.
+async fn rows(ctx: &GpuContext, n_rows: usize) {
+    let n = 1000usize;
+    let mut rng = TestRng::new(40 + n_rows as u64);
+    let all = cases();
+    let samplers: Vec<Sampler> = (0..n_rows).map(|r| cpu_sampler(&mut rng, n, &all[r % all.len()])).collect();
+    let logits: Vec<Vec<f32>> = (0..n_rows).map(|_| random_logits(&mut rng, n)).collect();
+    let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![SENTINEL; n_rows * n + 2])).unwrap();
+    let mut pen = Penalize::new(ctx, pipelines(), n as u32, n_rows as u32, &buf).await.unwrap();
+    ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits.concat()));
+    let edits: Vec<StepEdits> = samplers.iter().map(StepEdits::from_sampler).collect();
+    let plan = pen.prepare(ctx, &edits).unwrap();
+    submit(ctx, |p| pen.encode(p, &plan));
+    let together = read_f32(ctx, &buf, 0, n_rows * n + 2).await.unwrap();
+    assert_untouched(&together[n_rows * n..], "wrote past the logits");
+    for (r, s) in samplers.iter().enumerate() {
+        let mut want = logits[r].clone();
+        s.penalize(&mut want);
+        let got = &together[r * n..(r + 1) * n];
+        let e = finite_nmse(got, &want).unwrap_or_else(|| panic!("row {r}'s bans"));
+        assert!(e <= NMSE_F32, "row {r} nmse {e}");
+        // Alone, the row edits to the same bits.
+        ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits[r]));
+        let plan = pen.prepare(ctx, &[StepEdits::from_sampler(s)]).unwrap();
+        submit(ctx, |p| pen.encode(p, &plan));
+        let alone = read_f32(ctx, &buf, 0, n).await.unwrap();
+        assert!(alone.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()), "row {r} differs from alone");
+    }
+    ctx.check().unwrap();
+}
+
+flint_gpu::op_tests! { rows;
+    rows_edit_their_own_logits => [3usize, 8],
 }

@@ -12,17 +12,8 @@ use flint_gpu::buffer::{read_f32, read_u32, storage};
 use flint_gpu::ops::penalize::{mask_words, Penalize, StepEdits};
 use flint_gpu::ops::sample::{state, SampleRow, Sampler};
 use flint_gpu::pipeline::PipelineCache;
-use flint_gpu::testing::TestRng;
+use flint_gpu::testing::{pipelines, submit, TestRng};
 use flint_gpu::GpuContext;
-
-fn submit(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
-    let mut enc = ctx.device.create_command_encoder(&Default::default());
-    {
-        let mut pass = enc.begin_compute_pass(&Default::default());
-        f(&mut pass);
-    }
-    ctx.queue.submit([enc.finish()]);
-}
 
 struct Rig {
     sampler: Sampler,
@@ -156,72 +147,111 @@ async fn check_distribution(ctx: &GpuContext, rig: &Rig, logits: &[f32], p: &Sam
 
 const SMALL: [f32; 7] = [2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -5.0];
 
-#[test]
-fn argmax_full_vocabularies() {
-    flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
-        for &n in &[262_144usize, 151_936, 1000, 7, 1] {
-            let r = rig(ctx, &cache, n, 1).await;
-            let mut rng = TestRng::new(n as u64);
-            let base: Vec<f32> = rng.vec(n).iter().map(|v| v * 10.0).collect();
-            let mut cases: Vec<(String, Vec<f32>)> = vec![("random".into(), base.clone())];
-            for (name, at) in [("first", vec![0]), ("last", vec![n - 1]), ("middle", vec![n / 2]), ("tie", vec![n / 3, 2 * n / 3]), ("tie first/last", vec![n - 1, 0])] {
-                let mut l = base.clone();
-                for &i in &at {
-                    l[i] = 20.0;
-                }
-                cases.push((name.into(), l));
-            }
-            cases.push(("constant".into(), vec![1.5; n]));
-            cases.push(("all negative".into(), base.iter().map(|v| -v.abs() - 100.0).collect()));
+/// The logits the argmax cases take, by name: random, a maximum first, last or in the middle,
+/// ties (the lower id wins), all equal, all negative, all −inf but one.
+const ARGMAX_LOGITS: [&str; 9] = ["random", "first", "last", "middle", "tie", "tie first/last", "constant", "all negative", "-inf but one"];
+
+/// The `logits` case of [`ARGMAX_LOGITS`] on a vocabulary of `n`.
+#[derive(Clone, Copy, Debug)]
+struct Argmax {
+    n: usize,
+    logits: &'static str,
+}
+
+fn argmax_logits(n: usize, name: &str) -> Vec<f32> {
+    let mut rng = TestRng::new(n as u64);
+    let base: Vec<f32> = rng.vec(n).iter().map(|v| v * 10.0).collect();
+    let maxima = |at: &[usize]| {
+        let mut l = base.clone();
+        for &i in at {
+            l[i] = 20.0;
+        }
+        l
+    };
+    match name {
+        "random" => base.clone(),
+        "first" => maxima(&[0]),
+        "last" => maxima(&[n - 1]),
+        "middle" => maxima(&[n / 2]),
+        "tie" => maxima(&[n / 3, 2 * n / 3]),
+        "tie first/last" => maxima(&[n - 1, 0]),
+        "constant" => vec![1.5; n],
+        "all negative" => base.iter().map(|v| -v.abs() - 100.0).collect(),
+        "-inf but one" => {
             let mut ninf = vec![f32::NEG_INFINITY; n];
             ninf[n - 1] = -1e30;
-            cases.push(("-inf but one".into(), ninf));
-            for (name, l) in &cases {
-                let got = r.argmax(ctx, l).await;
-                assert_eq!(got, sampling::argmax(l), "n {n} {name}");
-            }
+            ninf
         }
-    });
+        _ => panic!("no argmax logits {name:?}"),
+    }
 }
 
-#[test]
-fn gumbel_temperature_only_matches_softmax() {
-    flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
-        let r = rig(ctx, &cache, SMALL.len(), 10_000).await;
-        for t in [0.7f32, 1.0, 1.9] {
-            check_distribution(ctx, &r, &SMALL, &params(t, 0, 1.0, 0.0, 42)).await;
-        }
-        // A wider vocabulary, still untruncated.
-        let mut rng = TestRng::new(5);
-        let wide: Vec<f32> = rng.vec(300).iter().map(|v| v * 4.0).collect();
-        let r = rig(ctx, &cache, wide.len(), 10_000).await;
-        check_distribution(ctx, &r, &wide, &params(1.0, 0, 1.0, 0.0, 7)).await;
-    });
+fn argmax_cases(n: usize) -> impl Iterator<Item = Argmax> {
+    ARGMAX_LOGITS.into_iter().map(move |logits| Argmax { n, logits })
 }
 
-#[test]
-fn gumbel_truncated_matches_distribution() {
-    flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
-        let r = rig(ctx, &cache, SMALL.len(), 10_000).await;
-        for p in [
-            params(0.7, 5, 1.0, 0.0, 42),
-            params(1.0, 0, 0.8, 0.0, 1),
-            params(1.3, 0, 1.0, 0.2, 2),
-            params(0.8, 40, 0.95, 0.05, 3),
-            params(1.5, 3, 0.9, 0.0, 4),
-            params(0.5, 6, 0.99, 0.01, 5),
-        ] {
-            check_distribution(ctx, &r, &SMALL, &p).await;
-        }
-        let mut rng = TestRng::new(6);
-        let wide: Vec<f32> = rng.vec(300).iter().map(|v| v * 4.0).collect();
-        let r = rig(ctx, &cache, wide.len(), 10_000).await;
-        check_distribution(ctx, &r, &wide, &params(1.0, 50, 0.9, 0.0, 8)).await;
-        check_distribution(ctx, &r, &wide, &params(0.9, 0, 0.7, 0.02, 9)).await;
-    });
+async fn argmax(ctx: &GpuContext, Argmax { n, logits }: Argmax) {
+    let r = rig(ctx, pipelines(), n, 1).await;
+    let l = argmax_logits(n, logits);
+    let got = r.argmax(ctx, &l).await;
+    assert_eq!(got, sampling::argmax(&l), "n {n} {logits}");
+}
+
+flint_gpu::op_tests! { argmax;
+    argmax_vocab_262144 => argmax_cases(262_144),
+    argmax_vocab_151936 => argmax_cases(151_936),
+    argmax_vocab_1000 => argmax_cases(1000),
+    argmax_vocab_7 => argmax_cases(7),
+    argmax_vocab_1 => argmax_cases(1),
+}
+
+/// Logits to draw from: [`SMALL`], or 300 seeded ones (untruncated they still spread).
+#[derive(Clone, Copy, Debug)]
+enum Logits {
+    Small,
+    Wide { seed: u64 },
+}
+
+/// 10^4 draws of `params` from `logits`.
+#[derive(Clone, Debug)]
+struct Draws {
+    logits: Logits,
+    params: SamplingParams,
+}
+
+async fn draws(ctx: &GpuContext, Draws { logits, params: p }: Draws) {
+    let logits = match logits {
+        Logits::Small => SMALL.to_vec(),
+        Logits::Wide { seed } => TestRng::new(seed).vec(300).iter().map(|v| v * 4.0).collect(),
+    };
+    let r = rig(ctx, pipelines(), logits.len(), 10_000).await;
+    check_distribution(ctx, &r, &logits, &p).await;
+}
+
+fn temperature_only() -> Vec<Draws> {
+    let mut cases: Vec<Draws> = [0.7f32, 1.0, 1.9].map(|t| Draws { logits: Logits::Small, params: params(t, 0, 1.0, 0.0, 42) }).into();
+    // A wider vocabulary, still untruncated.
+    cases.push(Draws { logits: Logits::Wide { seed: 5 }, params: params(1.0, 0, 1.0, 0.0, 7) });
+    cases
+}
+
+fn truncated() -> Vec<Draws> {
+    let small = [
+        params(0.7, 5, 1.0, 0.0, 42),
+        params(1.0, 0, 0.8, 0.0, 1),
+        params(1.3, 0, 1.0, 0.2, 2),
+        params(0.8, 40, 0.95, 0.05, 3),
+        params(1.5, 3, 0.9, 0.0, 4),
+        params(0.5, 6, 0.99, 0.01, 5),
+    ];
+    let wide = [params(1.0, 50, 0.9, 0.0, 8), params(0.9, 0, 0.7, 0.02, 9)];
+    let small = small.into_iter().map(|params| Draws { logits: Logits::Small, params });
+    small.chain(wide.into_iter().map(|params| Draws { logits: Logits::Wide { seed: 6 }, params })).collect()
+}
+
+flint_gpu::op_tests! { draws;
+    gumbel_temperature_only_matches_softmax => temperature_only(),
+    gumbel_truncated_matches_distribution => truncated(),
 }
 
 fn order_key(v: f32) -> u32 {
@@ -281,40 +311,51 @@ async fn check_survivors(ctx: &GpuContext, r: &Rig, logits: &[f32], p: &Sampling
     eprintln!("{label} {p:?}: {} survivors", got.len());
 }
 
-#[test]
-fn truncation_threshold_is_exact_on_large_vocabularies() {
-    flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
-        for &n in &[151_936usize, 262_144] {
-            let r = rig(ctx, &cache, n, 64).await;
-            let mut rng = TestRng::new(n as u64 + 1);
-            let smooth: Vec<f32> = rng.vec(n).iter().map(|v| v * 8.0).collect();
-            // Quarter-step logits: ~n/64 tokens share each value, so boundaries fall in ties.
-            let ties: Vec<f32> = smooth.iter().map(|v| (v * 4.0).round() / 4.0).collect();
-            let configs = [
-                params(1.0, 40, 1.0, 0.0, 1),
-                params(0.8, 40, 0.95, 0.05, 2),
-                params(1.0, 0, 0.9, 0.0, 3),
-                params(1.0, 0, 0.5, 0.01, 4),
-                params(1.0, 5000, 0.3, 0.0, 5),
-            ];
-            // The largest vocabulary runs a subset: lavapipe is slow.
-            let every = if n > 200_000 { 2 } else { 1 };
-            for p in configs.iter().step_by(every) {
-                check_survivors(ctx, &r, &smooth, p, &format!("n {n} smooth")).await;
-            }
-            let tie_configs = [
-                params(1.0, 1000, 1.0, 0.0, 6),
-                params(1.0, 3000, 1.0, 0.0, 7),
-                params(1.0, 3000, 0.6, 0.0, 8),
-                params(1.0, 0, 0.3, 0.0, 9),
-                params(1.0, 0, 1.0, 0.9, 10),
-            ];
-            for p in tie_configs.iter().step_by(every) {
-                check_survivors(ctx, &r, &ties, p, &format!("n {n} ties")).await;
-            }
-        }
-    });
+/// Top-k/top-p/min-p `params` on a vocabulary of `n`, smooth logits or quarter steps (`ties`:
+/// ~n/64 tokens share each value, so boundaries fall in ties).
+#[derive(Clone, Debug)]
+struct Survivors {
+    n: usize,
+    ties: bool,
+    params: SamplingParams,
+}
+
+fn survivor_cases(n: usize) -> Vec<Survivors> {
+    let configs = [
+        params(1.0, 40, 1.0, 0.0, 1),
+        params(0.8, 40, 0.95, 0.05, 2),
+        params(1.0, 0, 0.9, 0.0, 3),
+        params(1.0, 0, 0.5, 0.01, 4),
+        params(1.0, 5000, 0.3, 0.0, 5),
+    ];
+    let tie_configs = [
+        params(1.0, 1000, 1.0, 0.0, 6),
+        params(1.0, 3000, 1.0, 0.0, 7),
+        params(1.0, 3000, 0.6, 0.0, 8),
+        params(1.0, 0, 0.3, 0.0, 9),
+        params(1.0, 0, 1.0, 0.9, 10),
+    ];
+    // The largest vocabulary runs a subset: lavapipe is slow.
+    let every = if n > 200_000 { 2 } else { 1 };
+    let smooth = configs.into_iter().step_by(every).map(|params| Survivors { n, ties: false, params });
+    smooth.chain(tie_configs.into_iter().step_by(every).map(|params| Survivors { n, ties: true, params })).collect()
+}
+
+async fn survivors(ctx: &GpuContext, Survivors { n, ties, params: p }: Survivors) {
+    let r = rig(ctx, pipelines(), n, 64).await;
+    let mut rng = TestRng::new(n as u64 + 1);
+    let smooth: Vec<f32> = rng.vec(n).iter().map(|v| v * 8.0).collect();
+    if ties {
+        let ties: Vec<f32> = smooth.iter().map(|v| (v * 4.0).round() / 4.0).collect();
+        check_survivors(ctx, &r, &ties, &p, &format!("n {n} ties")).await;
+    } else {
+        check_survivors(ctx, &r, &smooth, &p, &format!("n {n} smooth")).await;
+    }
+}
+
+flint_gpu::op_tests! { survivors;
+    truncation_threshold_is_exact_vocab_151936 => survivor_cases(151_936),
+    truncation_threshold_is_exact_vocab_262144 => survivor_cases(262_144),
 }
 
 #[test]
@@ -362,61 +403,69 @@ fn cpu_sampler(p: SamplingParams) -> sampling::Sampler {
     sampling::Sampler::new(p).unwrap()
 }
 
-#[test]
-fn logprobs_match_cpu_log_softmax() {
-    flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
-        for &n in &[151_936usize, 5000, 300, 7] {
-            let mut r = rig(ctx, &cache, n, 4).await;
-            let mut rng = TestRng::new(n as u64 + 3);
-            let smooth: Vec<f32> = rng.vec(n).iter().map(|v| v * 8.0).collect();
-            // Quarter steps: the top-n boundary falls inside runs of equal logits.
-            let ties: Vec<f32> = smooth.iter().map(|v| (v * 4.0).round() / 4.0).collect();
-            for (name, logits) in [("smooth", &smooth), ("ties", &ties)] {
-                for (t, n_top) in [(0.0f32, 20usize), (1.0, 5), (0.8, 1), (0.0, 3)] {
-                    let label = format!("n {n} {name} T {t} top {n_top}");
-                    let cpu = cpu_sampler(SamplingParams { n_logprobs: n_top, ..params(t, 40, 0.95, 0.0, 5) });
-                    let (draws, rec, edited) = r.sample_full(ctx, logits, &cpu, 9, 1).await;
-                    let rec = rec.expect("a record");
-                    assert_eq!(edited, *logits, "{label}: nothing to edit");
-                    assert_eq!(rec.id, draws[0], "{label}");
-                    if t == 0.0 {
-                        assert_eq!(rec.id, sampling::argmax(logits), "{label}");
-                    }
-                    assert_eq!(rec.top_logprobs.len(), n_top.min(n), "{label}");
-                    check_record(&label, &rec, &edited, n_top);
-                }
-            }
-        }
-    });
+/// `n_top` log-probabilities at temperature `t` on a vocabulary of `n`, smooth logits or
+/// quarter steps (`ties`: the top-n boundary falls inside runs of equal logits).
+#[derive(Clone, Copy, Debug)]
+struct Logprobs {
+    n: usize,
+    ties: bool,
+    t: f32,
+    n_top: usize,
 }
 
-#[test]
-fn logprobs_skip_banned_tokens() {
-    flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
-        let n = 300;
-        let mut r = rig(ctx, &cache, n, 1).await;
-        let mut rng = TestRng::new(31);
-        let logits: Vec<f32> = rng.vec(n).iter().map(|v| v * 3.0).collect();
-        let allowed = [17u32, 64, 65, 250];
-        let mut mask = vec![0u32; mask_words(n as u32)];
-        for &a in &allowed {
-            mask[a as usize / 32] |= 1 << (a % 32);
-        }
-        for t in [0.0f32, 1.0] {
-            // One allowed token banned by bias as well: three remain.
-            let mut cpu = cpu_sampler(SamplingParams { n_logprobs: 5, logit_bias: vec![(64, f32::NEG_INFINITY)], ..params(t, 0, 1.0, 0.0, 8) });
-            cpu.set_mask(Some(mask.clone()));
-            let (draws, rec, edited) = r.sample_full(ctx, &logits, &cpu, 0, 1).await;
-            let rec = rec.unwrap();
-            assert!([17, 65, 250].contains(&draws[0]), "T {t}: drew {}", draws[0]);
-            assert_eq!(rec.top_logprobs.len(), 3, "T {t}: {:?}", rec.top_logprobs);
-            check_record(&format!("banned T {t}"), &rec, &edited, 5);
-            let sum: f32 = rec.top_logprobs.iter().map(|t| t.1.exp()).sum();
-            assert!((sum - 1.0).abs() < 1e-5, "T {t}: the three allowed tokens hold all the mass: {sum}");
-        }
-    });
+fn logprob_cases(n: usize) -> impl Iterator<Item = Logprobs> {
+    [false, true].into_iter().flat_map(move |ties| [(0.0f32, 20usize), (1.0, 5), (0.8, 1), (0.0, 3)].map(|(t, n_top)| Logprobs { n, ties, t, n_top }))
+}
+
+async fn logprobs(ctx: &GpuContext, Logprobs { n, ties, t, n_top }: Logprobs) {
+    let mut r = rig(ctx, pipelines(), n, 4).await;
+    let mut rng = TestRng::new(n as u64 + 3);
+    let smooth: Vec<f32> = rng.vec(n).iter().map(|v| v * 8.0).collect();
+    let logits: Vec<f32> = if ties { smooth.iter().map(|v| (v * 4.0).round() / 4.0).collect() } else { smooth };
+    let label = format!("n {n} {} T {t} top {n_top}", if ties { "ties" } else { "smooth" });
+    let cpu = cpu_sampler(SamplingParams { n_logprobs: n_top, ..params(t, 40, 0.95, 0.0, 5) });
+    let (draws, rec, edited) = r.sample_full(ctx, &logits, &cpu, 9, 1).await;
+    let rec = rec.expect("a record");
+    assert_eq!(edited, logits, "{label}: nothing to edit");
+    assert_eq!(rec.id, draws[0], "{label}");
+    if t == 0.0 {
+        assert_eq!(rec.id, sampling::argmax(&logits), "{label}");
+    }
+    assert_eq!(rec.top_logprobs.len(), n_top.min(n), "{label}");
+    check_record(&label, &rec, &edited, n_top);
+}
+
+flint_gpu::op_tests! { logprobs;
+    logprobs_match_cpu_log_softmax_vocab_151936 => logprob_cases(151_936),
+    logprobs_match_cpu_log_softmax_vocab_5000 => logprob_cases(5000),
+    logprobs_match_cpu_log_softmax_vocab_300 => logprob_cases(300),
+    logprobs_match_cpu_log_softmax_vocab_7 => logprob_cases(7),
+}
+
+/// Vocabulary 300, four tokens allowed, one of them banned by bias as well: three remain.
+async fn logprobs_banned(ctx: &GpuContext, t: f32) {
+    let n = 300;
+    let mut r = rig(ctx, pipelines(), n, 1).await;
+    let mut rng = TestRng::new(31);
+    let logits: Vec<f32> = rng.vec(n).iter().map(|v| v * 3.0).collect();
+    let allowed = [17u32, 64, 65, 250];
+    let mut mask = vec![0u32; mask_words(n as u32)];
+    for &a in &allowed {
+        mask[a as usize / 32] |= 1 << (a % 32);
+    }
+    let mut cpu = cpu_sampler(SamplingParams { n_logprobs: 5, logit_bias: vec![(64, f32::NEG_INFINITY)], ..params(t, 0, 1.0, 0.0, 8) });
+    cpu.set_mask(Some(mask.clone()));
+    let (draws, rec, edited) = r.sample_full(ctx, &logits, &cpu, 0, 1).await;
+    let rec = rec.unwrap();
+    assert!([17, 65, 250].contains(&draws[0]), "T {t}: drew {}", draws[0]);
+    assert_eq!(rec.top_logprobs.len(), 3, "T {t}: {:?}", rec.top_logprobs);
+    check_record(&format!("banned T {t}"), &rec, &edited, 5);
+    let sum: f32 = rec.top_logprobs.iter().map(|t| t.1.exp()).sum();
+    assert!((sum - 1.0).abs() < 1e-5, "T {t}: the three allowed tokens hold all the mass: {sum}");
+}
+
+flint_gpu::op_tests! { logprobs_banned;
+    logprobs_skip_banned_tokens => [0.0f32, 1.0],
 }
 
 /// Vocabulary 300: penalties over a history, bias (a ban on the favourite, a boost for an
@@ -449,41 +498,57 @@ fn penalized_case(rng: &mut TestRng, p: SamplingParams) -> (Vec<f32>, sampling::
     (logits, cpu)
 }
 
-#[test]
-fn penalized_biased_masked_draws_match_distribution() {
-    flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
-        let mut r = rig(ctx, &cache, 300, 10_000).await;
-        let mut rng = TestRng::new(77);
-        for p in [params(1.0, 0, 1.0, 0.0, 1), params(0.8, 40, 1.0, 0.0, 2), params(1.2, 0, 0.9, 0.02, 3), params(0.7, 25, 0.95, 0.05, 4)] {
-            let (logits, cpu) = penalized_case(&mut rng, p.clone());
-            let mut want = logits.clone();
-            cpu.penalize(&mut want);
-            let (draws, _, edited) = r.sample_full(ctx, &logits, &cpu, 500, 10_000).await;
-            let e = flint_gpu::testing::finite_nmse(&edited, &want).unwrap_or_else(|| panic!("{p:?}: bans"));
-            assert!(e <= flint_gpu::testing::NMSE_F32, "{p:?}: edited logits nmse {e}");
-            let dist: Vec<(u32, f64)> = cpu.distribution(&want).into_iter().filter(|d| d.1 > 0.0).collect();
-            let allowed: std::collections::HashSet<u32> = dist.iter().map(|d| d.0).collect();
-            let banned: Vec<u32> = draws.iter().copied().filter(|&d| want[d as usize] == f32::NEG_INFINITY).collect();
-            assert!(banned.is_empty(), "{p:?}: drew banned/masked tokens {:?}", &banned[..banned.len().min(5)]);
-            let outside = draws.iter().filter(|d| !allowed.contains(d)).count();
-            assert_eq!(outside, 0, "{p:?}: {outside} draws outside the distribution");
-            let (ok, chi2, cells) = chi_square_ok(&dist, &draws);
-            eprintln!("penalized T {} top_k {} top_p {} min_p {}: {} candidates, chi2 {chi2:.2} over {cells} cells", p.temperature, p.top_k, p.top_p, p.min_p, dist.len());
-            assert!(ok, "{p:?}: chi2 {chi2} over {cells} cells");
-            // Greedy with the same edits: the CPU's choice.
-            let mut gs = cpu_sampler(SamplingParams { temperature: 0.0, ..cpu.params().clone() });
-            gs.set_mask(cpu.mask().map(|m| m.to_vec()));
-            for e in cpu.edits() {
-                for _ in 0..e.count {
-                    gs.accept(e.id);
-                }
-            }
-            assert_eq!(gs.edits(), cpu.edits());
-            let (gd, _, _) = r.sample_full(ctx, &logits, &gs, 0, 1).await;
-            assert_eq!(gd[0], gs.sample(&logits), "{p:?}: greedy after the edits");
+/// The settings of the penalized draws, in the order they draw from one generator.
+fn penalized_settings() -> [SamplingParams; 4] {
+    [params(1.0, 0, 1.0, 0.0, 1), params(0.8, 40, 1.0, 0.0, 2), params(1.2, 0, 0.9, 0.02, 3), params(0.7, 25, 0.95, 0.05, 4)]
+}
+
+/// Penalized, biased and masked draws of `penalized_settings()[i]`.
+async fn penalized(ctx: &GpuContext, i: usize) {
+    let mut r = rig(ctx, pipelines(), 300, 10_000).await;
+    let mut rng = TestRng::new(77);
+    // The settings before this one draw their cases from the same generator first.
+    for p in &penalized_settings()[..i] {
+        penalized_case(&mut rng, p.clone());
+    }
+    let p = penalized_settings()[i].clone();
+    let (logits, cpu) = penalized_case(&mut rng, p.clone());
+    let mut want = logits.clone();
+    cpu.penalize(&mut want);
+    let (draws, _, edited) = r.sample_full(ctx, &logits, &cpu, 500, 10_000).await;
+    let e = flint_gpu::testing::finite_nmse(&edited, &want).unwrap_or_else(|| panic!("{p:?}: bans"));
+    assert!(e <= flint_gpu::testing::NMSE_F32, "{p:?}: edited logits nmse {e}");
+    let dist: Vec<(u32, f64)> = cpu.distribution(&want).into_iter().filter(|d| d.1 > 0.0).collect();
+    let allowed: std::collections::HashSet<u32> = dist.iter().map(|d| d.0).collect();
+    let banned: Vec<u32> = draws.iter().copied().filter(|&d| want[d as usize] == f32::NEG_INFINITY).collect();
+    assert!(banned.is_empty(), "{p:?}: drew banned/masked tokens {:?}", &banned[..banned.len().min(5)]);
+    let outside = draws.iter().filter(|d| !allowed.contains(d)).count();
+    assert_eq!(outside, 0, "{p:?}: {outside} draws outside the distribution");
+    let (ok, chi2, cells) = chi_square_ok(&dist, &draws);
+    eprintln!(
+        "penalized T {} top_k {} top_p {} min_p {}: {} candidates, chi2 {chi2:.2} over {cells} cells",
+        p.temperature,
+        p.top_k,
+        p.top_p,
+        p.min_p,
+        dist.len()
+    );
+    assert!(ok, "{p:?}: chi2 {chi2} over {cells} cells");
+    // Greedy with the same edits: the CPU's choice.
+    let mut gs = cpu_sampler(SamplingParams { temperature: 0.0, ..cpu.params().clone() });
+    gs.set_mask(cpu.mask().map(|m| m.to_vec()));
+    for e in cpu.edits() {
+        for _ in 0..e.count {
+            gs.accept(e.id);
         }
-    });
+    }
+    assert_eq!(gs.edits(), cpu.edits());
+    let (gd, _, _) = r.sample_full(ctx, &logits, &gs, 0, 1).await;
+    assert_eq!(gd[0], gs.sample(&logits), "{p:?}: greedy after the edits");
+}
+
+flint_gpu::op_tests! { penalized;
+    penalized_biased_masked_draws_match_distribution => 0..penalized_settings().len(),
 }
 
 #[test]
@@ -540,37 +605,37 @@ fn mixed_rows(n_rows: usize, n: usize) -> Vec<(Vec<f32>, sampling::Sampler)> {
         .collect()
 }
 
-#[test]
-fn rows_draw_from_their_own_distributions_and_as_they_do_alone() {
-    flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
-        let n = 200;
-        let draws = 10_000;
-        for n_rows in [1usize, 3, 8] {
-            let cases = mixed_rows(n_rows, n);
-            let mut r = rig_rows(ctx, &cache, n, n_rows as u32, draws).await;
-            let rows: Vec<Row> = cases.iter().map(|(l, cpu)| Row { logits: l, cpu }).collect();
-            let together = r.sample_rows(ctx, &rows, 300, draws).await;
-            for (i, ((logits, cpu), (got, _, edited))) in cases.iter().zip(&together).enumerate() {
-                let mut want = logits.clone();
-                cpu.penalize(&mut want);
-                // Within f32 rounding of the CPU's (the NVIDIA H200 differs by 1 ulp in a
-                // repetition penalty); a row's edits are the same bits alone as batched (below).
-                let e = flint_gpu::testing::finite_nmse(edited, &want).unwrap_or_else(|| panic!("{n_rows} rows: row {i}'s bans"));
-                assert!(e <= flint_gpu::testing::NMSE_F32, "{n_rows} rows: row {i}'s edits, nmse {e}");
-                let dist: Vec<(u32, f64)> = cpu.distribution(&want).into_iter().filter(|d| d.1 > 0.0).collect();
-                let (ok, chi2, cells) = chi_square_ok(&dist, got);
-                eprintln!("{n_rows} rows, row {i}: {} candidates, chi2 {chi2:.2} over {cells} cells", dist.len());
-                assert!(ok, "{n_rows} rows: row {i} chi2 {chi2} over {cells} cells");
-            }
-            // Each row alone, at the same counters, draws the same tokens.
-            for (i, (logits, cpu)) in cases.iter().enumerate() {
-                let alone = r.sample_rows(ctx, &[Row { logits, cpu }], 300, 64).await.pop().unwrap();
-                assert_eq!(alone.0[..], together[i].0[..64], "{n_rows} rows: row {i} drew otherwise alone");
-                assert!(alone.2.iter().zip(&together[i].2).all(|(a, b)| a.to_bits() == b.to_bits()), "{n_rows} rows: row {i}'s edits differ alone");
-            }
-        }
-    });
+/// `n_rows` rows of [`mixed_rows`] in one step: each row's edits, its chi-square test, and
+/// the same draws and edits alone.
+async fn own_distributions(ctx: &GpuContext, n_rows: usize) {
+    let n = 200;
+    let draws = 10_000;
+    let cases = mixed_rows(n_rows, n);
+    let mut r = rig_rows(ctx, pipelines(), n, n_rows as u32, draws).await;
+    let rows: Vec<Row> = cases.iter().map(|(l, cpu)| Row { logits: l, cpu }).collect();
+    let together = r.sample_rows(ctx, &rows, 300, draws).await;
+    for (i, ((logits, cpu), (got, _, edited))) in cases.iter().zip(&together).enumerate() {
+        let mut want = logits.clone();
+        cpu.penalize(&mut want);
+        // Within f32 rounding of the CPU's (the NVIDIA H200 differs by 1 ulp in a
+        // repetition penalty); a row's edits are the same bits alone as batched (below).
+        let e = flint_gpu::testing::finite_nmse(edited, &want).unwrap_or_else(|| panic!("{n_rows} rows: row {i}'s bans"));
+        assert!(e <= flint_gpu::testing::NMSE_F32, "{n_rows} rows: row {i}'s edits, nmse {e}");
+        let dist: Vec<(u32, f64)> = cpu.distribution(&want).into_iter().filter(|d| d.1 > 0.0).collect();
+        let (ok, chi2, cells) = chi_square_ok(&dist, got);
+        eprintln!("{n_rows} rows, row {i}: {} candidates, chi2 {chi2:.2} over {cells} cells", dist.len());
+        assert!(ok, "{n_rows} rows: row {i} chi2 {chi2} over {cells} cells");
+    }
+    // Each row alone, at the same counters, draws the same tokens.
+    for (i, (logits, cpu)) in cases.iter().enumerate() {
+        let alone = r.sample_rows(ctx, &[Row { logits, cpu }], 300, 64).await.pop().unwrap();
+        assert_eq!(alone.0[..], together[i].0[..64], "{n_rows} rows: row {i} drew otherwise alone");
+        assert!(alone.2.iter().zip(&together[i].2).all(|(a, b)| a.to_bits() == b.to_bits()), "{n_rows} rows: row {i}'s edits differ alone");
+    }
+}
+
+flint_gpu::op_tests! { own_distributions;
+    rows_draw_from_their_own_distributions_and_as_they_do_alone => [1usize, 3, 8],
 }
 
 #[test]
@@ -604,36 +669,34 @@ fn rows_greedy_and_logprobs_mixed_in_one_step() {
 /// Rows holding NaN, +inf or f32::MAX (a broken model file or driver) come back as
 /// `NON_FINITE`, greedy or sampled, with and without log-probabilities, as the CPU sampler
 /// returns; rows beside them, and rows with −inf (banned) logits, sample as usual.
-#[test]
-fn broken_logits_yield_non_finite() {
-    flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
-        let n = 3000;
-        let mut r = rig_rows(ctx, &cache, n, 6, 4).await;
-        let clean = row_logits(7, n);
-        let with = |at: usize, v: f32| {
-            let mut l = clean.clone();
-            l[at] = v;
-            l
-        };
-        let rows_logits = [clean.clone(), with(2999, f32::NAN), with(0, f32::INFINITY), with(1500, f32::MAX), with(5, f32::NEG_INFINITY), with(9, -f32::NAN)];
-        for p in [SamplingParams::greedy(), params(1.0, 40, 0.9, 0.0, 3), SamplingParams { n_logprobs: 3, ..params(0.8, 0, 1.0, 0.0, 4) }] {
-            let cpus: Vec<sampling::Sampler> = (0..rows_logits.len()).map(|i| sampling::Sampler::with_stream(p.clone(), 11, i as u32).unwrap()).collect();
-            let rows: Vec<Row> = rows_logits.iter().zip(&cpus).map(|(l, cpu)| Row { logits: l, cpu }).collect();
-            let draws = if p.temperature <= 0.0 { 1 } else { 4 };
-            let out = r.sample_rows(ctx, &rows, 0, draws).await;
-            for (i, (ids, _, _)) in out.iter().enumerate() {
-                let broken = rows_logits[i].iter().any(|&v| sampling::is_broken(v));
-                let mut cpu = sampling::Sampler::with_stream(p.clone(), 11, i as u32).unwrap();
-                assert_eq!(broken, cpu.sample_full(&rows_logits[i]).id == sampling::NON_FINITE, "row {i}: the CPU sampler disagrees");
-                if broken {
-                    assert!(ids.iter().all(|&id| id == sampling::NON_FINITE), "row {i} {p:?}: {ids:?}");
-                } else {
-                    assert!(ids.iter().all(|&id| (id as usize) < n), "row {i} {p:?}: {ids:?}");
-                }
-            }
+async fn broken_rows(ctx: &GpuContext, p: SamplingParams) {
+    let n = 3000;
+    let mut r = rig_rows(ctx, pipelines(), n, 6, 4).await;
+    let clean = row_logits(7, n);
+    let with = |at: usize, v: f32| {
+        let mut l = clean.clone();
+        l[at] = v;
+        l
+    };
+    let rows_logits = [clean.clone(), with(2999, f32::NAN), with(0, f32::INFINITY), with(1500, f32::MAX), with(5, f32::NEG_INFINITY), with(9, -f32::NAN)];
+    let cpus: Vec<sampling::Sampler> = (0..rows_logits.len()).map(|i| sampling::Sampler::with_stream(p.clone(), 11, i as u32).unwrap()).collect();
+    let rows: Vec<Row> = rows_logits.iter().zip(&cpus).map(|(l, cpu)| Row { logits: l, cpu }).collect();
+    let draws = if p.temperature <= 0.0 { 1 } else { 4 };
+    let out = r.sample_rows(ctx, &rows, 0, draws).await;
+    for (i, (ids, _, _)) in out.iter().enumerate() {
+        let broken = rows_logits[i].iter().any(|&v| sampling::is_broken(v));
+        let mut cpu = sampling::Sampler::with_stream(p.clone(), 11, i as u32).unwrap();
+        assert_eq!(broken, cpu.sample_full(&rows_logits[i]).id == sampling::NON_FINITE, "row {i}: the CPU sampler disagrees");
+        if broken {
+            assert!(ids.iter().all(|&id| id == sampling::NON_FINITE), "row {i} {p:?}: {ids:?}");
+        } else {
+            assert!(ids.iter().all(|&id| (id as usize) < n), "row {i} {p:?}: {ids:?}");
         }
-    });
+    }
+}
+
+flint_gpu::op_tests! { broken_rows;
+    broken_logits_yield_non_finite => [SamplingParams::greedy(), params(1.0, 40, 0.9, 0.0, 3), SamplingParams { n_logprobs: 3, ..params(0.8, 0, 1.0, 0.0, 4) }],
 }
 
 /// One sampled step over `rows` (logits, settings, link), `n` draws each at counters 500..;
@@ -658,111 +721,116 @@ async fn linked_step(ctx: &GpuContext, r: &Rig, rows: &[(&[f32], &SamplingParams
 /// the target keeps a draft with probability min(1, p/q) (p(x) and q(x) checked against the
 /// CPU's) and otherwise draws from norm(max(0, p − q)), so every draw lies in p's support
 /// and the draws follow the exact verified distribution (chi-square over 6,000 draws).
-#[test]
-fn sampled_draft_verification_matches_the_exact_rule() {
-    flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
-        let (n, n_draft, draws) = (64usize, 60usize, 6_000u32);
-        let q_store = storage(ctx, "q", 4 * n as u64 * 4).unwrap();
-        ctx.queue.write_buffer(&q_store, 0, bytemuck::cast_slice(&vec![7.0f32; 4 * n]));
-        let mut target = rig_rows(ctx, &cache, n, 2, draws).await;
-        target.sampler.attach_q(ctx, &cache, &q_store, n as u32).await.unwrap();
-        let mut draft = rig_rows(ctx, &cache, n_draft, 1, 1).await;
-        draft.sampler.attach_q(ctx, &cache, &q_store, n as u32).await.unwrap();
-        assert_eq!(target.sampler.q_rows(), 4);
-        // A row linked past the store is refused.
-        let far = [SampleRow { link: Some(DraftLink::Record { q_row: 4 }), ..SampleRow::new(&params(1.0, 0, 1.0, 0.0, 1), 1, 0, 0) }];
-        assert!(draft.sampler.prepare(ctx, &far, 1).is_err());
+async fn draft_verification(ctx: &GpuContext, (si, sp): (usize, SamplingParams)) {
+    let sp = &sp;
+    let cache = pipelines();
+    let (n, n_draft, draws) = (64usize, 60usize, 6_000u32);
+    let q_store = storage(ctx, "q", 4 * n as u64 * 4).unwrap();
+    ctx.queue.write_buffer(&q_store, 0, bytemuck::cast_slice(&vec![7.0f32; 4 * n]));
+    let mut target = rig_rows(ctx, cache, n, 2, draws).await;
+    target.sampler.attach_q(ctx, cache, &q_store, n as u32).await.unwrap();
+    let mut draft = rig_rows(ctx, cache, n_draft, 1, 1).await;
+    draft.sampler.attach_q(ctx, cache, &q_store, n as u32).await.unwrap();
+    assert_eq!(target.sampler.q_rows(), 4);
+    // A row linked past the store is refused.
+    let far = [SampleRow { link: Some(DraftLink::Record { q_row: 4 }), ..SampleRow::new(&params(1.0, 0, 1.0, 0.0, 1), 1, 0, 0) }];
+    assert!(draft.sampler.prepare(ctx, &far, 1).is_err());
 
-        let mut rng = TestRng::new(41);
-        let logits: Vec<f32> = rng.vec(n).iter().map(|v| v * 3.0).collect();
-        let draft_logits: Vec<f32> = logits[..n_draft].iter().zip(rng.vec(n_draft)).map(|(l, e)| l + e).collect();
-        let settings = [params(1.0, 0, 1.0, 0.0, 7), params(0.8, 5, 0.9, 0.0, 8), params(1.3, 0, 0.95, 0.05, 9)];
-        for (si, sp) in settings.iter().enumerate() {
-            let cpu = sampling::Sampler::new(sp.clone()).unwrap();
-            let p = cpu.distribution(&logits);
-            let q_of = |d: &[f32]| {
-                let mut q = vec![0.0f64; n];
-                for (id, v) in cpu.distribution(d) {
-                    q[id as usize] = v;
-                }
-                q
-            };
-            // The draft side records q of its own logits, and of the target's (p = q).
-            for (q_row, d) in [(0u32, &draft_logits[..]), (1, &logits[..n_draft])] {
-                linked_step(ctx, &draft, &[(d, sp, Some(DraftLink::Record { q_row }))], 1).await;
-                let got = read_f32(ctx, &q_store, q_row as u64 * n as u64, n).await.unwrap();
-                let want = q_of(d);
-                for (id, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                    assert!((g as f64 - w).abs() < 1e-6, "settings {si}, q row {q_row}: id {id} recorded {g}, the CPU gives {w}");
-                }
-            }
-            // Hand-made q rows: disjoint from p's support (three banned ids past the draft's
-            // vocabulary), and mass on a banned token.
-            let outside: Vec<u32> = (61..64).collect();
-            let mut outside_logits = logits.clone();
-            for &id in &outside {
-                outside_logits[id as usize] = f32::NEG_INFINITY;
-            }
-            let mut disjoint = vec![0.0f32; n];
-            for &id in &outside {
-                disjoint[id as usize] = 1.0 / outside.len() as f32;
-            }
-            let mut banned_logits = logits.clone();
-            let banned = p[0].0;
-            banned_logits[banned as usize] = f32::NEG_INFINITY;
-            let mut on_banned = vec![0.0f32; n];
-            on_banned[banned as usize] = 0.6;
-            on_banned[p[1].0 as usize] = 0.4;
-            ctx.queue.write_buffer(&q_store, 2 * n as u64 * 4, bytemuck::cast_slice(&disjoint));
-            ctx.queue.write_buffer(&q_store, 3 * n as u64 * 4, bytemuck::cast_slice(&on_banned));
-            let q_prefix = |d: &[f32]| {
-                let mut q = q_of(d);
-                q.truncate(n_draft);
-                q
-            };
-            let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
-            // (label, target logits, q row, q, drafted token)
-            type Case = (String, Vec<f32>, u32, Vec<f64>, u32);
-            let mut cases: Vec<Case> = Vec::new();
-            // p = q: the target's ids past the draft's vocabulary banned.
-            let mut short = logits.clone();
-            short[n_draft..].fill(f32::NEG_INFINITY);
-            let x = cpu.distribution(&short)[0].0;
-            cases.push((format!("p = q, x = {x}"), short, 1, q_prefix(&logits[..n_draft]), x));
-            let qd = q_prefix(&draft_logits);
-            let mut by_q: Vec<u32> = (0..n_draft as u32).filter(|&i| qd[i as usize] > 0.0).collect();
-            by_q.sort_by(|&a, &b| qd[b as usize].total_cmp(&qd[a as usize]));
-            for &x in by_q.iter().take(2) {
-                cases.push((format!("draft q, x = {x}"), logits.clone(), 0, qd.clone(), x));
-            }
-            cases.push(("disjoint supports".into(), outside_logits, 2, f64s(&disjoint), outside[0]));
-            cases.push(("banned draft".into(), banned_logits.clone(), 3, f64s(&on_banned), banned));
-            for (label, tl, q_row, q, x) in &cases {
-                let tp = cpu.distribution(tl);
-                let (keep, _) = flint_core::spec::verify_exact(&tp, q, *x);
-                let want = flint_core::spec::verified_distribution(&tp, q, *x);
-                // Row 0 verifies; row 1, unlinked, still draws plainly beside it.
-                let rows = [(&tl[..], sp, Some(DraftLink::Verify { token: *x, q_row: *q_row })), (&tl[..], sp, None)];
-                let (out, st) = linked_step(ctx, &target, &rows, draws).await;
-                let px = tp.iter().find(|e| e.0 == *x).map_or(0.0, |e| e.1);
-                let (gpx, gqx) = (f32::from_bits(st[state::PX_BITS]) as f64, f32::from_bits(st[state::QX_BITS]) as f64);
-                assert!((gpx - px).abs() < 1e-5 && (gqx - q[*x as usize]).abs() < 1e-6, "settings {si}, {label}: p(x), q(x) = {gpx}, {gqx}; the CPU gives {px}, {}", q[*x as usize]);
-                let support: std::collections::HashSet<u32> = tp.iter().map(|e| e.0).collect();
-                let kept = out[0].iter().filter(|&&t| t == *x).count();
-                assert!(out[0].iter().all(|t| support.contains(t)), "settings {si}, {label}: a draw outside p's support");
-                if keep == 1.0 {
-                    assert_eq!(kept, draws as usize, "settings {si}, {label}: a draft kept with probability 1 was rejected");
-                }
-                if keep == 0.0 {
-                    assert_eq!(kept, 0, "settings {si}, {label}: a draft p gives nothing was kept");
-                }
-                let (ok, chi2, cells) = chi_square_ok(&want, &out[0]);
-                eprintln!("settings {si}, {label}: keep {keep:.3}, kept {kept}/{draws}, chi2 {chi2:.2} over {cells} cells");
-                assert!(ok, "settings {si}, {label}: chi2 {chi2} over {cells} cells");
-                let (ok, chi2, _) = chi_square_ok(&tp, &out[1]);
-                assert!(ok, "settings {si}, {label}: the unlinked row's chi2 {chi2}");
-            }
+    let mut rng = TestRng::new(41);
+    let logits: Vec<f32> = rng.vec(n).iter().map(|v| v * 3.0).collect();
+    let draft_logits: Vec<f32> = logits[..n_draft].iter().zip(rng.vec(n_draft)).map(|(l, e)| l + e).collect();
+    let cpu = sampling::Sampler::new(sp.clone()).unwrap();
+    let p = cpu.distribution(&logits);
+    let q_of = |d: &[f32]| {
+        let mut q = vec![0.0f64; n];
+        for (id, v) in cpu.distribution(d) {
+            q[id as usize] = v;
         }
-    });
+        q
+    };
+    // The draft side records q of its own logits, and of the target's (p = q).
+    for (q_row, d) in [(0u32, &draft_logits[..]), (1, &logits[..n_draft])] {
+        linked_step(ctx, &draft, &[(d, sp, Some(DraftLink::Record { q_row }))], 1).await;
+        let got = read_f32(ctx, &q_store, q_row as u64 * n as u64, n).await.unwrap();
+        let want = q_of(d);
+        for (id, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            assert!((g as f64 - w).abs() < 1e-6, "settings {si}, q row {q_row}: id {id} recorded {g}, the CPU gives {w}");
+        }
+    }
+    // Hand-made q rows: disjoint from p's support (three banned ids past the draft's
+    // vocabulary), and mass on a banned token.
+    let outside: Vec<u32> = (61..64).collect();
+    let mut outside_logits = logits.clone();
+    for &id in &outside {
+        outside_logits[id as usize] = f32::NEG_INFINITY;
+    }
+    let mut disjoint = vec![0.0f32; n];
+    for &id in &outside {
+        disjoint[id as usize] = 1.0 / outside.len() as f32;
+    }
+    let mut banned_logits = logits.clone();
+    let banned = p[0].0;
+    banned_logits[banned as usize] = f32::NEG_INFINITY;
+    let mut on_banned = vec![0.0f32; n];
+    on_banned[banned as usize] = 0.6;
+    on_banned[p[1].0 as usize] = 0.4;
+    ctx.queue.write_buffer(&q_store, 2 * n as u64 * 4, bytemuck::cast_slice(&disjoint));
+    ctx.queue.write_buffer(&q_store, 3 * n as u64 * 4, bytemuck::cast_slice(&on_banned));
+    let q_prefix = |d: &[f32]| {
+        let mut q = q_of(d);
+        q.truncate(n_draft);
+        q
+    };
+    let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+    // (label, target logits, q row, q, drafted token)
+    type Case = (String, Vec<f32>, u32, Vec<f64>, u32);
+    let mut cases: Vec<Case> = Vec::new();
+    // p = q: the target's ids past the draft's vocabulary banned.
+    let mut short = logits.clone();
+    short[n_draft..].fill(f32::NEG_INFINITY);
+    let x = cpu.distribution(&short)[0].0;
+    cases.push((format!("p = q, x = {x}"), short, 1, q_prefix(&logits[..n_draft]), x));
+    let qd = q_prefix(&draft_logits);
+    let mut by_q: Vec<u32> = (0..n_draft as u32).filter(|&i| qd[i as usize] > 0.0).collect();
+    by_q.sort_by(|&a, &b| qd[b as usize].total_cmp(&qd[a as usize]));
+    for &x in by_q.iter().take(2) {
+        cases.push((format!("draft q, x = {x}"), logits.clone(), 0, qd.clone(), x));
+    }
+    cases.push(("disjoint supports".into(), outside_logits, 2, f64s(&disjoint), outside[0]));
+    cases.push(("banned draft".into(), banned_logits.clone(), 3, f64s(&on_banned), banned));
+    for (label, tl, q_row, q, x) in &cases {
+        let tp = cpu.distribution(tl);
+        let (keep, _) = flint_core::spec::verify_exact(&tp, q, *x);
+        let want = flint_core::spec::verified_distribution(&tp, q, *x);
+        // Row 0 verifies; row 1, unlinked, still draws plainly beside it.
+        let rows = [(&tl[..], sp, Some(DraftLink::Verify { token: *x, q_row: *q_row })), (&tl[..], sp, None)];
+        let (out, st) = linked_step(ctx, &target, &rows, draws).await;
+        let px = tp.iter().find(|e| e.0 == *x).map_or(0.0, |e| e.1);
+        let (gpx, gqx) = (f32::from_bits(st[state::PX_BITS]) as f64, f32::from_bits(st[state::QX_BITS]) as f64);
+        assert!(
+            (gpx - px).abs() < 1e-5 && (gqx - q[*x as usize]).abs() < 1e-6,
+            "settings {si}, {label}: p(x), q(x) = {gpx}, {gqx}; the CPU gives {px}, {}",
+            q[*x as usize]
+        );
+        let support: std::collections::HashSet<u32> = tp.iter().map(|e| e.0).collect();
+        let kept = out[0].iter().filter(|&&t| t == *x).count();
+        assert!(out[0].iter().all(|t| support.contains(t)), "settings {si}, {label}: a draw outside p's support");
+        if keep == 1.0 {
+            assert_eq!(kept, draws as usize, "settings {si}, {label}: a draft kept with probability 1 was rejected");
+        }
+        if keep == 0.0 {
+            assert_eq!(kept, 0, "settings {si}, {label}: a draft p gives nothing was kept");
+        }
+        let (ok, chi2, cells) = chi_square_ok(&want, &out[0]);
+        eprintln!("settings {si}, {label}: keep {keep:.3}, kept {kept}/{draws}, chi2 {chi2:.2} over {cells} cells");
+        assert!(ok, "settings {si}, {label}: chi2 {chi2} over {cells} cells");
+        let (ok, chi2, _) = chi_square_ok(&tp, &out[1]);
+        assert!(ok, "settings {si}, {label}: the unlinked row's chi2 {chi2}");
+    }
+}
+
+flint_gpu::op_tests! { draft_verification;
+    sampled_draft_verification_matches_the_exact_rule => [params(1.0, 0, 1.0, 0.0, 7), params(0.8, 5, 0.9, 0.0, 8), params(1.3, 0, 0.95, 0.05, 9)]
+        .into_iter()
+        .enumerate(),
 }

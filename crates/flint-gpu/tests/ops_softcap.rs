@@ -7,50 +7,48 @@ use flint_gpu::buffer::{read_f32, storage_init};
 use flint_gpu::ops::softcap::SoftCap;
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
-use flint_gpu::testing::{nmse, TestRng, NMSE_F32};
+use flint_gpu::testing::{assert_untouched, nmse, padded, pipelines, submit, TestRng, NMSE_F32};
 use flint_gpu::GpuContext;
 
 const MAX_TOKENS: u32 = 8;
-const SENTINEL: f32 = -12345.5;
 
-fn submit(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
-    let mut enc = ctx.device.create_command_encoder(&Default::default());
-    {
-        let mut pass = enc.begin_compute_pass(&Default::default());
-        f(&mut pass);
-    }
-    ctx.queue.submit([enc.finish()]);
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    n: usize,
+    cap: f32,
+    n_tok: usize,
 }
 
-#[test]
-fn soft_cap_matches_the_reference() {
-    flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
-        for &(n, cap) in &[(1000usize, 30.0f32), (2053, 5.0), (257, 0.5)] {
-            for &n_tok in &[1usize, 3, 8] {
-                let mut rng = TestRng::new((n * 31 + n_tok) as u64);
-                let used = n_tok * n;
-                let mut x: Vec<f32> = rng.vec(used).iter().map(|v| v * 4.0 * cap).collect();
-                x[0] = 0.0;
-                let mut buf = x.clone();
-                buf.resize(MAX_TOKENS as usize * n, SENTINEL);
-                let xb = storage_init(ctx, "x", bytemuck::cast_slice(&buf)).unwrap();
-                let batch = Batch::new(ctx, MAX_TOKENS, 1, 1, 16).unwrap();
-                batch.write(ctx, &vec![0; n_tok], &vec![0; n_tok], &vec![0; n_tok], &[]);
-                let op = SoftCap::new(ctx, &cache, &batch, n as u32, cap, &xb).await.unwrap();
-                submit(ctx, |p| op.encode(p, n_tok as u32));
-                let got = read_f32(ctx, &xb, 0, buf.len()).await.unwrap();
-                let want: Vec<f32> = x.iter().map(|&v| softcap(v, cap)).collect();
-                let label = format!("n {n} cap {cap} n_tok {n_tok}");
-                let e = nmse(&got[..used], &want);
-                assert!(e <= NMSE_F32, "{label}: nmse {e}");
-                assert_eq!(got[0], 0.0, "{label}: tanh(0) is 0");
-                assert!(got[..used].iter().all(|v| v.abs() <= cap), "{label}: a value past the cap");
-                assert!(got[used..].iter().all(|&v| v == SENTINEL), "{label}: wrote past n_tok");
-                ctx.check().unwrap();
-            }
-        }
-    });
+/// One to MAX_TOKENS tokens of width `n` capped at `cap`.
+fn cases(n: usize, cap: f32) -> impl Iterator<Item = Case> {
+    [1usize, 3, 8].into_iter().map(move |n_tok| Case { n, cap, n_tok })
+}
+
+async fn run(ctx: &GpuContext, Case { n, cap, n_tok }: Case) {
+    let mut rng = TestRng::new((n * 31 + n_tok) as u64);
+    let used = n_tok * n;
+    let mut x: Vec<f32> = rng.vec(used).iter().map(|v| v * 4.0 * cap).collect();
+    x[0] = 0.0;
+    let buf = padded(&x, MAX_TOKENS as usize * n);
+    let xb = storage_init(ctx, "x", bytemuck::cast_slice(&buf)).unwrap();
+    let batch = Batch::new(ctx, MAX_TOKENS, 1, 1, 16).unwrap();
+    batch.write(ctx, &vec![0; n_tok], &vec![0; n_tok], &vec![0; n_tok], &[]);
+    let op = SoftCap::new(ctx, pipelines(), &batch, n as u32, cap, &xb).await.unwrap();
+    submit(ctx, |p| op.encode(p, n_tok as u32));
+    let got = read_f32(ctx, &xb, 0, buf.len()).await.unwrap();
+    let want: Vec<f32> = x.iter().map(|&v| softcap(v, cap)).collect();
+    let e = nmse(&got[..used], &want);
+    assert!(e <= NMSE_F32, "nmse {e}");
+    assert_eq!(got[0], 0.0, "tanh(0) is 0");
+    assert!(got[..used].iter().all(|v| v.abs() <= cap), "a value past the cap");
+    assert_untouched(&got[used..], "wrote past n_tok");
+    ctx.check().unwrap();
+}
+
+flint_gpu::op_tests! { run;
+    soft_cap_30_width_1000 => cases(1000, 30.0),
+    soft_cap_5_width_2053 => cases(2053, 5.0),
+    soft_cap_half_width_257 => cases(257, 0.5),
 }
 
 #[test]
