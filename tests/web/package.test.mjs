@@ -8,7 +8,7 @@ import { execFileSync } from "node:child_process";
 import { copyFileSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { REPO, launchPersistent, openPage, requireFile, secondsSince, startServer } from "./lib.mjs";
+import { FLINT_BIN, REPO, launchPersistent, openPage, requireFile, secondsSince, startServer } from "./lib.mjs";
 
 const GOLDEN = join(REPO, "../shared/golden");
 const golden = (model, n) => JSON.parse(readFileSync(join(GOLDEN, "f32", model, `${n}.json`), "utf8"));
@@ -248,6 +248,52 @@ test("the request-case table (tests/requests/cases.json): the same answers as fl
       assert.deepEqual([g.error, g.param, g.typed], [c.error, c.param, true], `${c.name}: ${g.message}`);
     }
   }
+});
+
+test("structured output: json_schema, GBNF and regex replies in the browser equal native `flint run`'s, each valid; a bad schema is an InvalidRequestError", { timeout: 10 * MINUTES }, async () => {
+  const schema = {
+    type: "object",
+    properties: { ok: { type: "boolean" }, n: { type: "integer", minimum: 0, maximum: 99 }, color: { enum: ["red", "green", "blue"] } },
+    required: ["ok", "n", "color"],
+    additionalProperties: false,
+  };
+  const gbnf = 'root ::= ("yes" | "no") ", " [0-9]{1,2}';
+  const regex = "[a-c]{3}-[0-9]{2}";
+  requireFile(FLINT_BIN, "run `cargo build --release -p flint-cli` first");
+  const tiny = join(GOLDEN, "families/qwen3/model.gguf");
+  const native = (flag, value) =>
+    execFileSync(FLINT_BIN, ["run", "-m", tiny, "--raw", "--temp", "0", "-n", "200", flag, value, "Answer:"], { encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] }).replace(/\n$/, "");
+  const want = [native("-j", JSON.stringify(schema)), native("--grammar", gbnf), native("--grammar", `start: /${regex}/`)];
+  const got = await page.evaluate(
+    async ({ PKG, TINY, schema, gbnf, regex }) => {
+      const flint = await import(PKG);
+      const engine = await flint.createEngine({ model: TINY, useCache: false, nCtx: 512 });
+      const ask = async (extra) => (await engine.completions.create({ prompt: "Answer:", max_tokens: 200, temperature: 0, ...extra })).choices[0];
+      const out = [
+        await ask({ response_format: { type: "json_schema", json_schema: { name: "answer", schema, strict: true } } }),
+        await ask({ grammar: gbnf }),
+        await ask({ guided_regex: regex }),
+      ];
+      let refused = null;
+      try {
+        await ask({ response_format: { type: "json_schema", json_schema: { name: "bad", schema: { type: "array", uniqueItems: true } } } });
+      } catch (e) {
+        refused = { name: e.name, param: e.param, message: e.message };
+      }
+      await engine.unload();
+      return { out: out.map((c) => ({ text: c.text, finish: c.finish_reason })), refused };
+    },
+    { PKG, TINY, schema, gbnf, regex },
+  );
+  for (const [i, c] of got.out.entries()) {
+    assert.equal(c.finish, "stop", `reply ${i}: ${c.text}`);
+    assert.equal(c.text, want[i], `reply ${i}: browser and native differ`);
+  }
+  const v = JSON.parse(got.out[0].text);
+  assert.ok(typeof v.ok === "boolean" && Number.isInteger(v.n) && ["red", "green", "blue"].includes(v.color), got.out[0].text);
+  assert.match(got.out[1].text, /^(yes|no), [0-9]{1,2}$/);
+  assert.match(got.out[2].text, new RegExp(`^${regex}$`));
+  assert.deepEqual([got.refused?.name, got.refused?.param], ["InvalidRequestError", "response_format"], got.refused?.message);
 });
 
 test("after a reload, the worker engine loads gemma from the browser cache without downloading it, self-tested", { timeout: 15 * MINUTES }, async () => {

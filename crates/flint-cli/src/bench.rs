@@ -20,65 +20,70 @@ pub enum BenchFormat {
 pub struct BenchArgs {
     /// Model: a path, a catalog name or a URL.
     #[arg(short = 'm', long = "model")]
-    model: String,
+    pub(crate) model: String,
     /// Prompt tokens to prefill.
     #[arg(short = 'p', long = "prompt-tokens", default_value_t = 128)]
-    prompt_tokens: usize,
+    pub(crate) prompt_tokens: usize,
     /// Tokens to generate after the prompt.
     #[arg(short = 'n', long = "gen-tokens", default_value_t = 64)]
-    gen_tokens: usize,
+    pub(crate) gen_tokens: usize,
     /// Repetitions (the first is also timed; medians hide its warm-up).
     #[arg(long, default_value_t = 5)]
-    reps: usize,
+    pub(crate) reps: usize,
     #[arg(long, value_enum, default_value_t = BackendArg::Gpu)]
-    backend: BackendArg,
+    pub(crate) backend: BackendArg,
     #[command(flatten)]
-    device: crate::args::DeviceArgs,
+    pub(crate) device: crate::args::DeviceArgs,
     #[arg(long, value_enum, default_value_t = BenchFormat::Text)]
-    format: BenchFormat,
+    pub(crate) format: BenchFormat,
     /// Also time every kernel of the prompt's prefill (up to 256 tokens) and of decode steps
     /// of 1, 8 and 9 sequences (GPU timestamp queries) and print where the time goes.
     #[arg(long)]
-    profile: bool,
+    pub(crate) profile: bool,
     /// Streams submitted at once, e.g. 1,4,8 (1 always runs): aggregate decode speed per level.
     #[arg(long, value_delimiter = ',', value_name = "N,...")]
-    concurrency: Vec<usize>,
+    pub(crate) concurrency: Vec<usize>,
     /// With --spec-type: the prompt, read from FILE (a user message through the chat template
     /// unless --raw). Required there: the synthetic prompt repeats one sentence, which would
     /// inflate acceptance.
     #[arg(short = 'f', long = "file", value_name = "FILE")]
-    file: Option<std::path::PathBuf>,
+    pub(crate) file: Option<std::path::PathBuf>,
     /// With -f: tokenize the file as is, no chat template.
     #[arg(long, requires = "file")]
-    raw: bool,
+    pub(crate) raw: bool,
     /// `--spec-type ngram` runs the -f prompt with and without speculation in one run
     /// (interleaved) and reports both decode speeds, their ratio, the acceptance rate and the
     /// mean tokens per decode step.
     #[command(flatten)]
-    spec: crate::args::SpecArgs,
+    pub(crate) spec: crate::args::SpecArgs,
+    /// `-j/-jf/--grammar/--grammar-file`: one stream with the constraint and one without, in
+    /// one run, both decode speeds and the mask time per token (the prompt: -f, or a request
+    /// for a JSON object).
+    #[command(flatten)]
+    pub(crate) grammar: crate::args::GrammarArgs,
 }
 
 /// Decode step sizes `--profile` times.
 const PROFILE_DECODE_SIZES: [usize; 3] = [1, 8, 9];
 
-struct Stats {
-    median: f64,
-    min: f64,
-    max: f64,
+pub(crate) struct Stats {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
 }
 
-fn stats(mut v: Vec<f64>) -> Stats {
+pub(crate) fn stats(mut v: Vec<f64>) -> Stats {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
     let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
     Stats { median, min: v[0], max: v[n - 1] }
 }
 
-fn round2(v: f64) -> f64 {
+pub(crate) fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
 
-fn stats_json(s: &Stats) -> serde_json::Value {
+pub(crate) fn stats_json(s: &Stats) -> serde_json::Value {
     json!({"median": round2(s.median), "min": round2(s.min), "max": round2(s.max)})
 }
 
@@ -230,12 +235,15 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     if args.concurrency.contains(&0) {
         return Err(Failure::usage("--concurrency levels must be at least 1"));
     }
+    if let Some(constraint) = args.grammar.constraint()? {
+        return crate::bench_constrained::bench_constrained(&args, constraint);
+    }
     let spec = args.spec.config()?;
     if args.spec.is_on() {
         return bench_spec(&args, spec);
     }
     if args.file.is_some() {
-        return Err(Failure::usage("-f is for --spec-type runs; plain runs use the synthetic -p prompt"));
+        return Err(Failure::usage("-f is for --spec-type and constrained runs; plain runs use the synthetic -p prompt"));
     }
     let mut levels: Vec<usize> = std::iter::once(1).chain(args.concurrency.iter().copied()).collect();
     levels.sort_unstable();

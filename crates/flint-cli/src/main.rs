@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod bench_constrained;
 mod bench_serve;
 mod catalog;
 mod chat;

@@ -550,3 +550,32 @@ fn devices_are_listed_and_chosen() {
     assert_usage_error(&["run", "-m", m, "-dev", "0,0", "--device-mem-mb", "64", "hi"], "needs 2 budgets");
     assert_usage_error(&["run", "-m", m, "-dev", "0,0", "--device-mem-mb", "1,1", "--raw", "hi"], "does not fit the devices' budgets");
 }
+
+/// `-j`, `-jf` and `--grammar` hold the reply (the tiny random qwen3: valid whatever it draws);
+/// a schema that is not JSON, one that does not compile, a grammar that does not convert and
+/// two constraints at once exit 2 with one line.
+#[test]
+fn constrained_runs_hold_the_reply_and_bad_constraints_exit_2() {
+    let model = shared().join("golden/families/qwen3/model.gguf");
+    let m = model.to_str().unwrap();
+    let schema = r#"{"type":"object","properties":{"ok":{"type":"boolean"},"n":{"type":"integer","minimum":0,"maximum":9}},"required":["ok","n"],"additionalProperties":false}"#;
+    let file = std::env::temp_dir().join(format!("flint-cli-schema-{}.json", std::process::id()));
+    std::fs::write(&file, schema).unwrap();
+    for args in [vec!["-j", schema], vec!["-jf", file.to_str().unwrap()]] {
+        let out = flint(&[&["run", "-m", m, "-n", "200", "--seed", "5"], &args[..], &["Answer:"]].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{args:?}: {text:?}: {e}"));
+        assert!(v["ok"].is_boolean() && v["n"].as_u64().is_some_and(|n| n <= 9) && v.as_object().unwrap().len() == 2, "{v}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("[stop]"), "a complete grammar ends the reply with stop");
+    }
+    let out = flint(&["run", "-m", m, "-n", "50", "--seed", "1", "--grammar", r#"root ::= ("yes" | "no") "!""#, "Answer:"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(["yes!", "no!"].contains(&text.trim()), "{text:?}");
+    std::fs::remove_file(&file).unwrap();
+    assert_usage_error(&["run", "-m", m, "-j", "{not json", "hi"], "--json-schema");
+    assert_usage_error(&["run", "-m", m, "-j", r#"{"type":"array","uniqueItems":true}"#, "hi"], "uniqueItems");
+    assert_usage_error(&["run", "-m", m, "--grammar", r#"root ::= "a"#, "hi"], "not closed");
+    assert_usage_error(&["run", "-m", m, "-jf", "/nonexistent/schema.json", "hi"], "schema.json");
+    assert_usage_error(&["run", "-m", m, "-j", "{}", "--grammar", "start: \"a\"", "hi"], "--grammar");
+}
