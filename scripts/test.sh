@@ -76,7 +76,7 @@ cross_check() {
 # The browser tests (tests/web): headless Chromium, WebGPU on SwiftShader, the packed npm
 # package and the chat page against `flint web`.
 run_browser_tests() {
-  (cd tests/web && { [[ -d node_modules/playwright-core && -d node_modules/openai ]] || npm ci --no-audit --no-fund; })
+  (cd tests/web && { [[ -d node_modules/playwright-core && -d node_modules/openai && -d node_modules/ajv ]] || npm ci --no-audit --no-fund; })
   # One file at a time: each drives its own Chromium on the same two cores.
   local f
   for f in tests/web/*.test.mjs; do

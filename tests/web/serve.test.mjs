@@ -13,6 +13,7 @@ import { readFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
+import Ajv from "ajv";
 import { FLINT_BIN, REPO, SITE, launchBrowser, openPage, requireFile } from "./lib.mjs";
 
 const SHARED = join(REPO, "../shared");
@@ -96,6 +97,31 @@ test("a predicted output (prediction) drafts: the same reply, with the accepted 
   const details = (r) => r.usage.completion_tokens_details;
   assert.ok(details(right).accepted_prediction_tokens >= 8, JSON.stringify(right.usage));
   assert.ok(details(wrong).rejected_prediction_tokens > 0, JSON.stringify(wrong.usage));
+});
+
+test("json_schema replies for four schemas of the golden file (at once): every one that ends with stop validates, at least half stop", { timeout: 5 * 60_000 }, async () => {
+  const IDS = ["Glaiveai2K---calculate_shipping_cost_4b09e153", "Glaiveai2K---search_jobs_6f74b972", "Glaiveai2K---create_invoice_637dbd76", "Glaiveai2K---calculate_area_011c2f1f"];
+  const cases = readFileSync(join(SHARED, "golden/json-schema/cases.jsonl"), "utf8").split("\n").filter(Boolean).map((l) => JSON.parse(l));
+  const schemas = IDS.map((id) => cases.find((c) => c.id === id).schema);
+  const ajv = new Ajv({ strict: false, validateFormats: false });
+  const replies = await Promise.all(
+    schemas.map((schema, i) =>
+      client.chat.completions.create({
+        model: MODEL, max_tokens: 160, temperature: 0,
+        messages: [{ role: "user", content: `Reply with a JSON object for this schema, with realistic values:\n${JSON.stringify(schema)}` }],
+        response_format: { type: "json_schema", json_schema: { name: IDS[i].split("---")[1], schema, strict: true } },
+      }),
+    ),
+  );
+  let stopped = 0;
+  for (const [i, r] of replies.entries()) {
+    const { content } = r.choices[0].message;
+    if (r.choices[0].finish_reason !== "stop") continue;
+    stopped += 1;
+    const validate = ajv.compile(schemas[i]);
+    assert.ok(validate(JSON.parse(content)), `${IDS[i]}: ${content}: ${JSON.stringify(validate.errors)}`);
+  }
+  assert.ok(stopped * 2 >= replies.length, `${stopped} of ${replies.length} replies ended with stop`);
 });
 
 test("a plain completion of a golden raw prompt is the f32 reference's greedy text", async () => {
