@@ -125,6 +125,21 @@ pub struct StepBatch<'a> {
     pub logits: bool,
 }
 
+/// Each output row's allowed-token mask, in output-row order (None: the row's sampler keeps
+/// its own), computed while the step's forward pass runs: constrained decoding's masks are
+/// CPU work that need not wait for the GPU, nor the GPU for them.
+pub type LateMasks<'a> = Box<dyn FnOnce() -> Vec<Option<Vec<u32>>> + 'a>;
+
+/// Puts `masks` (output-row order) into the rows' samplers.
+pub fn apply_masks(entries: &mut [StepEntry<'_>], masks: Vec<Option<Vec<u32>>>) {
+    let rows = entries.iter_mut().flat_map(|e| e.outputs.iter_mut());
+    for (row, mask) in rows.zip(masks) {
+        if mask.is_some() {
+            row.sampler.set_mask(mask);
+        }
+    }
+}
+
 /// What a step produced, in output-row order (entries in order, rows in order within each).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepResult {
@@ -141,6 +156,13 @@ pub trait Backend {
     fn limits(&self) -> StepLimits;
     /// Runs one step (see the module docs).
     fn step<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<StepResult, BackendError>>;
+    /// Runs one step whose output rows' masks come from `masks`, called once: where the
+    /// backend can, after the forward pass is submitted and before the sampler's (two
+    /// submissions), so the masks are computed while the device works; otherwise first.
+    fn step_with_masks<'a>(&'a mut self, mut batch: StepBatch<'a>, masks: LateMasks<'a>) -> LocalBoxFuture<'a, Result<StepResult, BackendError>> {
+        apply_masks(&mut batch.entries, masks());
+        self.step(batch)
+    }
     /// Runs one step with per-op device timings: (op label, nanoseconds). Nothing is sampled.
     fn profile<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<Vec<(String, f64)>, BackendError>> {
         let _ = batch;

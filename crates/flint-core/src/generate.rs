@@ -210,31 +210,11 @@ impl Generation {
         self.constraint_error.take()
     }
 
-    /// The masks of the rows a step draws for this choice: row 0 from where the reply is,
-    /// row j after the first j of `drafts` (a verify step). Unconstrained: None. Drafts must
-    /// be ones the grammar allows ([`Generation::grammar_prefix`]). On an error the rows allow
-    /// only end-of-generation tokens and the error waits in [`take_constraint_error`](Self::take_constraint_error).
-    pub fn row_masks(&mut self, drafts: &[u32], rows: usize) -> Option<Vec<Vec<u32>>> {
-        let c = self.constraint.as_mut()?;
-        let mut masks = Vec::with_capacity(rows);
-        let mut fed = 0;
-        let result = (|| {
-            for j in 0..rows {
-                if j > 0 {
-                    c.consume(drafts[j - 1])?;
-                    fed += 1;
-                }
-                masks.push(c.mask()?);
-            }
-            Ok(())
-        })();
-        let undone = c.rollback(fed);
-        if let Err(e) = result.and(undone) {
-            self.constraint_error = Some(e);
-            let only_end = c.end_mask();
-            return Some(vec![only_end; rows]);
-        }
-        Some(masks)
+    /// The choice's sampler, and its mask work when it is constrained: apart, so that a step
+    /// can hold the sampler while the masks are computed.
+    pub fn split_mut(&mut self) -> (&mut Sampler, Option<MaskJob<'_>>) {
+        let job = self.constraint.as_mut().map(|constraint| MaskJob { constraint, error: &mut self.constraint_error });
+        (&mut self.sampler, job)
     }
 
     /// How much of `draft` the reply's grammar allows from here (all of it, unconstrained).
@@ -363,6 +343,46 @@ impl Generation {
             text.push_str(&tail);
         }
         Event::Done { choice: self.choice, summary, text }
+    }
+}
+
+/// A constrained choice's masks for one step.
+pub struct MaskJob<'a> {
+    constraint: &'a mut Constraint,
+    error: &'a mut Option<ConstraintError>,
+}
+
+impl MaskJob<'_> {
+    /// The masks of the rows a step draws for this choice: row 0 from where the reply is, row
+    /// j after the first j of `drafts` (a verify step). Drafts must be ones the grammar allows
+    /// ([`Generation::grammar_prefix`]). On an error the rows allow only end-of-generation
+    /// tokens and the error waits in [`Generation::take_constraint_error`].
+    pub fn masks(self, drafts: &[u32], rows: usize) -> Vec<Vec<u32>> {
+        let c = self.constraint;
+        let mut masks = Vec::with_capacity(rows);
+        let mut fed = 0;
+        let mut result = Ok(());
+        for j in 0..rows {
+            if j > 0 {
+                result = c.consume(drafts[j - 1]);
+                if result.is_err() {
+                    break;
+                }
+                fed += 1;
+            }
+            match c.mask() {
+                Ok(m) => masks.push(m),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if let Err(e) = result.and(c.rollback(fed)) {
+            *self.error = Some(e);
+            return vec![c.end_mask(); rows];
+        }
+        masks
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures::future::LocalBoxFuture;
 
 use flint_core::arch::ModelConfig;
-use flint_core::backend::{check_step, Backend, BackendError, BackendOptions, StepBatch, StepLimits, StepResult};
+use flint_core::backend::{check_step, Backend, BackendError, BackendOptions, LateMasks, StepBatch, StepLimits, StepResult};
 use flint_core::gguf::GgufFile;
 use flint_core::kv::KvLayout;
 use flint_core::selftest::{Probe, Tap};
@@ -106,7 +106,14 @@ impl Backend for GpuBackend {
     fn step<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<StepResult, BackendError>> {
         Box::pin(async move {
             self.check(&batch)?;
-            let r = self.model.step(batch).await;
+            let r = self.model.step(batch, None).await;
+            r.map_err(|e| self.failed(e))
+        })
+    }
+    fn step_with_masks<'a>(&'a mut self, batch: StepBatch<'a>, masks: LateMasks<'a>) -> LocalBoxFuture<'a, Result<StepResult, BackendError>> {
+        Box::pin(async move {
+            self.check(&batch)?;
+            let r = self.model.step(batch, Some(masks)).await;
             r.map_err(|e| self.failed(e))
         })
     }

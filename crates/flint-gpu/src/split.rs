@@ -256,7 +256,7 @@ impl Backend for SplitBackend {
             check_step(&batch, &self.limits, &self.layout, self.cfg.n_vocab)?;
             // One micro-batch in flight per device.
             let micro = self.parts.len();
-            run_parts(&mut self.parts, &self.links, batch, micro).await.map_err(|f| {
+            run_parts(&mut self.parts, &self.links, batch, micro, None).await.map_err(|f| {
                 let p = &self.parts[f.part];
                 with_part(failure(&p.ctx, f.error), f.part, &p.part.layers, &p.ctx)
             })

@@ -12,7 +12,7 @@ use futures::future::LocalBoxFuture;
 use futures::StreamExt;
 
 use flint_core::backend::{Backend, BackendError, StepResult};
-use flint_core::generate::{Clock, Event, FinishReason, Generation};
+use flint_core::generate::{Clock, Event, FinishReason, Generation, MaskJob};
 use flint_core::kv::SeqId;
 use flint_core::sampling::{DraftLink, Sampler, SamplingParams};
 use flint_core::sched::{Flow, SchedStats, Scheduler, SeqEnd, StepPlan};
@@ -413,28 +413,12 @@ impl Runner {
         let rows = plan.output_rows();
         let want_logits = rows.iter().any(|(s, _)| self.owner.get(s).and_then(|(r, _)| self.requests.get(r)).is_some_and(|r| r.logits));
         let mut copies: Vec<(SeqId, Vec<Sampler>)> = Vec::new();
-        // Constrained choices: each row's allowed tokens (row j after j drafts); row 0's go
-        // into the choice's sampler, the rest into its copies below.
-        let mut later_masks: HashMap<SeqId, Vec<Vec<u32>>> = HashMap::new();
-        for &(seq, n) in &rows {
-            let Some(&(rid, ci)) = self.owner.get(&seq) else { continue };
-            let Some(req) = self.requests.get_mut(&rid) else { continue };
-            let gen = &mut req.choices[ci].gen;
-            if let Some(mut masks) = gen.row_masks(self.sched.drafts(seq), n) {
-                let first = masks.remove(0);
-                gen.sampler_mut().set_mask(Some(first));
-                later_masks.insert(seq, masks);
-            }
-        }
         for &(seq, n) in rows.iter().filter(|(_, n)| *n > 1) {
             let Some(&(rid, ci)) = self.owner.get(&seq) else { continue };
             let Some(req) = self.requests.get_mut(&rid) else { continue };
             let drafts = self.sched.drafts(seq);
             let base = req.choices[ci].gen.sampler_mut();
             let mut list: Vec<Sampler> = (1..n).map(|j| base.after(&drafts[..j])).collect();
-            for (row, mask) in list.iter_mut().zip(later_masks.remove(&seq).unwrap_or_default()) {
-                row.set_mask(Some(mask));
-            }
             if let Some(&(slot, draft_max)) = self.linked.get(&seq) {
                 let link = |j: usize| Some(DraftLink::Verify { token: drafts[j], q_row: (slot * draft_max + j) as u32 });
                 base.set_link(link(0));
@@ -445,9 +429,15 @@ impl Runner {
             copies.push((seq, list));
         }
         let mut samplers: HashMap<SeqId, Vec<&mut Sampler>> = HashMap::new();
+        // Constrained choices' mask work, with the drafts their verify rows follow.
+        let mut jobs: HashMap<SeqId, (MaskJob<'_>, Vec<u32>)> = HashMap::new();
         for req in self.requests.values_mut() {
             for c in req.choices.iter_mut().filter(|c| rows.iter().any(|(s, _)| *s == c.seq)) {
-                samplers.insert(c.seq, vec![c.gen.sampler_mut()]);
+                let (sampler, job) = c.gen.split_mut();
+                samplers.insert(c.seq, vec![sampler]);
+                if let Some(job) = job {
+                    jobs.insert(c.seq, (job, self.sched.drafts(c.seq).to_vec()));
+                }
             }
         }
         for (seq, list) in &mut copies {
@@ -456,7 +446,21 @@ impl Runner {
             }
         }
         let batch = self.sched.batch_rows(plan, &mut samplers, want_logits);
-        self.backend.step(batch).await
+        if jobs.is_empty() {
+            return self.backend.step(batch).await;
+        }
+        // Each output row's mask (None for free rows), computed while the forward pass runs.
+        let masks = Box::new(move || {
+            let mut out = Vec::new();
+            for (seq, n) in rows {
+                match jobs.remove(&seq) {
+                    Some((job, drafts)) => out.extend(job.masks(&drafts, n).into_iter().map(Some)),
+                    None => out.extend(std::iter::repeat_n(None, n)),
+                }
+            }
+            out
+        });
+        self.backend.step_with_masks(batch, masks).await
     }
 
     /// Folds a step's results back ([`Scheduler::update`]): each row a plain decode would

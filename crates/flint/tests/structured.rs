@@ -3,7 +3,9 @@
 //! validate (an independent validator), regex, choice, GBNF and Lark replies that match,
 //! several choices each held to the grammar, constrained and free requests in the same steps
 //! (the free one unchanged), speculation (its drafts cut to what the grammar allows) giving
-//! the tokens a plain run gives, and bad constraints refused before any work.
+//! the tokens a plain run gives, a model split over two devices (masks computed before the
+//! step, not while its forward pass runs) giving them too, and bad constraints refused before
+//! any work.
 
 use flint::{BackendKind, Constrained, Engine, EngineError, Event, FinishReason, GenerateParams, Grammar, Input, LoadOptions, Request};
 use flint_core::sampling::SamplingParams;
@@ -131,6 +133,16 @@ fn free_requests_beside_constrained_ones_are_unchanged_and_speculation_changes_n
     }
     let stats = futures::executor::block_on(engine.stats()).unwrap();
     eprintln!("speculation: {} drafted, {} accepted", stats.spec.drafted, stats.spec.accepted);
+    drop(engine);
+
+    // Split over two devices the step is one submission per part, masks first: the same tokens.
+    let path = flint_core::testing::shared_dir().join("golden/families/qwen3/model.gguf");
+    let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx: 512, device: Some("llvmpipe,llvmpipe".into()), ..LoadOptions::default() };
+    let split = Engine::load_path(&path, &opts).unwrap();
+    assert_eq!(split.info().parts.len(), 2);
+    for (p, s) in plain.iter().zip(&run(&split, greedy())) {
+        assert_eq!(p[0].2, s[0].2, "a split model changed a constrained reply: {:?} vs {:?}", p[0].0, s[0].0);
+    }
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //! sequences are cut into micro-batches that move through the parts as a wavefront (part 1
 //! runs micro-batch 0 while part 0 runs micro-batch 1), so the devices work at once.
 
-use flint_core::backend::{StepBatch, StepEntry, StepResult};
+use flint_core::backend::{apply_masks, LateMasks, StepBatch, StepEntry, StepResult};
 use flint_core::kv::{GroupCopy, NO_BLOCK};
 
 use super::graph::{Encode, Step};
@@ -121,21 +121,29 @@ impl GpuModel {
     }
 
     /// Records the block copies, then one compute pass: the embedding (first part), the
-    /// part's layers, and with `plan` the head, the logit edits and the sampler. The kernels
-    /// this step is the first to need are compiled together before recording: natively on
-    /// several threads, since a driver compiling on the CPU (lavapipe) takes seconds for each.
-    fn encode_step(&self, enc: &mut wgpu::CommandEncoder, copies: &[GroupCopy], layout: &Layout, plan: Option<&OutputPlans>) {
+    /// part's layers, with `head` the head over the output rows, and with `plan` the logit
+    /// edits and the sampler. The kernels this step is the first to need are compiled
+    /// together before recording: natively on several threads, since a driver compiling on
+    /// the CPU (lavapipe) takes seconds for each.
+    fn encode_step(&self, enc: &mut wgpu::CommandEncoder, copies: &[GroupCopy], layout: &Layout, head: bool, plan: Option<&OutputPlans>) {
         self.kv.encode_copies(enc, copies);
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
         let step = Step { n_tok: layout.tokens.len() as u32, max_kv_len: layout.max_kv_len };
-        let ops = self.step_ops(step, plan.map(|_| layout.gather.len() as u32));
+        let ops = self.step_ops(step, head.then_some(layout.gather.len() as u32));
         self.ctx.pipelines.build_all(&self.ctx.device, Self::unbuilt(&ops));
         for (op, step) in &ops {
             op.encode(&mut pass, step);
         }
-        if let (Some((edits, samples)), Ok((_, out))) = (plan, self.outputs("step")) {
-            out.penalize.encode(&mut pass, edits);
-            out.sampler.encode(&mut pass, samples);
+        if let Some(plan) = plan {
+            self.encode_outputs(&mut pass, plan);
+        }
+    }
+
+    /// The logit edits and the draws over the head's logits.
+    fn encode_outputs(&self, pass: &mut wgpu::ComputePass<'_>, (edits, samples): &OutputPlans) {
+        if let Ok((_, out)) = self.outputs("step") {
+            out.penalize.encode(pass, edits);
+            out.sampler.encode(pass, samples);
         }
     }
 
@@ -151,9 +159,10 @@ impl GpuModel {
         }
     }
 
-    /// Runs one step (checked by the caller against the limits and the layout).
-    pub async fn step(&mut self, batch: StepBatch<'_>) -> Result<StepResult> {
-        run_parts(std::slice::from_mut(self), &[], batch, 1).await.map_err(|f| f.error)
+    /// Runs one step (checked by the caller against the limits and the layout); `masks`, if
+    /// any, are computed once the forward pass is submitted (see [`run_parts`]).
+    pub async fn step(&mut self, batch: StepBatch<'_>, masks: Option<LateMasks<'_>>) -> Result<StepResult> {
+        run_parts(std::slice::from_mut(self), &[], batch, 1, masks).await.map_err(|f| f.error)
     }
 
     /// Reads back the draws of a step's micro-batches, `n_out` rows in all.
@@ -185,11 +194,17 @@ impl GpuModel {
 /// devices overlap (two micro-batches on two devices: three ticks of a quarter step each).
 pub const MIN_MICRO_TOKENS: usize = 32;
 
+/// How many micro-batches [`micro_batches`] cuts `entries` into.
+fn micro_batches_len(entries: &[StepEntry<'_>], n: usize) -> usize {
+    let total: usize = entries.iter().map(|e| e.tokens.len()).sum();
+    n.min(total / MIN_MICRO_TOKENS).clamp(1, entries.len().max(1))
+}
+
 /// Cuts a step's entries into at most `n` consecutive micro-batches of about equal tokens
 /// and at least [`MIN_MICRO_TOKENS`] each (entries keep their order, so output rows do too).
 fn micro_batches(entries: Vec<StepEntry<'_>>, n: usize) -> Vec<Vec<StepEntry<'_>>> {
     let total: usize = entries.iter().map(|e| e.tokens.len()).sum();
-    let n = n.min(total / MIN_MICRO_TOKENS).clamp(1, entries.len().max(1));
+    let n = micro_batches_len(&entries, n);
     let mut left = entries.len();
     let (mut chunks, mut cur, mut acc) = (Vec::with_capacity(n), Vec::new(), 0);
     for e in entries {
@@ -212,7 +227,18 @@ fn micro_batches(entries: Vec<StepEntry<'_>>, n: usize) -> Vec<Vec<StepEntry<'_>
 /// the whole model on one device), in up to `micro` micro-batches. `links[i]` carries the
 /// residual stream from part `i` to part `i + 1`: a MAP_READ buffer of part `i`'s device
 /// holding a step's most tokens. A failure names the part it met.
-pub async fn run_parts(parts: &mut [GpuModel], links: &[wgpu::Buffer], batch: StepBatch<'_>, micro: usize) -> std::result::Result<StepResult, PartFailure> {
+///
+/// `masks` (constrained decoding's per-row masks): on one part and one micro-batch the step
+/// is submitted in two parts, the forward pass through the head and then the logit edits and
+/// the sampler, and `masks` runs between them, while the device works on the first; otherwise
+/// it runs first and the step is one submission per part as usual.
+pub async fn run_parts(
+    parts: &mut [GpuModel],
+    links: &[wgpu::Buffer],
+    batch: StepBatch<'_>,
+    micro: usize,
+    masks: Option<LateMasks<'_>>,
+) -> std::result::Result<StepResult, PartFailure> {
     debug_assert_eq!(links.len() + 1, parts.len());
     // Kernels this step is the first to run may compile inside it, on the device's time:
     // the first step runs every kernel built at load, later ones a matmul's new variants.
@@ -220,7 +246,7 @@ pub async fn run_parts(parts: &mut [GpuModel], links: &[wgpu::Buffer], batch: St
     for (p, _) in parts.iter().zip(&first_use).filter(|(_, &f)| f) {
         p.ctx.pipelines.notify(&CompileEvent::FirstUse { done: false });
     }
-    let result = run_micro_batches(parts, links, batch, micro).await;
+    let result = run_micro_batches(parts, links, batch, micro, masks).await;
     for (p, _) in parts.iter().zip(&first_use).filter(|(_, &f)| f) {
         p.ctx.pipelines.notify(&CompileEvent::FirstUse { done: true });
     }
@@ -231,9 +257,25 @@ pub async fn run_parts(parts: &mut [GpuModel], links: &[wgpu::Buffer], batch: St
     Ok(result)
 }
 
-async fn run_micro_batches(parts: &mut [GpuModel], links: &[wgpu::Buffer], batch: StepBatch<'_>, micro: usize) -> std::result::Result<StepResult, PartFailure> {
+async fn run_micro_batches(
+    parts: &mut [GpuModel],
+    links: &[wgpu::Buffer],
+    batch: StepBatch<'_>,
+    micro: usize,
+    masks: Option<LateMasks<'_>>,
+) -> std::result::Result<StepResult, PartFailure> {
     let last = parts.len() - 1;
-    let StepBatch { entries, copies, logits } = batch;
+    let StepBatch { mut entries, copies, logits } = batch;
+    // Masks late only where one submission carries the whole step.
+    let whole = last == 0 && micro_batches_len(&entries, 1) == 1;
+    let mut late = None;
+    if let Some(masks) = masks {
+        if whole {
+            late = Some(masks);
+        } else {
+            apply_masks(&mut entries, masks());
+        }
+    }
     let mut subs: Vec<StepBatch<'_>> = micro_batches(entries, if last == 0 { 1 } else { micro })
         .into_iter()
         .enumerate()
@@ -259,9 +301,25 @@ async fn run_micro_batches(parts: &mut [GpuModel], links: &[wgpu::Buffer], batch
             if let Some(x) = hidden[m].take() {
                 part.ctx.queue.write_buffer(&part.acts.x, 0, &x);
             }
-            let (rows, plan) = if s == last { part.prepare_outputs(sub).map_err(on(s))? } else { (Vec::new(), None) };
             let mut enc = part.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-            part.encode_step(&mut enc, sub.copies, &layout, plan.as_ref());
+            let late_now = late.take().filter(|_| s == last && !layout.gather.is_empty());
+            let split = late_now.is_some();
+            if let Some(masks) = late_now {
+                // The forward pass through the head goes now; the masks are computed while it
+                // runs, then the edits and the draws are a second submission.
+                part.encode_step(&mut enc, sub.copies, &layout, true, None);
+                part.ctx.queue.submit([enc.finish()]);
+                enc = part.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sample") });
+                apply_masks(&mut sub.entries, masks());
+            }
+            let (rows, plan) = if s == last { part.prepare_outputs(sub).map_err(on(s))? } else { (Vec::new(), None) };
+            match (&plan, split) {
+                (Some(plan), true) => {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("sample"), timestamp_writes: None });
+                    part.encode_outputs(&mut pass, plan);
+                }
+                _ => part.encode_step(&mut enc, sub.copies, &layout, plan.is_some(), plan.as_ref()),
+            }
             let residual = (layout.tokens.len() * part.cfg.n_embd * 4) as u64;
             if s < last {
                 enc.copy_buffer_to_buffer(&part.acts.x, 0, &links[s], 0, residual);
