@@ -17,3 +17,4 @@ pub mod spec;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tokenizer;
+pub mod tools;

@@ -1,0 +1,550 @@
+//! Tool calls: the format a model family writes them in (told from its chat template), the
+//! grammar that holds a reply to the request's tools, and the parser that turns the reply
+//! back into OpenAI's `tool_calls` as it streams.
+//!
+//! | format | written as | families |
+//! |---|---|---|
+//! | Hermes | `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one per call | Qwen2.5, Qwen3, Hermes |
+//! | Llama 3 | `{"name": ..., "parameters": {...}}` as the whole reply (after `<\|python_tag\|>` if any) | Llama 3.1–3.3 |
+//! | Mistral | `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` | Mistral, Ministral, Devstral |
+//! | generic | `{"tool_calls": [{"name", "arguments"}, ...]}` or `{"response": "..."}`, described in a system message | templates without tools (Gemma, Phi-3) |
+//!
+//! `tool_choice` `required` and a named function hold the reply to calls from its first token;
+//! `auto` lets text run free until the model starts a call (its trigger text or token), then
+//! holds the call (lazily, in llguidance's terms); `none` leaves the reply free.
+
+use serde_json::{json, Map, Value};
+
+use crate::constrain::{Grammar, JSON_WHITESPACE};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolFormat {
+    Hermes,
+    Llama3,
+    Mistral,
+    Generic,
+}
+
+/// One function the model may call (OpenAI's `{"type": "function", "function": {...}}`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    /// Its `parameters` schema (`{"type": "object"}` when none is given).
+    pub parameters: Value,
+    /// The request's whole object, as chat templates read it.
+    pub spec: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolChoice {
+    None,
+    Auto,
+    Required,
+    Named(String),
+}
+
+/// A request's tools and how it may use them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tools {
+    pub tools: Vec<Tool>,
+    pub choice: ToolChoice,
+    /// Several calls in one reply (OpenAI's `parallel_tool_calls`, default true).
+    pub parallel: bool,
+}
+
+/// One call the reply made: `arguments` is JSON text, as OpenAI sends it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolError {
+    #[error("tools[{index}]: {reason}")]
+    BadTool { index: usize, reason: String },
+    #[error("`tool_choice` names the function {name:?}, which is not in `tools`")]
+    UnknownChoice { name: String },
+    #[error("`tool_choice` is {choice} but no `tools` are given")]
+    NoTools { choice: &'static str },
+    #[error("`tool_choice` must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")]
+    BadChoice,
+}
+
+/// The longest function name (OpenAI's limit).
+const MAX_NAME: usize = 64;
+
+impl Tool {
+    /// One entry of OpenAI's `tools`.
+    pub fn from_openai(index: usize, v: &Value) -> Result<Tool, ToolError> {
+        let bad = |reason: &str| ToolError::BadTool { index, reason: reason.to_string() };
+        if v.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(bad("`type` must be \"function\""));
+        }
+        let f = v.get("function").and_then(Value::as_object).ok_or_else(|| bad("needs a `function` object"))?;
+        let name = f.get("name").and_then(Value::as_str).ok_or_else(|| bad("`function.name` must be a string"))?;
+        if name.is_empty() || name.len() > MAX_NAME || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
+            return Err(bad("`function.name` must be 1 to 64 letters, digits, `_`, `-` or `.`"));
+        }
+        let parameters = match f.get("parameters") {
+            None | Some(Value::Null) => json!({"type": "object"}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => return Err(bad("`function.parameters` must be a JSON schema object")),
+        };
+        Ok(Tool { name: name.to_string(), parameters, spec: v.clone() })
+    }
+}
+
+impl Tools {
+    /// OpenAI's `tools`, `tool_choice` and `parallel_tool_calls` (None: no tools asked for).
+    pub fn from_openai(tools: Option<&Value>, choice: Option<&Value>, parallel: Option<bool>) -> Result<Option<Tools>, ToolError> {
+        let list = match tools {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items.iter().enumerate().map(|(i, t)| Tool::from_openai(i, t)).collect::<Result<_, _>>()?,
+            Some(_) => return Err(ToolError::BadTool { index: 0, reason: "`tools` must be an array".into() }),
+        };
+        let choice = match choice {
+            None | Some(Value::Null) if list.is_empty() => return Ok(None),
+            None | Some(Value::Null) => ToolChoice::Auto,
+            Some(Value::String(s)) => match s.as_str() {
+                "none" => ToolChoice::None,
+                "auto" => ToolChoice::Auto,
+                "required" => ToolChoice::Required,
+                _ => return Err(ToolError::BadChoice),
+            },
+            Some(Value::Object(o)) => {
+                let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).ok_or(ToolError::BadChoice)?;
+                if !list.iter().any(|t: &Tool| t.name == name) {
+                    return Err(ToolError::UnknownChoice { name: name.to_string() });
+                }
+                ToolChoice::Named(name.to_string())
+            }
+            Some(_) => return Err(ToolError::BadChoice),
+        };
+        if list.is_empty() {
+            return match choice {
+                ToolChoice::None | ToolChoice::Auto => Ok(None),
+                ToolChoice::Required => Err(ToolError::NoTools { choice: "\"required\"" }),
+                ToolChoice::Named(_) => Err(ToolError::NoTools { choice: "a named function" }),
+            };
+        }
+        Ok(Some(Tools { tools: list, choice, parallel: parallel.unwrap_or(true) }))
+    }
+
+    /// The tools a call may name: the named one, or all.
+    fn callable(&self) -> Vec<&Tool> {
+        match &self.choice {
+            ToolChoice::Named(n) => self.tools.iter().filter(|t| &t.name == n).collect(),
+            _ => self.tools.iter().collect(),
+        }
+    }
+
+    /// The request's tool objects, as a chat template reads them.
+    pub fn specs(&self) -> Vec<Value> {
+        self.tools.iter().map(|t| t.spec.clone()).collect()
+    }
+}
+
+impl ToolFormat {
+    /// The format a chat template's model writes calls in.
+    pub fn detect(template: &str) -> ToolFormat {
+        if template.contains("<tool_call>") {
+            ToolFormat::Hermes
+        } else if template.contains("[TOOL_CALLS]") {
+            ToolFormat::Mistral
+        } else if template.contains("\"parameters\"") && (template.contains("<|python_tag|>") || template.contains("<|eot_id|>")) {
+            ToolFormat::Llama3
+        } else {
+            ToolFormat::Generic
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolFormat::Hermes => "hermes",
+            ToolFormat::Llama3 => "llama3",
+            ToolFormat::Mistral => "mistral",
+            ToolFormat::Generic => "generic",
+        }
+    }
+
+    /// The key a call's arguments go under.
+    fn args_key(self) -> &'static str {
+        if self == ToolFormat::Llama3 {
+            "parameters"
+        } else {
+            "arguments"
+        }
+    }
+
+    /// The grammar a reply is held to (None: free). `trigger`: the id of the control token
+    /// that starts Mistral's calls, when the vocabulary has one.
+    pub fn grammar(self, tools: &Tools, trigger: Option<u32>) -> Option<Grammar> {
+        if tools.choice == ToolChoice::None {
+            return None;
+        }
+        let forced = tools.choice != ToolChoice::Auto;
+        let one = json_inline(&one_call_schema(tools, self.args_key()));
+        let text = Some(match self {
+            ToolFormat::Hermes => {
+                let call = "\"<tool_call>\\n\" body \"\\n</tool_call>\"";
+                match (forced, tools.parallel) {
+                    (true, true) => format!("start: call (\"\\n\" call)*\ncall: {call}\nbody: {one}"),
+                    (true, false) => format!("start: {call}\nbody: {one}"),
+                    // A call starts where the text first reaches `<tool_call>`.
+                    (false, parallel) => format!(
+                        "start: {}\ncall: call_hd \"\\n\" body \"\\n</tool_call>\"\ncall_hd[lazy]: TEXT \"<tool_call>\"\nTEXT: /(.|\\n)*/\nbody: {one}",
+                        if parallel { "call* TEXT" } else { "TEXT | call" }
+                    ),
+                }
+            }
+            // One call, as the whole reply; free text may not start with `{`.
+            ToolFormat::Llama3 if forced => format!("start: body\nbody: {one}"),
+            ToolFormat::Llama3 => format!("start: TEXT | body\nTEXT: /[^{{](.|\\n)*/\nbody: {one}"),
+            ToolFormat::Mistral => {
+                let list = json_inline(
+                    &json!({"type": "array", "items": one_call_schema(tools, "arguments"), "minItems": 1, "maxItems": if tools.parallel { Value::Null } else { json!(1) }}),
+                );
+                let list = list.replace(",\"maxItems\":null", "");
+                let head = match trigger {
+                    Some(id) => format!("<[{id}]>"),
+                    None => "\"[TOOL_CALLS]\"".to_string(),
+                };
+                match (forced, trigger) {
+                    (true, _) => format!("start: {head} calls\ncalls: {list}"),
+                    (false, Some(_)) => format!("start: TEXT | {head} calls\nTEXT: /(.|\\n)*/\ncalls: {list}"),
+                    (false, None) => format!("start: TEXT | call_hd calls\ncall_hd[lazy]: TEXT {head}\nTEXT: /(.|\\n)*/\ncalls: {list}"),
+                }
+            }
+            ToolFormat::Generic => return Some(Grammar::JsonSchema(generic_schema(tools))),
+        });
+        text.map(Grammar::Lark)
+    }
+
+    /// The request's messages as the template should see them: a call's `arguments` as an
+    /// object (templates apply `tojson` to it), and for the generic format the tools described
+    /// in a system message and calls and results written as text.
+    pub fn messages(self, messages: &[Value], tools: &Tools) -> Vec<Value> {
+        let mut out: Vec<Value> = messages.iter().map(|m| self.message(m)).collect();
+        if self == ToolFormat::Generic && tools.choice != ToolChoice::None {
+            let prompt = generic_prompt(tools);
+            match out.first_mut().filter(|m| m.get("role").and_then(Value::as_str) == Some("system")) {
+                Some(system) => {
+                    let text = system.get("content").and_then(Value::as_str).unwrap_or("").to_string();
+                    system["content"] = Value::String(format!("{text}\n\n{prompt}"));
+                }
+                None => out.insert(0, json!({"role": "system", "content": prompt})),
+            }
+        }
+        out
+    }
+
+    fn message(self, m: &Value) -> Value {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+        let mut m = m.clone();
+        if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {
+            for call in calls.iter_mut() {
+                if let Some(args) = call.pointer_mut("/function/arguments") {
+                    if let Some(obj) = args.as_str().and_then(|s| serde_json::from_str::<Value>(s).ok()) {
+                        *args = obj;
+                    }
+                }
+            }
+        }
+        if self != ToolFormat::Generic {
+            return m;
+        }
+        // Templates without tools: calls and results as plain turns.
+        match role {
+            "assistant" if m.get("tool_calls").is_some_and(|c| c.as_array().is_some_and(|a| !a.is_empty())) => {
+                let calls: Vec<Value> = m["tool_calls"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| json!({"name": c.pointer("/function/name"), "arguments": c.pointer("/function/arguments")}))
+                    .collect();
+                json!({"role": "assistant", "content": json!({"tool_calls": calls}).to_string()})
+            }
+            "tool" => {
+                let content = m.get("content").map(|c| c.as_str().map_or_else(|| c.to_string(), str::to_string)).unwrap_or_default();
+                json!({"role": "user", "content": format!("Result of the tool call {}: {content}", m.get("tool_call_id").and_then(Value::as_str).unwrap_or(""))})
+            }
+            _ => m,
+        }
+    }
+
+    /// A streaming parser for a reply in this format.
+    pub fn stream(self, trigger: Option<u32>, ids: IdMaker) -> ToolStream {
+        ToolStream { format: self, trigger, ids, held: String::new(), in_call: false, after_call: false, mode: Mode::Undecided, calls: 0 }
+    }
+}
+
+/// `schema` with Flint's bounded whitespace, as Lark's inline `%json`.
+fn json_inline(schema: &Value) -> String {
+    let mut s = schema.clone();
+    if let Some(o) = s.as_object_mut() {
+        o.insert(
+            "x-guidance".into(),
+            json!({"whitespace_flexible": true, "whitespace_pattern": JSON_WHITESPACE, "item_separator": ",", "key_separator": ":", "lenient": false}),
+        );
+    }
+    format!("%json {s}")
+}
+
+/// One call to any callable tool: `{"name": <const>, <args_key>: <its parameters>}`.
+fn one_call_schema(tools: &Tools, args_key: &str) -> Value {
+    let each: Vec<Value> = tools
+        .callable()
+        .into_iter()
+        .map(|t| {
+            let mut props = Map::new();
+            props.insert("name".into(), json!({"const": t.name}));
+            props.insert(args_key.into(), t.parameters.clone());
+            json!({"type": "object", "properties": props, "required": ["name", args_key], "additionalProperties": false})
+        })
+        .collect();
+    match each.len() {
+        1 => each.into_iter().next().unwrap_or_default(),
+        _ => json!({"anyOf": each}),
+    }
+}
+
+/// The generic format's reply: calls, or (with `auto`) a plain response.
+fn generic_schema(tools: &Tools) -> Value {
+    let mut calls = json!({"type": "array", "items": one_call_schema(tools, "arguments"), "minItems": 1});
+    if !tools.parallel {
+        calls["maxItems"] = json!(1);
+    }
+    let call = json!({"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"], "additionalProperties": false});
+    match tools.choice {
+        ToolChoice::Auto => {
+            json!({"anyOf": [call, {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"], "additionalProperties": false}]})
+        }
+        _ => call,
+    }
+}
+
+/// The system message that tells a model without tool support about its tools.
+fn generic_prompt(tools: &Tools) -> String {
+    let list: Vec<Value> = tools.callable().iter().map(|t| t.spec.get("function").cloned().unwrap_or(Value::Null)).collect();
+    let how = match tools.choice {
+        ToolChoice::Auto => "Respond with a JSON object: either {\"tool_calls\": [{\"name\": <function name>, \"arguments\": <arguments object>}]} to call functions, or {\"response\": <your reply>} to answer directly.",
+        _ => "Respond with a JSON object {\"tool_calls\": [{\"name\": <function name>, \"arguments\": <arguments object>}]} that calls the functions the request needs.",
+    };
+    format!("You can call these functions:\n{}\n{how}", serde_json::to_string_pretty(&list).unwrap_or_default())
+}
+
+/// Call ids: unique per response, in the form the format's templates expect (Mistral: nine
+/// letters and digits), drawn from the request's seed and the choice.
+#[derive(Clone, Debug)]
+pub struct IdMaker {
+    state: u64,
+    mistral: bool,
+}
+
+impl IdMaker {
+    pub fn new(seed: u64, choice: usize, format: ToolFormat) -> IdMaker {
+        IdMaker { state: seed ^ (choice as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03, mistral: format == ToolFormat::Mistral }
+    }
+
+    fn next(&mut self) -> String {
+        const ALNUM: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        let mut chars = String::new();
+        let n = if self.mistral { 9 } else { 24 };
+        for _ in 0..n {
+            // splitmix64
+            self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            chars.push(ALNUM[(z % ALNUM.len() as u64) as usize] as char);
+        }
+        if self.mistral {
+            chars
+        } else {
+            format!("call_{chars}")
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Nothing but whitespace seen yet (Llama 3: a call is a reply that starts with `{`).
+    Undecided,
+    Text,
+    /// The rest of the reply is calls, parsed at the end.
+    Calls,
+}
+
+/// What a piece of the reply turns into: text for `content`, and the calls completed by it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ToolOut {
+    pub content: String,
+    pub calls: Vec<ToolCall>,
+}
+
+/// A reply's text as it streams, split into content and calls.
+#[derive(Clone, Debug)]
+pub struct ToolStream {
+    format: ToolFormat,
+    trigger: Option<u32>,
+    ids: IdMaker,
+    /// Text not yet given out: it may begin a call, or is a call being written.
+    held: String,
+    in_call: bool,
+    /// A call just closed: a newline after it is not content.
+    after_call: bool,
+    mode: Mode,
+    calls: usize,
+}
+
+const HERMES_OPEN: &str = "<tool_call>";
+const HERMES_CLOSE: &str = "</tool_call>";
+const MISTRAL_TRIGGER: &str = "[TOOL_CALLS]";
+
+impl ToolStream {
+    /// Calls made so far.
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// The next piece of the reply (`id`: the token it came from; `text`: its text, control
+    /// tokens as nothing).
+    pub fn push(&mut self, id: u32, text: &str) -> ToolOut {
+        let mut out = ToolOut::default();
+        if self.format == ToolFormat::Mistral && self.trigger == Some(id) && self.mode != Mode::Calls {
+            out.content = std::mem::take(&mut self.held);
+            self.mode = Mode::Calls;
+            return out;
+        }
+        self.held.push_str(text);
+        match self.format {
+            ToolFormat::Hermes => self.hermes(&mut out),
+            ToolFormat::Generic => self.mode = Mode::Calls,
+            ToolFormat::Llama3 => {
+                if self.mode == Mode::Undecided {
+                    let start = self.held.trim_start().trim_start_matches("<|python_tag|>").trim_start();
+                    match start.chars().next() {
+                        None => {}
+                        Some('{') => self.mode = Mode::Calls,
+                        Some(_) if "<|python_tag|>".starts_with(start) => {}
+                        Some(_) => self.mode = Mode::Text,
+                    }
+                }
+                if self.mode == Mode::Text {
+                    out.content = std::mem::take(&mut self.held);
+                }
+            }
+            ToolFormat::Mistral => {
+                if self.mode != Mode::Calls {
+                    if let Some(at) = self.held.find(MISTRAL_TRIGGER) {
+                        out.content = self.held[..at].to_string();
+                        self.held.drain(..at + MISTRAL_TRIGGER.len());
+                        self.mode = Mode::Calls;
+                    } else {
+                        let keep = partial_suffix(&self.held, MISTRAL_TRIGGER);
+                        out.content = self.held.drain(..self.held.len() - keep).collect();
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn hermes(&mut self, out: &mut ToolOut) {
+        loop {
+            if self.in_call {
+                let Some(end) = self.held.find(HERMES_CLOSE) else { return };
+                let body = self.held[..end].to_string();
+                self.held.drain(..end + HERMES_CLOSE.len());
+                self.in_call = false;
+                match self.call(&body, "arguments") {
+                    Some(c) => out.calls.push(c),
+                    // Not a call after all (free text under `tool_choice: "none"`): text.
+                    None => out.content.push_str(&format!("{HERMES_OPEN}{body}{HERMES_CLOSE}")),
+                }
+                self.after_call = true;
+            } else if self.after_call && !self.held.is_empty() {
+                // The newline between calls is not content.
+                if self.held.starts_with('\n') {
+                    self.held.drain(..1);
+                }
+                self.after_call = false;
+            } else if let Some(at) = self.held.find(HERMES_OPEN) {
+                out.content.push_str(&self.held[..at]);
+                self.held.drain(..at + HERMES_OPEN.len());
+                self.in_call = true;
+            } else {
+                let keep = partial_suffix(&self.held, HERMES_OPEN);
+                out.content.extend(self.held.drain(..self.held.len() - keep));
+                return;
+            }
+        }
+    }
+
+    /// `body` as one call (`{"name", <args_key>}`), with a new id; None if it is not one.
+    fn call(&mut self, body: &str, args_key: &str) -> Option<ToolCall> {
+        let v: Value = serde_json::from_str(body.trim()).ok()?;
+        self.call_value(&v, args_key)
+    }
+
+    fn call_value(&mut self, v: &Value, args_key: &str) -> Option<ToolCall> {
+        let name = v.get("name")?.as_str()?.to_string();
+        let args = v.get(args_key).or_else(|| v.get("arguments")).or_else(|| v.get("parameters")).cloned().unwrap_or_else(|| json!({}));
+        self.calls += 1;
+        Some(ToolCall { id: self.ids.next(), name, arguments: args.to_string() })
+    }
+
+    /// The end of the reply: what was held, as content or calls.
+    pub fn finish(&mut self) -> ToolOut {
+        let mut out = ToolOut::default();
+        let held = std::mem::take(&mut self.held);
+        match (self.format, self.mode) {
+            (ToolFormat::Hermes, _) => {
+                // An unclosed call stays text.
+                out.content = if self.in_call { format!("{HERMES_OPEN}{held}") } else { held };
+            }
+            (ToolFormat::Llama3, Mode::Calls) => {
+                let body = held.trim().trim_start_matches("<|python_tag|>");
+                match self.call(body, "parameters") {
+                    Some(c) => out.calls.push(c),
+                    None => out.content = held,
+                }
+            }
+            (ToolFormat::Mistral, Mode::Calls) => match serde_json::from_str::<Value>(held.trim()) {
+                Ok(Value::Array(items)) => {
+                    for item in &items {
+                        match self.call_value(item, "arguments") {
+                            Some(c) => out.calls.push(c),
+                            None => out.content.push_str(&item.to_string()),
+                        }
+                    }
+                }
+                _ => out.content = held,
+            },
+            (ToolFormat::Generic, _) => match serde_json::from_str::<Value>(held.trim()) {
+                Ok(v) if v.get("tool_calls").is_some_and(Value::is_array) => {
+                    for item in v["tool_calls"].as_array().into_iter().flatten() {
+                        if let Some(c) = self.call_value(item, "arguments") {
+                            out.calls.push(c);
+                        }
+                    }
+                }
+                Ok(v) if v.get("response").is_some_and(Value::is_string) => out.content = v["response"].as_str().unwrap_or("").to_string(),
+                _ => out.content = held,
+            },
+            _ => out.content = held,
+        }
+        out
+    }
+}
+
+/// The longest suffix of `text` that is a proper prefix of `marker` (at a char boundary).
+fn partial_suffix(text: &str, marker: &str) -> usize {
+    (1..marker.len().min(text.len() + 1)).rev().find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..])).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests;
