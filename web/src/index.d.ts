@@ -4,8 +4,39 @@ export type Role = "system" | "user" | "assistant" | "tool";
 
 export interface ChatMessage {
   role: Role | string;
-  content: string;
+  content: string | null;
+  /** An assistant turn's calls (sent back with the tools' results in `tool` messages). */
+  tool_calls?: ToolCall[];
+  /** A `tool` message: the call it answers. */
+  tool_call_id?: string;
   [extra: string]: unknown;
+}
+
+export interface ToolCall {
+  id: string;
+  type: "function";
+  /** `arguments` is JSON text. */
+  function: { name: string; arguments: string };
+}
+
+export interface Tool {
+  type: "function";
+  function: { name: string; description?: string; parameters?: object };
+}
+
+/** A reply held to a JSON schema, a grammar, a regex or a choice (see the README). */
+export interface StructuredOutput {
+  response_format?:
+    | { type: "text" | "json_object"; schema?: object | string }
+    | { type: "json_schema"; json_schema: { name: string; schema?: object; strict?: boolean } }
+    | { type: "grammar"; grammar: string };
+  json_schema?: object;
+  grammar?: string;
+  structured_outputs?: { json?: object | string; regex?: string; choice?: string[]; grammar?: string; json_object?: boolean };
+  guided_json?: object | string;
+  guided_regex?: string;
+  guided_choice?: string[];
+  guided_grammar?: string;
 }
 
 export interface InitProgressReport {
@@ -87,7 +118,7 @@ export interface SamplingOptions {
   prediction?: string | { type: "content"; content: string };
 }
 
-export type FinishReason = "stop" | "length" | "abort";
+export type FinishReason = "stop" | "length" | "abort" | "tool_calls";
 
 export interface Usage {
   prompt_tokens: number;
@@ -116,7 +147,7 @@ export interface ChatCompletion {
   object: "chat.completion";
   created: number;
   model: string;
-  choices: { index: number; message: { role: "assistant"; content: string }; finish_reason: FinishReason; logprobs: Logprobs | null }[];
+  choices: { index: number; message: { role: "assistant"; content: string | null; tool_calls?: ToolCall[] }; finish_reason: FinishReason; logprobs: Logprobs | null }[];
   usage: Usage;
 }
 
@@ -125,7 +156,12 @@ export interface ChatCompletionChunk {
   object: "chat.completion.chunk";
   created: number;
   model: string;
-  choices: { index: number; delta: { role?: "assistant"; content?: string }; finish_reason: FinishReason | null; logprobs: Logprobs | null }[];
+  choices: {
+    index: number;
+    delta: { role?: "assistant"; content?: string; tool_calls?: (ToolCall & { index: number })[] };
+    finish_reason: FinishReason | null;
+    logprobs: Logprobs | null;
+  }[];
   /** On the last chunk only. */
   usage?: Usage;
 }
@@ -139,11 +175,14 @@ export interface Completion {
   usage?: Usage;
 }
 
-export interface ChatCompletionRequest extends SamplingOptions {
+export interface ChatCompletionRequest extends SamplingOptions, StructuredOutput {
   messages: ChatMessage[];
   stream?: boolean;
+  tools?: Tool[];
+  tool_choice?: "none" | "auto" | "required" | { type: "function"; function: { name: string } };
+  parallel_tool_calls?: boolean;
 }
-export interface CompletionRequest extends SamplingOptions {
+export interface CompletionRequest extends SamplingOptions, StructuredOutput {
   prompt: string;
   stream?: boolean;
 }

@@ -79,18 +79,21 @@ class Channel {
 
 /**
  * Runs one request on `core`: `onDelta(choice, text, logprobs)` as tokens arrive,
- * `onDone(choice, summary)` as each choice ends; resolves to the summaries by choice.
+ * `onCalls(choice, calls)` as tool calls complete, `onDone(choice, summary)` as each choice
+ * ends; resolves to the summaries by choice.
  * `ref.cancel()` cancels it (before or after the core has given it an id).
  */
-function run(core, request, { onDelta, onDone }, ref) {
+function run(core, request, { onDelta, onCalls, onDone }, ref) {
   return new Promise((resolve, reject) => {
     const summaries = [];
     let failed = null;
     const onEvent = (ev) => {
       if (ev.type === "token") {
         if (ev.text || ev.logprobs) onDelta(ev.choice, ev.text, ev.logprobs ?? null);
+        if (ev.calls?.length) onCalls?.(ev.choice, ev.calls);
       } else if (ev.type === "done") {
         if (ev.text) onDelta(ev.choice, ev.text, null);
+        if (ev.calls?.length) onCalls?.(ev.choice, ev.calls);
         summaries[ev.choice] = ev.summary;
         onDone?.(ev.choice, ev.summary);
       } else if (ev.type === "error") {
@@ -131,13 +134,15 @@ function endpoint(core, model, name, shape) {
       if (!params.stream) {
         const texts = [];
         const contents = [];
+        const calls = [];
         const onDelta = (i, t, lp) => {
           texts[i] = (texts[i] ?? "") + t;
           if ((lp = parseLogprobs(lp))) (contents[i] ??= []).push(lp);
         };
-        const summaries = await run(core, request, { onDelta }, ref);
+        const onCalls = (i, c) => (calls[i] ??= []).push(...c);
+        const summaries = await run(core, request, { onDelta, onCalls }, ref);
         const choices = summaries.map((s, i) =>
-          shape.choice(i, texts[i] ?? "", s.finish_reason, params.logprobs ? { content: contents[i] ?? [] } : null),
+          shape.choice(i, texts[i] ?? "", s.finish_reason, params.logprobs ? { content: contents[i] ?? [] } : null, calls[i] ?? []),
         );
         return { ...head, object: shape.object, choices, usage: usage(summaries) };
       }
@@ -152,11 +157,18 @@ function endpoint(core, model, name, shape) {
         channel.push({ ...head, object: shape.chunkObject, choices: [shape.delta(i, t, !started.has(i), lp ? { content: [lp] } : null)] });
         started.add(i);
       };
+      // Each call whole, in one delta, as it completes (`index` counts the choice's calls).
+      const made = [];
+      const onCalls = (i, c) => {
+        const tool_calls = c.map((call) => ({ index: (made[i] = (made[i] ?? 0) + 1) - 1, ...call }));
+        channel.push({ ...head, object: shape.chunkObject, choices: [shape.calls(i, tool_calls, !started.has(i))] });
+        started.add(i);
+      };
       const onDone = (i, summary) => {
         if (finish) channel.push(finish);
         finish = { ...head, object: shape.chunkObject, choices: [shape.last(i, summary.finish_reason)] };
       };
-      run(core, request, { onDelta, onDone }, ref).then(
+      run(core, request, { onDelta, onCalls, onDone }, ref).then(
         (summaries) => {
           if (finish) channel.push({ ...finish, usage: usage(summaries) });
           channel.close();
@@ -179,7 +191,10 @@ export function openaiApi(core, model) {
         prefix: "chatcmpl",
         object: "chat.completion",
         chunkObject: "chat.completion.chunk",
-        choice: (index, text, finish_reason, logprobs) => ({ index, message: { role: "assistant", content: text }, finish_reason, logprobs }),
+        choice: (index, text, finish_reason, logprobs, calls) =>
+          calls.length
+            ? { index, message: { role: "assistant", content: text.trim() ? text : null, tool_calls: calls }, finish_reason, logprobs }
+            : { index, message: { role: "assistant", content: text }, finish_reason, logprobs },
         delta: (index, text, first, logprobs) => ({
           index,
           delta: first ? { role: "assistant", content: text } : { content: text },
@@ -187,6 +202,7 @@ export function openaiApi(core, model) {
           logprobs,
         }),
         last: (index, finish_reason) => ({ index, delta: {}, finish_reason, logprobs: null }),
+        calls: (index, tool_calls, first) => ({ index, delta: first ? { role: "assistant", tool_calls } : { tool_calls }, finish_reason: null, logprobs: null }),
       },
     ),
   };

@@ -379,6 +379,7 @@ impl Session {
             FinishReason::Stop => "",
             FinishReason::Length => ", length limit",
             FinishReason::Abort => ", interrupted",
+            FinishReason::ToolCalls => ", tool calls",
         };
         let line = format!("[{} tok, {:.1} tok/s, ttft {:.0} ms, {} cached{end}]", s.completion_tokens, s.decode_tok_s, s.ttft_ms, s.cached_prompt_tokens);
         if self.dim {

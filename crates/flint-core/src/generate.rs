@@ -9,6 +9,7 @@ use crate::backend::BackendError;
 use crate::constrain::{Constraint, ConstraintError};
 use crate::sampling::{Sampled, Sampler, SamplingError, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::tools::{ToolCall, ToolStream};
 
 #[derive(Debug, Error)]
 pub enum GenerateError {
@@ -39,6 +40,8 @@ pub enum FinishReason {
     Length,
     /// The caller asked to stop.
     Abort,
+    /// The reply called tools (it ended as `Stop` would, with at least one call).
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -47,6 +50,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }
@@ -74,9 +78,12 @@ pub enum Event {
     /// One generated token of choice `choice` and the text it completes (empty while a UTF-8
     /// character is split or while it may begin a stop string), with log-probabilities when
     /// asked for, and the logits it was drawn from when the request asked for them (tests).
-    Token { choice: usize, id: u32, text: String, logprobs: Option<TokenLogprobs>, logits: Option<Vec<f32>> },
+    /// With tools, `text` is content only, and `calls` the tool calls this token completed.
+    Token { choice: usize, id: u32, text: String, logprobs: Option<TokenLogprobs>, logits: Option<Vec<f32>>, calls: Vec<ToolCall> },
     /// The end of choice `choice`; `text` holds whatever the detokenizer still had buffered.
-    Done { choice: usize, summary: Summary, text: String },
+    /// `calls`: tool calls the end of the reply completed (formats whose calls are the whole
+    /// reply are parsed there).
+    Done { choice: usize, summary: Summary, text: String, calls: Vec<ToolCall> },
 }
 
 /// log p of the chosen token and of the most likely alternatives.
@@ -157,6 +164,8 @@ pub struct Generation {
     constraint: Option<Constraint>,
     /// The constraint could not go on: the request fails with this.
     constraint_error: Option<ConstraintError>,
+    /// With tools: the reply's text split into content and calls.
+    tools: Option<ToolStream>,
 }
 
 impl Generation {
@@ -192,7 +201,14 @@ impl Generation {
             speculate: params.speculative.unwrap_or(true),
             constraint: None,
             constraint_error: None,
+            tools: None,
         })
+    }
+
+    /// Splits the reply into content and tool calls with `stream`.
+    pub fn with_tools(mut self, stream: ToolStream) -> Generation {
+        self.tools = Some(stream);
+        self
     }
 
     /// Holds the reply to `constraint`'s grammar.
@@ -283,18 +299,23 @@ impl Generation {
         let logprobs = sampled.logprob.map(|logprob| TokenLogprobs { logprob, top: sampled.top_logprobs });
         self.completion += 1;
         self.sampler.accept(id);
-        let piece = self.decoder.push(tokenizer, id);
+        let mut piece = self.decoder.push(tokenizer, id);
+        let mut calls = Vec::new();
+        if let Some(t) = self.tools.as_mut() {
+            let out = t.push(id, &piece);
+            (piece, calls) = (out.content, out.calls);
+        }
         let choice = self.choice;
         let mut events = Vec::with_capacity(2);
         if self.stop.is_empty() {
-            events.push(Event::Token { choice, id, text: piece, logprobs, logits: None });
+            events.push(Event::Token { choice, id, text: piece, logprobs, logits: None, calls });
         } else {
             self.held.push_str(&piece);
             if let Some(at) = self.stop.iter().filter_map(|s| self.held.find(s.as_str())).min() {
                 let text = self.held[..at].to_string();
                 self.held.clear();
                 self.stop_hit = true;
-                events.push(Event::Token { choice, id, text, logprobs, logits: None });
+                events.push(Event::Token { choice, id, text, logprobs, logits: None, calls });
                 events.push(self.finish(FinishReason::Stop, now));
                 return (events, false);
             }
@@ -302,7 +323,7 @@ impl Generation {
             let keep = self.stop.iter().map(|s| longest_prefix_suffix(&self.held, s)).max().unwrap_or(0);
             let cut = self.held.len() - keep;
             let text: String = self.held.drain(..cut).collect();
-            events.push(Event::Token { choice, id, text, logprobs, logits: None });
+            events.push(Event::Token { choice, id, text, logprobs, logits: None, calls });
         }
         if self.constraint.as_ref().is_some_and(Constraint::is_finished) {
             // The grammar is complete: nothing may follow.
@@ -317,9 +338,20 @@ impl Generation {
     }
 
     /// Ends the choice: the summary, and any text still buffered (unless a stop string cut it).
-    pub fn finish(&mut self, finish_reason: FinishReason, now: f64) -> Event {
+    pub fn finish(&mut self, mut finish_reason: FinishReason, now: f64) -> Event {
         self.done = true;
         let mut text = std::mem::take(&mut self.held);
+        let mut tail = self.decoder.finish();
+        let mut calls = Vec::new();
+        if let Some(t) = self.tools.as_mut() {
+            let pushed = t.push(u32::MAX, &tail);
+            let end = t.finish();
+            tail = pushed.content + &end.content;
+            calls = pushed.calls.into_iter().chain(end.calls).collect();
+            if finish_reason == FinishReason::Stop && t.calls() > 0 {
+                finish_reason = FinishReason::ToolCalls;
+            }
+        }
         let per_s = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
         let (ttft_ms, prefill_tok_s) = match (self.t_start, self.t_first) {
             (Some(start), Some(first)) => (first - self.t_submit, per_s(self.prompt_tokens - self.cached, first - start)),
@@ -338,11 +370,10 @@ impl Generation {
             draft_tokens: self.spec.drafted as usize,
             accepted_draft_tokens: self.spec.accepted as usize,
         };
-        let tail = self.decoder.finish();
         if !self.stop_hit {
             text.push_str(&tail);
         }
-        Event::Done { choice: self.choice, summary, text }
+        Event::Done { choice: self.choice, summary, text, calls }
     }
 }
 

@@ -15,7 +15,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::constrain::{Grammar, JSON_WHITESPACE};
+use crate::constrain::Grammar;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToolFormat {
@@ -217,7 +217,7 @@ impl ToolFormat {
                     (false, None) => format!("start: TEXT | call_hd calls\ncall_hd[lazy]: TEXT {head}\nTEXT: /(.|\\n)*/\ncalls: {list}"),
                 }
             }
-            ToolFormat::Generic => return Some(Grammar::JsonSchema(generic_schema(tools))),
+            ToolFormat::Generic => format!("start: body\nbody: {}", json_inline(&generic_schema(tools))),
         });
         text.map(Grammar::Lark)
     }
@@ -228,13 +228,18 @@ impl ToolFormat {
     pub fn messages(self, messages: &[Value], tools: &Tools) -> Vec<Value> {
         let mut out: Vec<Value> = messages.iter().map(|m| self.message(m)).collect();
         if self == ToolFormat::Generic && tools.choice != ToolChoice::None {
+            // After the system message's text where there is one; else before the first
+            // user message's (some templates refuse a system role, Gemma's among them).
             let prompt = generic_prompt(tools);
-            match out.first_mut().filter(|m| m.get("role").and_then(Value::as_str) == Some("system")) {
-                Some(system) => {
-                    let text = system.get("content").and_then(Value::as_str).unwrap_or("").to_string();
-                    system["content"] = Value::String(format!("{text}\n\n{prompt}"));
-                }
-                None => out.insert(0, json!({"role": "system", "content": prompt})),
+            let role = |m: &Value, r: &str| m.get("role").and_then(Value::as_str) == Some(r);
+            if let Some(system) = out.first_mut().filter(|m| role(m, "system")) {
+                let text = system.get("content").and_then(Value::as_str).unwrap_or("").to_string();
+                system["content"] = Value::String(format!("{text}\n\n{prompt}"));
+            } else if let Some(user) = out.iter_mut().find(|m| role(m, "user")) {
+                let text = user.get("content").and_then(Value::as_str).unwrap_or("").to_string();
+                user["content"] = Value::String(format!("{prompt}\n\n{text}"));
+            } else {
+                out.insert(0, json!({"role": "user", "content": prompt}));
             }
         }
         out
@@ -243,6 +248,10 @@ impl ToolFormat {
     fn message(self, m: &Value) -> Value {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
         let mut m = m.clone();
+        // OpenAI sends a calling turn's content as null; templates test and split it as text.
+        if m.get("tool_calls").is_some() && m.get("content").is_none_or(Value::is_null) {
+            m["content"] = json!("");
+        }
         if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {
             for call in calls.iter_mut() {
                 if let Some(args) = call.pointer_mut("/function/arguments") {
@@ -280,13 +289,18 @@ impl ToolFormat {
     }
 }
 
-/// `schema` with Flint's bounded whitespace, as Lark's inline `%json`.
+/// Whitespace a call's JSON may put between two tokens: one space or newline. Models write
+/// calls on one line (`{"name": "f", "arguments": {...}}`); more would only let a model
+/// wander.
+const CALL_WHITESPACE: &str = r"[\x20\x0A]";
+
+/// `schema` with a call's whitespace, as Lark's inline `%json`.
 fn json_inline(schema: &Value) -> String {
     let mut s = schema.clone();
     if let Some(o) = s.as_object_mut() {
         o.insert(
             "x-guidance".into(),
-            json!({"whitespace_flexible": true, "whitespace_pattern": JSON_WHITESPACE, "item_separator": ",", "key_separator": ":", "lenient": false}),
+            json!({"whitespace_flexible": true, "whitespace_pattern": CALL_WHITESPACE, "item_separator": ",", "key_separator": ":", "lenient": false}),
         );
     }
     format!("%json {s}")

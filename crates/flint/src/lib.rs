@@ -37,6 +37,7 @@ pub use flint_core::selftest::{SelfTestError, TapReport};
 pub use flint_core::spec::{SpecConfig, SpecError, SpecKind, DRAFT_MAX, DRAFT_P_MIN};
 pub use flint_core::tokenizer::VocabMismatch;
 pub use flint_core::tokenizer::{Tokenizer, TokenizerError};
+pub use flint_core::tools::{ToolCall, ToolChoice, ToolFormat, Tools};
 /// The GPU adapters wgpu finds (native), as `--device` indexes and names them.
 #[cfg(not(target_arch = "wasm32"))]
 pub use flint_gpu::context::{adapters as gpu_adapters, AdapterEntry};

@@ -154,6 +154,8 @@ pub struct Parsed {
     /// The grammar the replies are held to (`response_format`, `json_schema`, `grammar`,
     /// `structured_outputs`, `guided_*`).
     pub constraint: Option<crate::Constrained>,
+    /// Chat: `tools`, `tool_choice` and `parallel_tool_calls`.
+    pub tools: Option<flint_core::tools::Tools>,
     /// Top-level fields this reader does not know, in the body's order: ignored.
     pub unknown: Vec<String>,
 }
@@ -170,6 +172,7 @@ impl Parsed {
                 req.add_generation_prompt = self.add_generation_prompt;
                 req.fit_max_tokens = true;
                 req.constraint = self.constraint.clone();
+                req.tools = self.tools.clone();
                 req
             })
             .collect()
@@ -213,7 +216,7 @@ const COMMON_FIELDS: &[&str] = &[
     "speculative",
 ];
 const CHAT_FIELDS: &[&str] =
-    &["messages", "top_logprobs", "add_generation_prompt", "tools", "tool_choice", "functions", "function_call", "audio", "modalities"];
+    &["messages", "top_logprobs", "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "audio", "modalities"];
 const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "suffix", "best_of"];
 
 /// The top-level fields of `obj` that `endpoint` does not read.
@@ -241,6 +244,23 @@ pub fn log_unknown(fields: &[String]) {
     }
 }
 
+/// `tools`, `tool_choice` and `parallel_tool_calls` (chat).
+fn tools(obj: &Map<String, Value>) -> Result<Option<flint_core::tools::Tools>, ApiError> {
+    use flint_core::tools::{ToolError, Tools};
+    let parallel = match obj.get("parallel_tool_calls") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(_) => return Err(ApiError::invalid("parallel_tool_calls", "`parallel_tool_calls` must be a boolean")),
+    };
+    Tools::from_openai(obj.get("tools"), obj.get("tool_choice"), parallel).map_err(|e| {
+        let param = match e {
+            ToolError::BadTool { .. } => "tools",
+            ToolError::UnknownChoice { .. } | ToolError::NoTools { .. } | ToolError::BadChoice => "tool_choice",
+        };
+        ApiError::invalid(param, e.to_string())
+    })
+}
+
 /// OpenAI's predicted outputs: `{"type": "content", "content": string or text parts}`, or the
 /// text alone (as the npm package took it).
 fn prediction(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
@@ -266,8 +286,8 @@ fn prediction(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
 fn unsupported(obj: &Map<String, Value>, endpoint: Endpoint) -> Result<(), ApiError> {
     let asks = |name: &str, v: &Value| -> bool {
         match name {
-            "tools" | "functions" => v.as_array().is_some_and(|a| !a.is_empty()),
-            "tool_choice" | "function_call" => v.as_str() != Some("none"),
+            "functions" => v.as_array().is_some_and(|a| !a.is_empty()),
+            "function_call" => v.as_str() != Some("none"),
             "modalities" => v.as_array().is_some_and(|a| a.iter().any(|m| m.as_str() != Some("text"))),
             "best_of" => v.as_u64().is_some_and(|b| b > 1),
             "suffix" => v.as_str().is_some_and(|s| !s.is_empty()),
@@ -275,7 +295,7 @@ fn unsupported(obj: &Map<String, Value>, endpoint: Endpoint) -> Result<(), ApiEr
         }
     };
     let names: &[&str] = match endpoint {
-        Endpoint::Chat => &["tools", "tool_choice", "functions", "function_call", "audio", "modalities"],
+        Endpoint::Chat => &["functions", "function_call", "audio", "modalities"],
         Endpoint::Completions => &["suffix", "best_of"],
     };
     for &name in names {
@@ -508,8 +528,17 @@ pub fn parse_value(value: Value, endpoint: Endpoint, defaults: &Defaults) -> Res
         Endpoint::Completions => true,
     };
     let constraint = crate::structured::constraint(&obj)?;
+    let tools = match endpoint {
+        Endpoint::Chat => tools(&obj)?,
+        Endpoint::Completions => None,
+    };
+    if let (Some(_), Some(t)) = (&constraint, &tools) {
+        if t.choice != flint_core::tools::ToolChoice::None {
+            return Err(ApiError::invalid("tools", "`tools` and a response format both constrain the reply: give one (or `tool_choice: \"none\"`)"));
+        }
+    }
     let unknown = unknown_fields(&obj, endpoint);
-    Ok(Parsed { endpoint, model, inputs, params, n, stream, include_usage, top_logprobs, echo, prediction, add_generation_prompt, constraint, unknown })
+    Ok(Parsed { endpoint, model, inputs, params, n, stream, include_usage, top_logprobs, echo, prediction, add_generation_prompt, constraint, tools, unknown })
 }
 
 #[cfg(test)]

@@ -4,10 +4,11 @@
 //! loop, so a request that cannot run fails at `submit` with a typed error.
 
 use flint_core::chat::{tokenize_rendered, ChatError, ChatTemplate};
-use flint_core::constrain::Grammar;
+use flint_core::constrain::{ConstraintError, Grammar};
 use flint_core::generate::{GenerateError, GenerateParams, Generation};
 use flint_core::sampling::clock_seed;
 use flint_core::tokenizer::Tokenizer;
+use flint_core::tools::{IdMaker, ToolFormat, Tools};
 
 use crate::{EngineError, EngineInfo};
 
@@ -44,6 +45,9 @@ pub struct Request {
     pub fit_max_tokens: bool,
     /// The grammar every choice's reply is held to (structured output).
     pub constraint: Option<Constrained>,
+    /// Functions the model may call (chat input only): the template renders them, the reply
+    /// is held to the format's grammar as `tool_choice` says, and split into content and calls.
+    pub tools: Option<Tools>,
 }
 
 /// A reply's grammar and the request field it came from (named in errors: `response_format`,
@@ -56,7 +60,7 @@ pub struct Constrained {
 
 impl Request {
     pub fn new(input: Input, params: GenerateParams) -> Request {
-        Request { input, params, n: 1, add_generation_prompt: true, logits: false, prediction: None, fit_max_tokens: false, constraint: None }
+        Request { input, params, n: 1, add_generation_prompt: true, logits: false, prediction: None, fit_max_tokens: false, constraint: None, tools: None }
     }
 }
 
@@ -71,10 +75,28 @@ pub(crate) struct Prepared {
     pub constraint_field: &'static str,
 }
 
+/// Renders chat `messages` (and `tools`) with `template`; a template's refusal is a typed error.
+pub(crate) fn render_with(
+    template: Option<&ChatTemplate>,
+    messages: &[serde_json::Value],
+    tools: Option<&[serde_json::Value]>,
+    add_generation_prompt: bool,
+) -> Result<String, EngineError> {
+    let template = template.ok_or(EngineError::NoChatTemplate)?;
+    template.render_json(messages, tools, add_generation_prompt).map_err(EngineError::Chat)
+}
+
 /// Renders chat `messages` with `template`; a template's refusal is a typed error.
 pub(crate) fn render(template: Option<&ChatTemplate>, messages: &[serde_json::Value], add_generation_prompt: bool) -> Result<String, EngineError> {
-    let template = template.ok_or(EngineError::NoChatTemplate)?;
-    template.render_json(messages, None, add_generation_prompt).map_err(EngineError::Chat)
+    render_with(template, messages, None, add_generation_prompt)
+}
+
+/// The control token that starts Mistral's calls, when the vocabulary has one.
+fn mistral_trigger(tokenizer: &Tokenizer) -> Option<u32> {
+    match tokenizer.encode("[TOOL_CALLS]", false, true).ok()?.as_slice() {
+        [id] if tokenizer.is_control(*id) => Some(*id),
+        _ => None,
+    }
 }
 
 /// Renders chat `messages` with `template` and tokenizes the result as a chat prompt.
@@ -95,8 +117,32 @@ pub(crate) fn prepare(req: Request, info: &EngineInfo, (n_ctx, n_vocab): (usize,
     if !(1..=MAX_N).contains(&req.n) {
         return Err(GenerateError::BadN { n: req.n, max: MAX_N }.into());
     }
+    // Tools: the format the template's model writes calls in, and the grammar for them.
+    let tools = match (&req.tools, &req.input) {
+        (Some(t), Input::Chat(_)) => {
+            let format = template.map_or(ToolFormat::Generic, |t| ToolFormat::detect(t.source()));
+            let trigger = (format == ToolFormat::Mistral).then(|| mistral_trigger(tokenizer)).flatten();
+            Some((t, format, trigger, format.grammar(t, trigger)))
+        }
+        (Some(_), _) => {
+            return Err(EngineError::Constraint {
+                field: "tools",
+                source: ConstraintError::Invalid { kind: "grammar", reason: "tools need chat messages".into() },
+            })
+        }
+        (None, _) => None,
+    };
+    let wanted = match (&req.constraint, tools.as_ref().and_then(|t| t.3.clone())) {
+        (Some(_), Some(_)) => {
+            let reason = "tools and a response format both constrain the reply: give one".into();
+            return Err(EngineError::Constraint { field: "tools", source: ConstraintError::Invalid { kind: "grammar", reason } });
+        }
+        (Some(c), None) => Some(c.clone()),
+        (None, Some(grammar)) => Some(Constrained { grammar, field: "tools" }),
+        (None, None) => None,
+    };
     // The grammar compiles before any other work, so a bad one costs nothing else.
-    let constraint = match &req.constraint {
+    let constraint = match &wanted {
         Some(Constrained { grammar, field }) => {
             let fail = |source| EngineError::Constraint { field, source };
             Some(info.constrainer().map_err(fail)?.constraint(grammar, n_vocab).map_err(fail)?)
@@ -118,7 +164,13 @@ pub(crate) fn prepare(req: Request, info: &EngineInfo, (n_ctx, n_vocab): (usize,
     let prompt = match req.input {
         Input::Text(t) => tokenizer.encode(&t, tokenizer.add_bos_default(), true)?,
         Input::Tokens(ids) => ids,
-        Input::Chat(messages) => chat_tokens(tokenizer, template, &messages, req.add_generation_prompt)?,
+        Input::Chat(messages) => match &tools {
+            Some((t, format, ..)) => {
+                let text = render_with(template, &format.messages(&messages, t), Some(&t.specs()), req.add_generation_prompt)?;
+                tokenize_rendered(tokenizer, &text).map_err(|e| EngineError::Chat(ChatError::Render(e.to_string())))?
+            }
+            None => chat_tokens(tokenizer, template, &messages, req.add_generation_prompt)?,
+        },
     };
     if prompt.is_empty() {
         return Err(GenerateError::EmptyPrompt.into());
@@ -139,13 +191,16 @@ pub(crate) fn prepare(req: Request, info: &EngineInfo, (n_ctx, n_vocab): (usize,
     let seed = req.params.sampling.seed.unwrap_or_else(clock_seed);
     let choices = (0..req.n)
         .map(|i| {
-            let gen = Generation::new(&prompt, &req.params, seed, i, n_vocab, now)?;
+            let mut gen = Generation::new(&prompt, &req.params, seed, i, n_vocab, now)?;
+            if let Some((_, format, trigger, _)) = &tools {
+                gen = gen.with_tools(format.stream(*trigger, IdMaker::new(seed, i, *format)));
+            }
             Ok(match &constraint {
                 Some(c) => gen.with_constraint(c.clone()),
                 None => gen,
             })
         })
         .collect::<Result<Vec<_>, EngineError>>()?;
-    let constraint_field = req.constraint.as_ref().map_or("", |c| c.field);
+    let constraint_field = wanted.as_ref().map_or("", |c| c.field);
     Ok(Prepared { prompt, choices, logits: req.logits, prediction, constraint_field })
 }

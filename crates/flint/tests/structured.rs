@@ -55,7 +55,7 @@ fn run(engine: &Engine, reqs: Vec<Request>) -> Vec<Vec<(String, FinishReason, Ve
                         out[choice].0.push_str(&text);
                         out[choice].2.push(id);
                     }
-                    Event::Done { choice, summary, text } => {
+                    Event::Done { choice, summary, text, .. } => {
                         out[choice].0.push_str(&text);
                         out[choice].1 = summary.finish_reason;
                     }

@@ -27,14 +27,14 @@ impl Seconds {
 }
 
 /// Finish reasons counted apart (`error`: the request failed after it was accepted).
-const REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
+const REASONS: [&str; 5] = ["stop", "length", "abort", "error", "tool_calls"];
 
 #[derive(Default)]
 pub struct Metrics {
     prompt_tokens: AtomicU64,
     generated_tokens: AtomicU64,
     cached_tokens: AtomicU64,
-    finished: [AtomicU64; 4],
+    finished: [AtomicU64; 5],
     ttft: Mutex<Seconds>,
     itl: Mutex<Seconds>,
 }
@@ -56,6 +56,7 @@ impl Metrics {
             Some(FinishReason::Length) => 1,
             Some(FinishReason::Abort) => 2,
             None => 3,
+            Some(FinishReason::ToolCalls) => 4,
         };
         self.finished[i].fetch_add(1, Ordering::Relaxed);
     }

@@ -16,7 +16,7 @@ use futures::stream::{self, SelectAll, StreamExt};
 use serde_json::{json, Value};
 
 use flint::openai::{ApiError, Endpoint, Parsed};
-use flint::{Engine, EngineError, Event, EventResult, FinishReason, Input, RequestHandle, TokenLogprobs, Tokenizer};
+use flint::{Engine, EngineError, Event, EventResult, FinishReason, Input, RequestHandle, TokenLogprobs, Tokenizer, ToolCall};
 
 use super::metrics::Metrics;
 use super::HttpError;
@@ -76,6 +76,26 @@ struct Choice {
     /// Drafted tokens (a prediction's or n-gram lookup's) and those the model accepted.
     drafted: usize,
     accepted: usize,
+    /// Tool calls made so far.
+    calls: Vec<ToolCall>,
+}
+
+impl Choice {
+    /// Keeps `calls`, each with its index among the choice's calls.
+    fn add_calls(&mut self, calls: Vec<ToolCall>) -> Vec<(usize, ToolCall)> {
+        let first = self.calls.len();
+        self.calls.extend(calls.iter().cloned());
+        calls.into_iter().enumerate().map(|(i, c)| (first + i, c)).collect()
+    }
+}
+
+/// A call in OpenAI's shape (`index` for stream deltas).
+fn call_json(call: &ToolCall, index: Option<usize>) -> Value {
+    let mut v = json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}});
+    if let Some(i) = index {
+        v["index"] = json!(i);
+    }
+    v
 }
 
 type Events = SelectAll<stream::Map<RequestHandle, Box<dyn FnMut(EventResult) -> (usize, EventResult) + Send>>>;
@@ -164,8 +184,19 @@ fn random_id() -> String {
 
 /// What one engine event changed.
 enum Step {
-    Token { index: usize, text: String, logprob: Option<(u32, TokenLogprobs, usize)> },
-    Done { index: usize, text: String, reason: FinishReason },
+    /// `calls`: tool calls completed, with their index in the choice.
+    Token {
+        index: usize,
+        text: String,
+        logprob: Option<(u32, TokenLogprobs, usize)>,
+        calls: Vec<(usize, ToolCall)>,
+    },
+    Done {
+        index: usize,
+        text: String,
+        reason: FinishReason,
+        calls: Vec<(usize, ToolCall)>,
+    },
     Failed(EngineError),
 }
 
@@ -176,7 +207,7 @@ impl Running {
         self.slot = None;
         let now = Instant::now();
         Some(match ev {
-            Ok(Event::Token { choice, id, text, logprobs, .. }) => {
+            Ok(Event::Token { choice, id, text, logprobs, calls, .. }) => {
                 let index = prompt * self.meta.n + choice;
                 let c = &mut self.choices[index];
                 match c.last_token {
@@ -199,12 +230,14 @@ impl Running {
                     }
                     _ => None,
                 };
-                Step::Token { index, text, logprob }
+                let calls = c.add_calls(calls);
+                Step::Token { index, text, logprob, calls }
             }
-            Ok(Event::Done { choice, summary, text }) => {
+            Ok(Event::Done { choice, summary, text, calls }) => {
                 let index = prompt * self.meta.n + choice;
                 let c = &mut self.choices[index];
                 c.text.push_str(&text);
+                let calls = c.add_calls(calls);
                 c.finish = Some(summary.finish_reason);
                 (c.drafted, c.accepted) = (summary.draft_tokens, summary.accepted_draft_tokens);
                 let m = &self.meta.metrics;
@@ -214,7 +247,7 @@ impl Running {
                     self.cached_tokens[prompt] = Some(summary.cached_prompt_tokens);
                     m.prompt(summary.prompt_tokens, summary.cached_prompt_tokens);
                 }
-                Step::Done { index, text, reason: summary.finish_reason }
+                Step::Done { index, text, reason: summary.finish_reason, calls }
             }
             Err(e) => {
                 for _ in self.choices.iter().filter(|c| c.finish.is_none()) {
@@ -257,6 +290,16 @@ impl Running {
             .map(|(i, c)| {
                 let reason = c.finish.map_or("abort", FinishReason::as_str);
                 match m.endpoint {
+                    Endpoint::Chat if !c.calls.is_empty() => json!({
+                        "index": i,
+                        "message": {
+                            "role": "assistant",
+                            "content": if c.text.trim().is_empty() { Value::Null } else { json!(c.text) },
+                            "tool_calls": c.calls.iter().map(|call| call_json(call, None)).collect::<Vec<_>>(),
+                        },
+                        "logprobs": m.top_logprobs.map(|k| json!({"content": c.logprobs.iter().map(|(id, lp, _)| chat_logprob(&m.tokenizer, *id, lp, k)).collect::<Vec<_>>()})),
+                        "finish_reason": reason,
+                    }),
                     Endpoint::Chat => json!({
                         "index": i,
                         "message": {"role": "assistant", "content": c.text},
@@ -306,7 +349,7 @@ impl Running {
                     return None;
                 }
                 match run.next().await {
-                    Some(Step::Token { index, text, logprob }) => {
+                    Some(Step::Token { index, text, logprob, calls }) => {
                         if !text.is_empty() || logprob.is_some() {
                             let lp = logprob.map(|(id, lp, at)| run.chunk_logprobs(id, &lp, at));
                             let delta = match run.meta.endpoint {
@@ -315,8 +358,19 @@ impl Running {
                             };
                             queue.push_back(run.chunk(index, delta, lp, None).to_string());
                         }
+                        for (k, call) in &calls {
+                            queue.push_back(run.chunk(index, json!({"tool_calls": [call_json(call, Some(*k))]}), None, None).to_string());
+                        }
                     }
-                    Some(Step::Done { index, text, reason }) => {
+                    Some(Step::Done { index, text, reason, calls }) => {
+                        let text = if calls.is_empty() && run.choices[index].calls.is_empty() { text } else { text.trim_end().to_string() };
+                        if !text.is_empty() && !calls.is_empty() {
+                            queue.push_back(run.chunk(index, json!({"content": text}), None, None).to_string());
+                        }
+                        for (k, call) in &calls {
+                            queue.push_back(run.chunk(index, json!({"tool_calls": [call_json(call, Some(*k))]}), None, None).to_string());
+                        }
+                        let text = if calls.is_empty() { text } else { String::new() };
                         let delta = match run.meta.endpoint {
                             Endpoint::Chat if text.is_empty() => json!({}),
                             Endpoint::Chat => json!({"content": text}),

@@ -123,6 +123,8 @@ pub struct ChatTemplate {
     eos_token: String,
     now: Clock,
     fuel_base: u64,
+    /// The Jinja source, as given (tool-call formats are told from it).
+    source: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -243,7 +245,14 @@ impl ChatTemplate {
         // transformers instead of failing on `none | length`.
         env.add_test("iterable", |v: &Value| !v.is_none() && v.try_iter().is_ok());
         env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source).into_owned()).map_err(chat_error)?;
-        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string(), now: system_clock, fuel_base: FUEL_BASE })
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+            now: system_clock,
+            fuel_base: FUEL_BASE,
+            source: source.to_string(),
+        })
     }
 
     /// The model's default template, rendered with its BOS/EOS token texts; `None` when the
@@ -268,6 +277,11 @@ impl ChatTemplate {
     pub fn with_fuel_base(mut self, fuel: u64) -> ChatTemplate {
         self.fuel_base = fuel;
         self
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     pub fn bos_token(&self) -> &str {

@@ -17,14 +17,16 @@ pub(crate) struct FlintEnv {
 impl FlintEnv {
     pub fn new(tokenizer: Arc<Tokenizer>) -> FlintEnv {
         let n = tokenizer.vocab_size() as u32;
+        let special = |text: &[u8]| [&[TokTrie::SPECIAL_TOKEN_MARKER][..], text].concat();
         let words: Vec<Vec<u8>> = (0..n)
             .map(|id| {
                 let bytes = tokenizer.token_bytes(id);
-                if tokenizer.is_hidden_when_skipping(id) && !bytes.is_empty() {
-                    let mut w = Vec::with_capacity(bytes.len() + 1);
-                    w.push(TokTrie::SPECIAL_TOKEN_MARKER);
-                    w.extend_from_slice(&bytes);
-                    w
+                if bytes.is_empty() {
+                    // A token that prints nothing (unused) would advance no grammar and so fit
+                    // everywhere: as a special token no grammar produces it.
+                    special(format!("<[empty {id}]>").as_bytes())
+                } else if tokenizer.is_hidden_when_skipping(id) {
+                    special(&bytes)
                 } else {
                     bytes
                 }
@@ -48,7 +50,8 @@ impl TokenizerEnv for FlintEnv {
         // Forced text is the grammar's own and valid UTF-8 in practice; invalid bytes can only
         // come from a byte-level grammar, where llguidance falls back to the trie's greedy split.
         match std::str::from_utf8(s) {
-            Ok(text) => self.tokenizer.encode(text, false, false).unwrap_or_else(|_| self.trie.greedy_tokenize(s)),
+            // A piece of the reply: no space prefixed, as SPM vocabularies do at a text's start.
+            Ok(text) => self.tokenizer.encode_piece(text).unwrap_or_else(|_| self.trie.greedy_tokenize(s)),
             Err(_) => self.trie.greedy_tokenize(s),
         }
     }

@@ -143,6 +143,13 @@ impl Tokenizer {
         Ok(out)
     }
 
+    /// Token ids for `text` as a piece inside a longer text: no BOS, special tokens not
+    /// parsed, and no space prefixed (SPM vocabularies prefix one at a text's start).
+    pub fn encode_piece(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let encoding = self.inner.encode_fast(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
     /// `tokenizer.ggml.add_bos_token`, or llama.cpp's default for the vocabulary type.
     pub fn add_bos_default(&self) -> bool {
         self.add_bos
