@@ -4,7 +4,7 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { copyFileSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -294,6 +294,60 @@ test("structured output: json_schema, GBNF and regex replies in the browser equa
   assert.match(got.out[1].text, /^(yes|no), [0-9]{1,2}$/);
   assert.match(got.out[2].text, new RegExp(`^${regex}$`));
   assert.deepEqual([got.refused?.name, got.refused?.param], ["InvalidRequestError", "response_format"], got.refused?.message);
+});
+
+test("tool calls: a required call and a named one in the browser equal native `flint serve`'s (tiny qwen3, Qwen3's template), ids included", { timeout: 10 * MINUTES }, async () => {
+  const template = readFileSync(join(GOLDEN, "chat-templates/Qwen-Qwen3-0.6B.jinja"), "utf8");
+  const tools = [
+    { type: "function", function: { name: "get_weather", parameters: { type: "object", properties: { city: { enum: ["Paris", "Oslo"] } }, required: ["city"], additionalProperties: false } } },
+    { type: "function", function: { name: "add", parameters: { type: "object", properties: { a: { type: "integer", minimum: 0, maximum: 9 }, b: { type: "integer", minimum: 0, maximum: 9 } }, required: ["a", "b"], additionalProperties: false } } },
+  ];
+  const bodies = [
+    { tool_choice: "required", parallel_tool_calls: false },
+    { tool_choice: { type: "function", function: { name: "add" } }, parallel_tool_calls: false },
+  ].map((b) => ({ messages: [{ role: "user", content: "Weather in Oslo, and 2 + 3?" }], tools, temperature: 0, seed: 3, max_tokens: 300, ...b }));
+  // Native: the same model and template behind flint serve.
+  requireFile(FLINT_BIN, "run `cargo build --release -p flint-cli` first");
+  const file = join(app, "qwen3.jinja");
+  writeFileSync(file, template);
+  const child = spawn(FLINT_BIN, ["serve", "-m", join(GOLDEN, "families/qwen3/model.gguf"), "--port", "0", "-c", "1024", "--chat-template-file", file, "--no-warmup"], { stdio: ["ignore", "pipe", "inherit"] });
+  try {
+    const url = await new Promise((resolve, reject) => {
+      let buf = "";
+      child.stdout.setEncoding("utf8");
+      child.stdout.on("data", (d) => {
+        buf += d;
+        const m = /listening on (http:\/\/\S+)/.exec(buf);
+        if (m) resolve(m[1]);
+      });
+      child.on("exit", (code) => reject(new Error(`flint serve exited with ${code}`)));
+    });
+    while ((await fetch(`${url}/health`)).status !== 200) await new Promise((r) => setTimeout(r, 200));
+    const native = [];
+    for (const b of bodies) {
+      const r = await fetch(`${url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(b) });
+      native.push((await r.json()).choices[0]);
+    }
+    const browser = await page.evaluate(
+      async ({ PKG, TINY, template, bodies }) => {
+        const flint = await import(PKG);
+        const engine = await flint.createEngine({ model: TINY, useCache: false, nCtx: 1024, chatTemplate: template });
+        const out = [];
+        for (const b of bodies) out.push((await engine.chat.completions.create(b)).choices[0]);
+        await engine.unload();
+        return out;
+      },
+      { PKG, TINY, template, bodies },
+    );
+    for (const [i, n] of native.entries()) {
+      assert.equal(n.finish_reason, "tool_calls", JSON.stringify(n));
+      assert.deepEqual(browser[i].message.tool_calls, n.message.tool_calls, `request ${i}`);
+      assert.equal(browser[i].finish_reason, "tool_calls");
+    }
+    assert.equal(native[1].message.tool_calls[0].function.name, "add");
+  } finally {
+    child.kill("SIGTERM");
+  }
 });
 
 test("after a reload, the worker engine loads gemma from the browser cache without downloading it, self-tested", { timeout: 15 * MINUTES }, async () => {

@@ -30,7 +30,7 @@ async function startServe() {
   requireFile(FLINT_BIN, "build it with `cargo build --release -p flint-cli`");
   requireFile(model, `run \`flint pull ${MODEL}\``);
   requireFile(join(SITE, "index.html"));
-  const args = ["serve", "-m", model, "--port", "0", "--api-key", KEY, "-c", "512", "--parallel", "4", "--static", SITE];
+  const args = ["serve", "-m", model, "--port", "0", "--api-key", KEY, "-c", "1024", "--parallel", "4", "--static", SITE];
   const child = spawn(FLINT_BIN, args, {
     stdio: ["ignore", "pipe", "inherit"],
   });
@@ -122,6 +122,47 @@ test("json_schema replies for four schemas of the golden file (at once): every o
     assert.ok(validate(JSON.parse(content)), `${IDS[i]}: ${content}: ${JSON.stringify(validate.errors)}`);
   }
   assert.ok(stopped * 2 >= replies.length, `${stopped} of ${replies.length} replies ended with stop`);
+});
+
+test("tool calls: 8 BFCL items with tool_choice required (at once), every call a listed function with valid arguments; a streamed call equals the unstreamed one", { timeout: 6 * 60_000 }, async () => {
+  const IDS = ["simple_python_0", "simple_python_1", "multiple_3", "multiple_5", "parallel_9", "parallel_19", "irrelevance_0", "irrelevance_2"];
+  const items = readFileSync(join(SHARED, "golden/tools/bfcl.jsonl"), "utf8").split("\n").filter(Boolean).map((l) => JSON.parse(l)).filter((i) => IDS.includes(i.id));
+  assert.equal(items.length, IDS.length);
+  const ajv = new Ajv({ strict: false, validateFormats: false });
+  const ask = (item, extra = {}) =>
+    client.chat.completions.create({ model: MODEL, messages: item.messages, tools: item.tools, tool_choice: "required", temperature: 0, seed: 1, max_tokens: 256, ...extra });
+  const replies = await Promise.all(items.map((item) => ask(item)));
+  for (const [k, r] of replies.entries()) {
+    const { message, finish_reason } = r.choices[0];
+    const label = `${items[k].id}: ${JSON.stringify(message)}`;
+    if (finish_reason === "length") continue;
+    assert.equal(finish_reason, "tool_calls", label);
+    assert.ok(message.tool_calls.length >= 1, label);
+    for (const call of message.tool_calls) {
+      const tool = items[k].tools.find((t) => t.function.name === call.function.name);
+      assert.ok(tool, `${label}: ${call.function.name} is not listed`);
+      assert.equal(call.type, "function");
+      const validate = ajv.compile(tool.function.parameters ?? { type: "object" });
+      assert.ok(validate(JSON.parse(call.function.arguments)), `${label}: ${JSON.stringify(validate.errors)}`);
+    }
+    assert.equal(new Set(message.tool_calls.map((c) => c.id)).size, message.tool_calls.length, `${label}: ids repeat`);
+  }
+  assert.ok(replies.filter((r) => r.choices[0].finish_reason === "tool_calls").length >= 6, "most replies end with their calls");
+  // Streamed: the deltas, put together as the client does, give the same calls and ids.
+  const stream = await ask(items[4], { stream: true });
+  const calls = [];
+  let finish = null;
+  for await (const chunk of stream) {
+    for (const d of chunk.choices[0]?.delta?.tool_calls ?? []) {
+      const c = (calls[d.index] ??= { id: "", type: "function", function: { name: "", arguments: "" } });
+      c.id += d.id ?? "";
+      c.function.name += d.function?.name ?? "";
+      c.function.arguments += d.function?.arguments ?? "";
+    }
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(finish, replies[4].choices[0].finish_reason);
+  assert.deepEqual(calls, replies[4].choices[0].message.tool_calls);
 });
 
 test("a plain completion of a golden raw prompt is the f32 reference's greedy text", async () => {
