@@ -382,9 +382,15 @@ fn flint_serve_over_http() {
     assert_eq!((r.status, r.error().2), (400, json!("context_length_exceeded")));
     let r = bad(&json!({"prompt": "a", "max_tokens": 300}));
     assert_eq!((r.status, r.error().2), (400, json!("context_length_exceeded")));
-    let r = server
-        .post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}));
-    assert_eq!((r.status, r.error().1), (400, json!("tools")));
+    // OpenAI's legacy `functions` is not built: refused by name, never ignored.
+    let r = server.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]}));
+    assert_eq!((r.status, r.error().1), (400, json!("functions")));
+    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    let r = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "tools": tools, "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+    );
+    assert_eq!((r.status, r.error().1), (400, json!("tool_choice")));
     let r = server.request("POST", "/v1/completions", &[("authorization", &format!("Bearer {KEY}"))], b"{\"prompt\": ");
     assert_eq!((r.status, r.error().0.as_str()), (400, "invalid_request_error"));
     let big = vec![b' '; 5 << 20];
