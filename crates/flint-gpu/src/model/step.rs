@@ -194,17 +194,11 @@ impl GpuModel {
 /// devices overlap (two micro-batches on two devices: three ticks of a quarter step each).
 pub const MIN_MICRO_TOKENS: usize = 32;
 
-/// How many micro-batches [`micro_batches`] cuts `entries` into.
-fn micro_batches_len(entries: &[StepEntry<'_>], n: usize) -> usize {
-    let total: usize = entries.iter().map(|e| e.tokens.len()).sum();
-    n.min(total / MIN_MICRO_TOKENS).clamp(1, entries.len().max(1))
-}
-
 /// Cuts a step's entries into at most `n` consecutive micro-batches of about equal tokens
 /// and at least [`MIN_MICRO_TOKENS`] each (entries keep their order, so output rows do too).
 fn micro_batches(entries: Vec<StepEntry<'_>>, n: usize) -> Vec<Vec<StepEntry<'_>>> {
     let total: usize = entries.iter().map(|e| e.tokens.len()).sum();
-    let n = micro_batches_len(&entries, n);
+    let n = n.min(total / MIN_MICRO_TOKENS).clamp(1, entries.len().max(1));
     let mut left = entries.len();
     let (mut chunks, mut cur, mut acc) = (Vec::with_capacity(n), Vec::new(), 0);
     for e in entries {
@@ -266,11 +260,10 @@ async fn run_micro_batches(
 ) -> std::result::Result<StepResult, PartFailure> {
     let last = parts.len() - 1;
     let StepBatch { mut entries, copies, logits } = batch;
-    // Masks late only where one submission carries the whole step.
-    let whole = last == 0 && micro_batches_len(&entries, 1) == 1;
+    // Masks late only on one part, whose step is one micro-batch, one submission.
     let mut late = None;
     if let Some(masks) = masks {
-        if whole {
+        if last == 0 {
             late = Some(masks);
         } else {
             apply_masks(&mut entries, masks());
