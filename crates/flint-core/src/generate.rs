@@ -418,7 +418,7 @@ impl MaskJob<'_> {
 }
 
 /// Length of the longest suffix of `text` that is a proper prefix of `stop` (at a char boundary).
-fn longest_prefix_suffix(text: &str, stop: &str) -> usize {
+pub(crate) fn longest_prefix_suffix(text: &str, stop: &str) -> usize {
     let max = stop.len().saturating_sub(1).min(text.len());
     (1..=max).rev().find(|&n| text.is_char_boundary(text.len() - n) && stop.is_char_boundary(n) && text.ends_with(&stop[..n])).unwrap_or(0)
 }

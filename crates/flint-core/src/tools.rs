@@ -16,6 +16,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::constrain::Grammar;
+use crate::generate::longest_prefix_suffix;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToolFormat {
@@ -186,7 +187,7 @@ impl ToolFormat {
         }
         let forced = tools.choice != ToolChoice::Auto;
         let one = json_inline(&one_call_schema(tools, self.args_key()));
-        let text = Some(match self {
+        let text = match self {
             ToolFormat::Hermes => {
                 let call = "\"<tool_call>\\n\" body \"\\n</tool_call>\"";
                 match (forced, tools.parallel) {
@@ -203,10 +204,7 @@ impl ToolFormat {
             ToolFormat::Llama3 if forced => format!("start: body\nbody: {one}"),
             ToolFormat::Llama3 => format!("start: TEXT | body\nTEXT: /[^{{](.|\\n)*/\nbody: {one}"),
             ToolFormat::Mistral => {
-                let list = json_inline(
-                    &json!({"type": "array", "items": one_call_schema(tools, "arguments"), "minItems": 1, "maxItems": if tools.parallel { Value::Null } else { json!(1) }}),
-                );
-                let list = list.replace(",\"maxItems\":null", "");
+                let list = json_inline(&calls_schema(tools));
                 let head = match trigger {
                     Some(id) => format!("<[{id}]>"),
                     None => "\"[TOOL_CALLS]\"".to_string(),
@@ -218,8 +216,8 @@ impl ToolFormat {
                 }
             }
             ToolFormat::Generic => format!("start: body\nbody: {}", json_inline(&generic_schema(tools))),
-        });
-        text.map(Grammar::Lark)
+        };
+        Some(Grammar::Lark(text))
     }
 
     /// The request's messages as the template should see them: a call's `arguments` as an
@@ -324,13 +322,18 @@ fn one_call_schema(tools: &Tools, args_key: &str) -> Value {
     }
 }
 
-/// The generic format's reply: calls, or (with `auto`) a plain response.
-fn generic_schema(tools: &Tools) -> Value {
+/// A list of calls (Mistral's, the generic format's): at least one, one only unless parallel.
+fn calls_schema(tools: &Tools) -> Value {
     let mut calls = json!({"type": "array", "items": one_call_schema(tools, "arguments"), "minItems": 1});
     if !tools.parallel {
         calls["maxItems"] = json!(1);
     }
-    let call = json!({"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"], "additionalProperties": false});
+    calls
+}
+
+/// The generic format's reply: calls, or (with `auto`) a plain response.
+fn generic_schema(tools: &Tools) -> Value {
+    let call = json!({"type": "object", "properties": {"tool_calls": calls_schema(tools)}, "required": ["tool_calls"], "additionalProperties": false});
     match tools.choice {
         ToolChoice::Auto => {
             json!({"anyOf": [call, {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"], "additionalProperties": false}]})
@@ -458,7 +461,7 @@ impl ToolStream {
                         self.held.drain(..at + MISTRAL_TRIGGER.len());
                         self.mode = Mode::Calls;
                     } else {
-                        let keep = partial_suffix(&self.held, MISTRAL_TRIGGER);
+                        let keep = longest_prefix_suffix(&self.held, MISTRAL_TRIGGER);
                         out.content = self.held.drain(..self.held.len() - keep).collect();
                     }
                 }
@@ -491,7 +494,7 @@ impl ToolStream {
                 self.held.drain(..at + HERMES_OPEN.len());
                 self.in_call = true;
             } else {
-                let keep = partial_suffix(&self.held, HERMES_OPEN);
+                let keep = longest_prefix_suffix(&self.held, HERMES_OPEN);
                 out.content.extend(self.held.drain(..self.held.len() - keep));
                 return;
             }
@@ -553,11 +556,6 @@ impl ToolStream {
         }
         out
     }
-}
-
-/// The longest suffix of `text` that is a proper prefix of `marker` (at a char boundary).
-fn partial_suffix(text: &str, marker: &str) -> usize {
-    (1..marker.len().min(text.len() + 1)).rev().find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..])).unwrap_or(0)
 }
 
 #[cfg(test)]
