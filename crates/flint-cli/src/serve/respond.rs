@@ -89,6 +89,15 @@ impl Choice {
     }
 }
 
+/// A choice's whole reply: its text, and its tool calls (content null when only calls).
+fn chat_message(c: &Choice) -> Value {
+    if c.calls.is_empty() {
+        return json!({"role": "assistant", "content": c.text});
+    }
+    let content = if c.text.trim().is_empty() { Value::Null } else { json!(c.text) };
+    json!({"role": "assistant", "content": content, "tool_calls": c.calls.iter().map(|call| call_json(call, None)).collect::<Vec<_>>()})
+}
+
 /// A call in OpenAI's shape (`index` for stream deltas).
 fn call_json(call: &ToolCall, index: Option<usize>) -> Value {
     let mut v = json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}});
@@ -290,19 +299,9 @@ impl Running {
             .map(|(i, c)| {
                 let reason = c.finish.map_or("abort", FinishReason::as_str);
                 match m.endpoint {
-                    Endpoint::Chat if !c.calls.is_empty() => json!({
-                        "index": i,
-                        "message": {
-                            "role": "assistant",
-                            "content": if c.text.trim().is_empty() { Value::Null } else { json!(c.text) },
-                            "tool_calls": c.calls.iter().map(|call| call_json(call, None)).collect::<Vec<_>>(),
-                        },
-                        "logprobs": m.top_logprobs.map(|k| json!({"content": c.logprobs.iter().map(|(id, lp, _)| chat_logprob(&m.tokenizer, *id, lp, k)).collect::<Vec<_>>()})),
-                        "finish_reason": reason,
-                    }),
                     Endpoint::Chat => json!({
                         "index": i,
-                        "message": {"role": "assistant", "content": c.text},
+                        "message": chat_message(c),
                         "logprobs": m.top_logprobs.map(|k| json!({"content": c.logprobs.iter().map(|(id, lp, _)| chat_logprob(&m.tokenizer, *id, lp, k)).collect::<Vec<_>>()})),
                         "finish_reason": reason,
                     }),
