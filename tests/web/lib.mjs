@@ -68,6 +68,30 @@ export async function startServer({ root = SITE } = {}) {
   };
 }
 
+/**
+ * Starts `flint serve <args>` (give `--port 0`) and resolves once it listens and its model is
+ * loaded (`/health` 200; 503 while loading): `{url, child}`.
+ */
+export async function startServe(args) {
+  requireFile(FLINT_BIN, "build it with `cargo build --release -p flint-cli` or set $FLINT_BIN");
+  const child = spawn(FLINT_BIN, ["serve", ...args], { stdio: ["ignore", "pipe", "inherit"] });
+  const url = await new Promise((resolveUrl, reject) => {
+    lines(child.stdout, (line) => {
+      const m = /listening on (http:\/\/\S+)/.exec(line);
+      if (m) resolveUrl(m[1].replace(/\/$/, ""));
+    });
+    child.on("exit", (code) => reject(new Error(`flint serve exited with ${code}`)));
+  });
+  for (let t0 = Date.now(); ; ) {
+    const r = await fetch(`${url}/health`);
+    if (r.status === 200) break;
+    if (r.status !== 503) throw new Error(`/health answered ${r.status} while loading, not 503`);
+    if (Date.now() - t0 > 120_000) throw new Error("the model never loaded");
+    await new Promise((done) => setTimeout(done, 100));
+  }
+  return { url, child };
+}
+
 function lines(stream, onLine) {
   let buf = "";
   stream.setEncoding("utf8");

@@ -4,11 +4,11 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync, spawn } from "node:child_process";
+import { execFileSync } from "node:child_process";
 import { copyFileSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { FLINT_BIN, REPO, launchPersistent, openPage, requireFile, secondsSince, startServer } from "./lib.mjs";
+import { FLINT_BIN, REPO, launchPersistent, openPage, requireFile, secondsSince, startServe, startServer } from "./lib.mjs";
 
 const GOLDEN = join(REPO, "../shared/golden");
 const golden = (model, n) => JSON.parse(readFileSync(join(GOLDEN, "f32", model, `${n}.json`), "utf8"));
@@ -307,22 +307,10 @@ test("tool calls: a required call and a named one in the browser equal native `f
     { tool_choice: { type: "function", function: { name: "add" } }, parallel_tool_calls: false },
   ].map((b) => ({ messages: [{ role: "user", content: "Weather in Oslo, and 2 + 3?" }], tools, temperature: 0, seed: 3, max_tokens: 300, ...b }));
   // Native: the same model and template behind flint serve.
-  requireFile(FLINT_BIN, "run `cargo build --release -p flint-cli` first");
   const file = join(app, "qwen3.jinja");
   writeFileSync(file, template);
-  const child = spawn(FLINT_BIN, ["serve", "-m", join(GOLDEN, "families/qwen3/model.gguf"), "--port", "0", "-c", "1024", "--chat-template-file", file, "--no-warmup"], { stdio: ["ignore", "pipe", "inherit"] });
+  const { url, child } = await startServe(["-m", join(GOLDEN, "families/qwen3/model.gguf"), "--port", "0", "-c", "1024", "--chat-template-file", file, "--no-warmup"]);
   try {
-    const url = await new Promise((resolve, reject) => {
-      let buf = "";
-      child.stdout.setEncoding("utf8");
-      child.stdout.on("data", (d) => {
-        buf += d;
-        const m = /listening on (http:\/\/\S+)/.exec(buf);
-        if (m) resolve(m[1]);
-      });
-      child.on("exit", (code) => reject(new Error(`flint serve exited with ${code}`)));
-    });
-    while ((await fetch(`${url}/health`)).status !== 200) await new Promise((r) => setTimeout(r, 200));
     const native = [];
     for (const b of bodies) {
       const r = await fetch(`${url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(b) });

@@ -8,13 +8,12 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import Ajv from "ajv";
-import { FLINT_BIN, REPO, SITE, launchBrowser, openPage, requireFile } from "./lib.mjs";
+import { REPO, SITE, launchBrowser, openPage, requireFile, startServe } from "./lib.mjs";
 
 const SHARED = join(REPO, "../shared");
 const MODEL = "qwen2.5-coder-0.5b";
@@ -25,37 +24,15 @@ const golden = (rel) => JSON.parse(readFileSync(join(SHARED, "golden", rel), "ut
 let server;
 let client;
 
-async function startServe() {
+async function startQwen() {
   const model = join(MODELS, `${MODEL}.gguf`);
-  requireFile(FLINT_BIN, "build it with `cargo build --release -p flint-cli`");
   requireFile(model, `run \`flint pull ${MODEL}\``);
   requireFile(join(SITE, "index.html"));
-  const args = ["serve", "-m", model, "--port", "0", "--api-key", KEY, "-c", "1024", "--parallel", "4", "--static", SITE];
-  const child = spawn(FLINT_BIN, args, {
-    stdio: ["ignore", "pipe", "inherit"],
-  });
-  const url = await new Promise((resolve, reject) => {
-    let buf = "";
-    child.stdout.setEncoding("utf8");
-    child.stdout.on("data", (d) => {
-      buf += d;
-      const m = /listening on (http:\/\/\S+)/.exec(buf);
-      if (m) resolve(m[1]);
-    });
-    child.on("exit", (code) => reject(new Error(`flint serve exited with ${code}`)));
-  });
-  for (let t0 = Date.now(); ; ) {
-    const r = await fetch(`${url}/health`);
-    if (r.status === 200) break;
-    assert.equal(r.status, 503, "health answers 503 while loading");
-    if (Date.now() - t0 > 120_000) throw new Error("the model never loaded");
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  return { url, child };
+  return startServe(["-m", model, "--port", "0", "--api-key", KEY, "-c", "1024", "--parallel", "4", "--static", SITE]);
 }
 
 before(async () => {
-  server = await startServe();
+  server = await startQwen();
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0, timeout: 300_000 });
 });
 
