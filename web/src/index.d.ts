@@ -19,6 +19,14 @@ export interface ToolCall {
   function: { name: string; arguments: string };
 }
 
+/** A streamed piece of a call: the first carries `id`, `type` and the name, the next ones more of `arguments`. */
+export interface ToolCallDelta {
+  index: number;
+  id?: string;
+  type?: "function";
+  function: { name?: string; arguments: string };
+}
+
 export interface Tool {
   type: "function";
   function: { name: string; description?: string; parameters?: object };
@@ -147,7 +155,7 @@ export interface ChatCompletion {
   object: "chat.completion";
   created: number;
   model: string;
-  choices: { index: number; message: { role: "assistant"; content: string | null; tool_calls?: ToolCall[] }; finish_reason: FinishReason; logprobs: Logprobs | null }[];
+  choices: { index: number; message: { role: "assistant"; content: string | null; tool_calls?: ToolCall[]; reasoning_content?: string }; finish_reason: FinishReason; logprobs: Logprobs | null }[];
   usage: Usage;
 }
 
@@ -158,7 +166,7 @@ export interface ChatCompletionChunk {
   model: string;
   choices: {
     index: number;
-    delta: { role?: "assistant"; content?: string; tool_calls?: (ToolCall & { index: number })[] };
+    delta: { role?: "assistant"; content?: string; tool_calls?: ToolCallDelta[]; reasoning_content?: string };
     finish_reason: FinishReason | null;
     logprobs: Logprobs | null;
   }[];
@@ -181,6 +189,8 @@ export interface ChatCompletionRequest extends SamplingOptions, StructuredOutput
   tools?: Tool[];
   tool_choice?: "none" | "auto" | "required" | { type: "function"; function: { name: string } };
   parallel_tool_calls?: boolean;
+  /** More variables for the chat template, e.g. `{ enable_thinking: false }` for Qwen3. */
+  chat_template_kwargs?: Record<string, unknown>;
 }
 export interface CompletionRequest extends SamplingOptions, StructuredOutput {
   prompt: string;

@@ -79,15 +79,18 @@ class Channel {
 
 /**
  * Runs one request on `core`: `onDelta(choice, text, logprobs)` as tokens arrive,
- * `onCalls(choice, calls)` as tool calls complete, `onDone(choice, summary)` as each choice
+ * `onCalls(choice, pieces)` as tool calls stream (a call's first piece has its `id` and name,
+ * the next ones more of its `arguments`), `onReasoning(choice, text)` as a thinking model's
+ * thought streams, `onDone(choice, summary)` as each choice
  * ends; resolves to the summaries by choice.
  * `ref.cancel()` cancels it (before or after the core has given it an id).
  */
-function run(core, request, { onDelta, onCalls, onDone }, ref) {
+function run(core, request, { onDelta, onCalls, onReasoning, onDone }, ref) {
   return new Promise((resolve, reject) => {
     const summaries = [];
     let failed = null;
     const onEvent = (ev) => {
+      if (ev.reasoning) onReasoning?.(ev.choice, ev.reasoning);
       if (ev.type === "token") {
         if (ev.text || ev.logprobs) onDelta(ev.choice, ev.text, ev.logprobs ?? null);
         if (ev.calls?.length) onCalls?.(ev.choice, ev.calls);
@@ -139,10 +142,19 @@ function endpoint(core, model, name, shape) {
           texts[i] = (texts[i] ?? "") + t;
           if ((lp = parseLogprobs(lp))) (contents[i] ??= []).push(lp);
         };
-        const onCalls = (i, c) => (calls[i] ??= []).push(...c);
-        const summaries = await run(core, request, { onDelta, onCalls }, ref);
+        // Pieces joined by `index` into whole calls.
+        const onCalls = (i, pieces) => {
+          const list = (calls[i] ??= []);
+          for (const { index, ...p } of pieces) {
+            if (list[index]) list[index].function.arguments += p.function.arguments;
+            else list[index] = { ...p, function: { ...p.function } };
+          }
+        };
+        const thoughts = [];
+        const onReasoning = (i, t) => (thoughts[i] = (thoughts[i] ?? "") + t);
+        const summaries = await run(core, request, { onDelta, onCalls, onReasoning }, ref);
         const choices = summaries.map((s, i) =>
-          shape.choice(i, texts[i] ?? "", s.finish_reason, params.logprobs ? { content: contents[i] ?? [] } : null, calls[i] ?? []),
+          shape.choice(i, texts[i] ?? "", s.finish_reason, params.logprobs ? { content: contents[i] ?? [] } : null, calls[i] ?? [], thoughts[i]),
         );
         return { ...head, object: shape.object, choices, usage: usage(summaries) };
       }
@@ -157,18 +169,22 @@ function endpoint(core, model, name, shape) {
         channel.push({ ...head, object: shape.chunkObject, choices: [shape.delta(i, t, !started.has(i), lp ? { content: [lp] } : null)] });
         started.add(i);
       };
-      // Each call whole, in one delta, as it completes (`index` counts the choice's calls).
-      const made = [];
-      const onCalls = (i, c) => {
-        const tool_calls = c.map((call) => ({ index: (made[i] = (made[i] ?? 0) + 1) - 1, ...call }));
-        channel.push({ ...head, object: shape.chunkObject, choices: [shape.calls(i, tool_calls, !started.has(i))] });
+      // Each piece of a call in a delta as it comes, with the call's `index` in the choice.
+      const onCalls = (i, pieces) => {
+        for (const piece of pieces) {
+          channel.push({ ...head, object: shape.chunkObject, choices: [shape.calls(i, [piece], !started.has(i))] });
+          started.add(i);
+        }
+      };
+      const onReasoning = (i, t) => {
+        channel.push({ ...head, object: shape.chunkObject, choices: [shape.reasoning(i, t, !started.has(i))] });
         started.add(i);
       };
       const onDone = (i, summary) => {
         if (finish) channel.push(finish);
         finish = { ...head, object: shape.chunkObject, choices: [shape.last(i, summary.finish_reason)] };
       };
-      run(core, request, { onDelta, onCalls, onDone }, ref).then(
+      run(core, request, { onDelta, onCalls, onReasoning, onDone }, ref).then(
         (summaries) => {
           if (finish) channel.push({ ...finish, usage: usage(summaries) });
           channel.close();
@@ -191,10 +207,13 @@ export function openaiApi(core, model) {
         prefix: "chatcmpl",
         object: "chat.completion",
         chunkObject: "chat.completion.chunk",
-        choice: (index, text, finish_reason, logprobs, calls) =>
-          calls.length
-            ? { index, message: { role: "assistant", content: text.trim() ? text : null, tool_calls: calls }, finish_reason, logprobs }
-            : { index, message: { role: "assistant", content: text }, finish_reason, logprobs },
+        choice: (index, text, finish_reason, logprobs, calls, reasoning) => {
+          const message = calls.length
+            ? { role: "assistant", content: text.trim() ? text : null, tool_calls: calls }
+            : { role: "assistant", content: text };
+          if (reasoning) message.reasoning_content = reasoning;
+          return { index, message, finish_reason, logprobs };
+        },
         delta: (index, text, first, logprobs) => ({
           index,
           delta: first ? { role: "assistant", content: text } : { content: text },
@@ -203,6 +222,12 @@ export function openaiApi(core, model) {
         }),
         last: (index, finish_reason) => ({ index, delta: {}, finish_reason, logprobs: null }),
         calls: (index, tool_calls, first) => ({ index, delta: first ? { role: "assistant", tool_calls } : { tool_calls }, finish_reason: null, logprobs: null }),
+        reasoning: (index, reasoning_content, first) => ({
+          index,
+          delta: first ? { role: "assistant", reasoning_content } : { reasoning_content },
+          finish_reason: null,
+          logprobs: null,
+        }),
       },
     ),
   };

@@ -861,3 +861,71 @@ fn the_server_under_load_and_faults_loses_nothing() {
     let done = server.post("/v1/completions", &json!({"prompt": "after", "max_tokens": 2}));
     assert_eq!(done.status, 200, "{}", done.text());
 }
+
+/// A thinking model (the tiny qwen3 with Qwen3's own template) through the server: its thought
+/// comes as `reasoning_content`, streamed in deltas that join to the unstreamed one;
+/// `chat_template_kwargs` turns the thought off (Qwen3's `enable_thinking`), leaving the
+/// answer held to its schema; a tool call streams as OpenAI's do: index, id, type and name in
+/// the call's first delta, its arguments in the next ones, joined equal to the unstreamed call.
+#[test]
+fn thoughts_come_apart_and_calls_stream_in_pieces() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let model = shared().join("golden/families/qwen3/model.gguf");
+    let template = shared().join("golden/chat-templates/Qwen-Qwen3-0.6B.jinja");
+    let args =
+        ["-m", model.to_str().unwrap(), "--port", "0", "-c", "1024", "--chat-template-file", template.to_str().unwrap(), "--no-warmup", "--api-key", KEY];
+    let server = Server::start(&args);
+    while server.request("GET", "/health", &[], b"").status != 200 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let chunks = |body: &Value| -> Vec<Value> {
+        let r = server.post("/v1/chat/completions", body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        sse_data(&r.text()).into_iter().filter(|d| d != "[DONE]").map(|d| serde_json::from_str(&d).unwrap()).collect()
+    };
+    let messages = json!([{"role": "user", "content": "Plan a trip."}]);
+    let schema =
+        json!({"type": "object", "properties": {"days": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["days"], "additionalProperties": false});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "plan", "schema": schema}});
+    // Thinking on: the grammar opens the thought before the answer; random weights do not
+    // close it within max_tokens, so the reply is all thought.
+    let think = json!({"messages": messages, "max_tokens": 24, "temperature": 1.0, "seed": 3, "response_format": format});
+    let r = server.post("/v1/chat/completions", &think).json();
+    let message = &r["choices"][0]["message"];
+    let reasoning = message["reasoning_content"].as_str().unwrap_or_else(|| panic!("no reasoning_content: {r}"));
+    assert!(!reasoning.is_empty() && !reasoning.contains("<think>") && message["content"] == "", "{r}");
+    let mut stream_think = think.clone();
+    stream_think["stream"] = json!(true);
+    let mut streamed = String::new();
+    for c in chunks(&stream_think) {
+        streamed += c["choices"][0]["delta"]["reasoning_content"].as_str().unwrap_or("");
+    }
+    assert_eq!(streamed, reasoning);
+    // Thinking off: no thought, and the answer held to the schema.
+    let body = json!({"messages": messages, "max_tokens": 40, "seed": 5, "chat_template_kwargs": {"enable_thinking": false}, "response_format": format});
+    let r = server.post("/v1/chat/completions", &body).json();
+    let message = &r["choices"][0]["message"];
+    assert!(message.get("reasoning_content").is_none(), "{r}");
+    let v: Value = serde_json::from_str(message["content"].as_str().unwrap()).unwrap_or_else(|e| panic!("{r}: {e}"));
+    let days = v["days"].as_u64().unwrap_or(0);
+    assert!(v.as_object().unwrap().len() == 1 && (1..=9).contains(&days), "{r}");
+    let r = server.post("/v1/chat/completions", &json!({"messages": messages, "chat_template_kwargs": "off"}));
+    assert_eq!((r.status, r.error().1), (400, json!("chat_template_kwargs")));
+    // A call, whole and streamed.
+    let tools = json!([{"type": "function", "function": {"name": "book", "parameters": schema}}]);
+    let body = json!({"messages": messages, "max_tokens": 60, "seed": 7, "tools": tools, "tool_choice": "required", "parallel_tool_calls": false,
+        "chat_template_kwargs": {"enable_thinking": false}});
+    let whole = server.post("/v1/chat/completions", &body).json();
+    assert_eq!(whole["choices"][0]["finish_reason"], "tool_calls", "{whole}");
+    let mut stream_body = body.clone();
+    stream_body["stream"] = json!(true);
+    let deltas: Vec<Value> = chunks(&stream_body).iter().flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default()).collect();
+    assert!(deltas.len() > 2, "the arguments stream in pieces: {deltas:?}");
+    assert_eq!((deltas[0]["index"].clone(), deltas[0]["type"].clone(), deltas[0]["function"]["name"].clone()), (json!(0), json!("function"), json!("book")));
+    assert!(deltas[1..].iter().all(|d| d.get("id").is_none() && d["function"].get("name").is_none() && d["index"] == 0), "{deltas:?}");
+    let arguments: String = deltas.iter().map(|d| d["function"]["arguments"].as_str().unwrap()).collect();
+    let call = &whole["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!((deltas[0]["id"].clone(), json!(arguments)), (call["id"].clone(), call["function"]["arguments"].clone()), "{whole}");
+}

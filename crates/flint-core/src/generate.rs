@@ -7,6 +7,7 @@ use thiserror::Error;
 
 use crate::backend::BackendError;
 use crate::constrain::{Constraint, ConstraintError};
+use crate::reasoning::ThoughtStream;
 use crate::sampling::{Sampled, Sampler, SamplingError, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::tools::{ToolCall, ToolStream};
@@ -78,12 +79,12 @@ pub enum Event {
     /// One generated token of choice `choice` and the text it completes (empty while a UTF-8
     /// character is split or while it may begin a stop string), with log-probabilities when
     /// asked for, and the logits it was drawn from when the request asked for them (tests).
-    /// With tools, `text` is content only, and `calls` the tool calls this token completed.
-    Token { choice: usize, id: u32, text: String, logprobs: Option<TokenLogprobs>, logits: Option<Vec<f32>>, calls: Vec<ToolCall> },
+    /// With tools, `text` is content only, and `calls` the pieces of tool calls this token
+    /// gave. With thoughts split out, `reasoning` is the thought's text and `text` the answer's.
+    Token { choice: usize, id: u32, text: String, logprobs: Option<TokenLogprobs>, logits: Option<Vec<f32>>, calls: Vec<ToolCall>, reasoning: String },
     /// The end of choice `choice`; `text` holds whatever the detokenizer still had buffered.
-    /// `calls`: tool calls the end of the reply completed (formats whose calls are the whole
-    /// reply are parsed there).
-    Done { choice: usize, summary: Summary, text: String, calls: Vec<ToolCall> },
+    /// `calls` and `reasoning`: what the end of the reply gave.
+    Done { choice: usize, summary: Summary, text: String, calls: Vec<ToolCall>, reasoning: String },
 }
 
 /// log p of the chosen token and of the most likely alternatives.
@@ -166,6 +167,8 @@ pub struct Generation {
     constraint_error: Option<ConstraintError>,
     /// With tools: the reply's text split into content and calls.
     tools: Option<ToolStream>,
+    /// A thinking model's reply split into thought and answer.
+    thoughts: Option<ThoughtStream>,
 }
 
 impl Generation {
@@ -202,12 +205,20 @@ impl Generation {
             constraint: None,
             constraint_error: None,
             tools: None,
+            thoughts: None,
         })
     }
 
     /// Splits the reply into content and tool calls with `stream`.
     pub fn with_tools(mut self, stream: ToolStream) -> Generation {
         self.tools = Some(stream);
+        self
+    }
+
+    /// Splits the reply's thought (given as `reasoning`) from its answer (the text, and the
+    /// tool calls with tools).
+    pub fn with_thoughts(mut self, stream: ThoughtStream) -> Generation {
+        self.thoughts = Some(stream);
         self
     }
 
@@ -231,6 +242,15 @@ impl Generation {
     pub fn split_mut(&mut self) -> (&mut Sampler, Option<MaskJob<'_>>) {
         let job = self.constraint.as_mut().map(|constraint| MaskJob { constraint, error: &mut self.constraint_error });
         (&mut self.sampler, job)
+    }
+
+    /// Up to `max` tokens the reply's grammar forces from here (none, unconstrained): the
+    /// only continuation it allows, tokenized as the grammar's tokenizer would.
+    pub fn forced_tokens(&mut self, max: usize) -> Vec<u32> {
+        let Some(c) = self.constraint.as_mut() else { return Vec::new() };
+        let mut ids = c.forced();
+        ids.truncate(max);
+        ids
     }
 
     /// How much of `draft` the reply's grammar allows from here (all of it, unconstrained).
@@ -300,6 +320,11 @@ impl Generation {
         self.completion += 1;
         self.sampler.accept(id);
         let mut piece = self.decoder.push(tokenizer, id);
+        let mut reasoning = String::new();
+        if let Some(t) = self.thoughts.as_mut() {
+            let out = t.push(&piece);
+            (reasoning, piece) = (out.reasoning, out.content);
+        }
         let mut calls = Vec::new();
         if let Some(t) = self.tools.as_mut() {
             let out = t.push(id, &piece);
@@ -308,14 +333,14 @@ impl Generation {
         let choice = self.choice;
         let mut events = Vec::with_capacity(2);
         if self.stop.is_empty() {
-            events.push(Event::Token { choice, id, text: piece, logprobs, logits: None, calls });
+            events.push(Event::Token { choice, id, text: piece, logprobs, logits: None, calls, reasoning });
         } else {
             self.held.push_str(&piece);
             if let Some(at) = self.stop.iter().filter_map(|s| self.held.find(s.as_str())).min() {
                 let text = self.held[..at].to_string();
                 self.held.clear();
                 self.stop_hit = true;
-                events.push(Event::Token { choice, id, text, logprobs, logits: None, calls });
+                events.push(Event::Token { choice, id, text, logprobs, logits: None, calls, reasoning });
                 events.push(self.finish(FinishReason::Stop, now));
                 return (events, false);
             }
@@ -323,7 +348,7 @@ impl Generation {
             let keep = self.stop.iter().map(|s| longest_prefix_suffix(&self.held, s)).max().unwrap_or(0);
             let cut = self.held.len() - keep;
             let text: String = self.held.drain(..cut).collect();
-            events.push(Event::Token { choice, id, text, logprobs, logits: None, calls });
+            events.push(Event::Token { choice, id, text, logprobs, logits: None, calls, reasoning });
         }
         if self.constraint.as_ref().is_some_and(Constraint::is_finished) {
             // The grammar is complete: nothing may follow.
@@ -342,6 +367,12 @@ impl Generation {
         self.done = true;
         let mut text = std::mem::take(&mut self.held);
         let mut tail = self.decoder.finish();
+        let mut reasoning = String::new();
+        if let Some(t) = self.thoughts.as_mut() {
+            let (pushed, end) = (t.push(&tail), t.finish());
+            reasoning = pushed.reasoning + &end.reasoning;
+            tail = pushed.content + &end.content;
+        }
         let mut calls = Vec::new();
         if let Some(t) = self.tools.as_mut() {
             let pushed = t.push(u32::MAX, &tail);
@@ -373,7 +404,7 @@ impl Generation {
         if !self.stop_hit {
             text.push_str(&tail);
         }
-        Event::Done { choice: self.choice, summary, text, calls }
+        Event::Done { choice: self.choice, summary, text, calls, reasoning }
     }
 }
 

@@ -9,6 +9,7 @@ pub mod generate;
 pub mod gguf;
 pub mod kv;
 pub mod quant;
+pub mod reasoning;
 pub mod reference;
 pub mod sampling;
 pub mod sched;

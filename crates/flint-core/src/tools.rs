@@ -53,12 +53,25 @@ pub struct Tools {
     pub parallel: bool,
 }
 
-/// One call the reply made: `arguments` is JSON text, as OpenAI sends it.
+/// One call the reply made, or a piece of one as it streams (OpenAI's `delta.tool_calls`
+/// entry): a call's first piece has its `id` and `name`, later pieces (`id` empty) add to its
+/// `arguments`, JSON text as the model wrote it. `index` counts the choice's calls.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolCall {
+    pub index: usize,
     pub id: String,
     pub name: String,
     pub arguments: String,
+}
+
+impl ToolCall {
+    /// Adds a streamed piece to the calls it belongs to.
+    pub fn join(calls: &mut Vec<ToolCall>, piece: ToolCall) {
+        match calls.iter_mut().find(|c| c.index == piece.index) {
+            Some(call) => call.arguments.push_str(&piece.arguments),
+            None => calls.push(piece),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -283,7 +296,7 @@ impl ToolFormat {
 
     /// A streaming parser for a reply in this format.
     pub fn stream(self, trigger: Option<u32>, ids: IdMaker) -> ToolStream {
-        ToolStream { format: self, trigger, ids, held: String::new(), in_call: false, after_call: false, mode: Mode::Undecided, calls: 0 }
+        ToolStream { format: self, trigger, ids, held: String::new(), part: Part::Text, after_call: false, calls: 0 }
     }
 }
 
@@ -386,40 +399,66 @@ impl IdMaker {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    /// Nothing but whitespace seen yet (Llama 3: a call is a reply that starts with `{`).
-    Undecided,
+/// Where a reply's parser is.
+#[derive(Clone, Debug)]
+enum Part {
+    /// Free text; `held` keeps what may begin a call marker (Llama 3 and the generic format:
+    /// what comes before the reply's first character decides).
     Text,
-    /// The rest of the reply is calls, parsed at the end.
-    Calls,
+    /// Between a call marker or list punctuation and the next call object.
+    Between,
+    /// Inside a call's JSON object.
+    Call(CallScanner),
+    /// After a Hermes call's object, until `</tool_call>`.
+    Closing,
+    /// A Hermes body that is not a JSON object: held until `</tool_call>`, then content.
+    NotJson,
+    /// The generic format's `{"response": ...}` (or text that is neither form): parsed at the end.
+    Whole,
+    /// A Llama 3 reply that is not a call: content from here on.
+    Plain,
+    /// After a call list's end: ignored.
+    Rest,
 }
 
-/// What a piece of the reply turns into: text for `content`, and the calls completed by it.
+/// What a piece of the reply turns into: text for `content`, and pieces of tool calls.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ToolOut {
     pub content: String,
     pub calls: Vec<ToolCall>,
 }
 
-/// A reply's text as it streams, split into content and calls.
+impl ToolOut {
+    /// Adds a call's piece, joined to the last one where it continues the same call.
+    fn piece(&mut self, piece: ToolCall) {
+        match self.calls.last_mut() {
+            Some(last) if last.index == piece.index && piece.id.is_empty() => last.arguments.push_str(&piece.arguments),
+            _ => self.calls.push(piece),
+        }
+    }
+}
+
+/// A reply's text as it streams, split into content and calls. Calls come out as OpenAI
+/// streams them: a call's first piece carries its index, id and name once both are known, the
+/// next pieces its arguments' text as the model writes it, so the pieces of a call joined
+/// ([`ToolCall::join`]) are the call.
 #[derive(Clone, Debug)]
 pub struct ToolStream {
     format: ToolFormat,
     trigger: Option<u32>,
     ids: IdMaker,
-    /// Text not yet given out: it may begin a call, or is a call being written.
+    /// Text not yet given out: it may begin a call, or is a marker being read.
     held: String,
-    in_call: bool,
-    /// A call just closed: a newline after it is not content.
+    part: Part,
+    /// A Hermes call just closed: a newline after it is not content.
     after_call: bool,
-    mode: Mode,
     calls: usize,
 }
 
 const HERMES_OPEN: &str = "<tool_call>";
 const HERMES_CLOSE: &str = "</tool_call>";
 const MISTRAL_TRIGGER: &str = "[TOOL_CALLS]";
+const PYTHON_TAG: &str = "<|python_tag|>";
 
 impl ToolStream {
     /// Calls made so far.
@@ -431,130 +470,260 @@ impl ToolStream {
     /// tokens as nothing).
     pub fn push(&mut self, id: u32, text: &str) -> ToolOut {
         let mut out = ToolOut::default();
-        if self.format == ToolFormat::Mistral && self.trigger == Some(id) && self.mode != Mode::Calls {
+        if self.format == ToolFormat::Mistral && self.trigger == Some(id) && matches!(self.part, Part::Text) {
             out.content = std::mem::take(&mut self.held);
-            self.mode = Mode::Calls;
-            return out;
+            self.part = Part::Between;
         }
-        self.held.push_str(text);
-        match self.format {
-            ToolFormat::Hermes => self.hermes(&mut out),
-            ToolFormat::Generic => self.mode = Mode::Calls,
-            ToolFormat::Llama3 => {
-                if self.mode == Mode::Undecided {
-                    let start = self.held.trim_start().trim_start_matches("<|python_tag|>").trim_start();
-                    match start.chars().next() {
-                        None => {}
-                        Some('{') => self.mode = Mode::Calls,
-                        Some(_) if "<|python_tag|>".starts_with(start) => {}
-                        Some(_) => self.mode = Mode::Text,
-                    }
-                }
-                if self.mode == Mode::Text {
-                    out.content = std::mem::take(&mut self.held);
-                }
-            }
-            ToolFormat::Mistral => {
-                if self.mode != Mode::Calls {
-                    if let Some(at) = self.held.find(MISTRAL_TRIGGER) {
-                        out.content = self.held[..at].to_string();
-                        self.held.drain(..at + MISTRAL_TRIGGER.len());
-                        self.mode = Mode::Calls;
-                    } else {
-                        let keep = longest_prefix_suffix(&self.held, MISTRAL_TRIGGER);
-                        out.content = self.held.drain(..self.held.len() - keep).collect();
-                    }
-                }
-            }
+        for c in text.chars() {
+            self.char(c, &mut out);
         }
         out
     }
 
-    fn hermes(&mut self, out: &mut ToolOut) {
-        loop {
-            if self.in_call {
-                let Some(end) = self.held.find(HERMES_CLOSE) else { return };
-                let body = self.held[..end].to_string();
-                self.held.drain(..end + HERMES_CLOSE.len());
-                self.in_call = false;
-                match self.call(&body, "arguments") {
-                    Some(c) => out.calls.push(c),
-                    // Not a call after all (free text under `tool_choice: "none"`): text.
-                    None => out.content.push_str(&format!("{HERMES_OPEN}{body}{HERMES_CLOSE}")),
+    fn char(&mut self, c: char, out: &mut ToolOut) {
+        match &mut self.part {
+            Part::Text => self.text_char(c, out),
+            Part::Between => match (self.format, c) {
+                (_, '{') => self.part = Part::Call(CallScanner::default().with('{')),
+                (_, c) if c.is_whitespace() => {}
+                (ToolFormat::Mistral | ToolFormat::Generic, '[' | ',') => {}
+                (ToolFormat::Mistral | ToolFormat::Generic, _) => self.part = Part::Rest,
+                _ => {
+                    self.held = format!("{HERMES_OPEN}{c}");
+                    self.part = Part::NotJson;
                 }
-                self.after_call = true;
-            } else if self.after_call && !self.held.is_empty() {
-                // The newline between calls is not content.
-                if self.held.starts_with('\n') {
-                    self.held.drain(..1);
+            },
+            Part::Call(scan) => {
+                let closed = scan.push(c);
+                self.emit(out, closed);
+            }
+            Part::Closing | Part::NotJson => {
+                self.held.push(c);
+                if self.held.ends_with(HERMES_CLOSE) {
+                    if matches!(self.part, Part::NotJson) {
+                        out.content.push_str(&self.held);
+                    }
+                    self.held.clear();
+                    self.part = Part::Text;
+                    self.after_call = true;
                 }
-                self.after_call = false;
-            } else if let Some(at) = self.held.find(HERMES_OPEN) {
-                out.content.push_str(&self.held[..at]);
-                self.held.drain(..at + HERMES_OPEN.len());
-                self.in_call = true;
-            } else {
-                let keep = longest_prefix_suffix(&self.held, HERMES_OPEN);
-                out.content.extend(self.held.drain(..self.held.len() - keep));
-                return;
+            }
+            Part::Whole => self.held.push(c),
+            Part::Plain => out.content.push(c),
+            Part::Rest => {}
+        }
+    }
+
+    /// A character of free text.
+    fn text_char(&mut self, c: char, out: &mut ToolOut) {
+        if std::mem::take(&mut self.after_call) && c == '\n' {
+            return;
+        }
+        self.held.push(c);
+        match self.format {
+            ToolFormat::Hermes | ToolFormat::Mistral => {
+                let marker = if self.format == ToolFormat::Hermes { HERMES_OPEN } else { MISTRAL_TRIGGER };
+                if let Some(text) = self.held.strip_suffix(marker) {
+                    out.content.push_str(text);
+                    self.held.clear();
+                    self.part = Part::Between;
+                } else {
+                    let keep = longest_prefix_suffix(&self.held, marker);
+                    out.content.extend(self.held.drain(..self.held.len() - keep));
+                }
+            }
+            // A call is a reply that starts with `{` (after `<|python_tag|>`).
+            ToolFormat::Llama3 => {
+                let start = self.held.trim_start();
+                let start = start.strip_prefix(PYTHON_TAG).unwrap_or(start).trim_start();
+                if start == "{" {
+                    self.held.clear();
+                    self.part = Part::Call(CallScanner::default().with('{'));
+                } else if !(start.is_empty() || PYTHON_TAG.starts_with(self.held.trim_start())) {
+                    out.content.push_str(&std::mem::take(&mut self.held));
+                    self.part = Part::Plain;
+                }
+            }
+            // `{"tool_calls": [...]}` streams as calls; `{"response": ...}` is read whole.
+            ToolFormat::Generic => {
+                const CALLS: &str = "\"tool_calls\"";
+                let t = self.held.trim_start();
+                let Some(rest) = t.strip_prefix('{').map(str::trim_start) else {
+                    if !t.is_empty() {
+                        self.part = Part::Whole;
+                    }
+                    return;
+                };
+                if let Some(after) = rest.strip_prefix(CALLS).map(str::trim_start) {
+                    if after.starts_with(':') {
+                        self.held.clear();
+                        self.part = Part::Between;
+                    } else if !after.is_empty() {
+                        self.part = Part::Whole;
+                    }
+                } else if !CALLS.starts_with(rest) {
+                    self.part = Part::Whole;
+                }
             }
         }
     }
 
-    /// `body` as one call (`{"name", <args_key>}`), with a new id; None if it is not one.
-    fn call(&mut self, body: &str, args_key: &str) -> Option<ToolCall> {
-        let v: Value = serde_json::from_str(body.trim()).ok()?;
-        self.call_value(&v, args_key)
-    }
-
-    fn call_value(&mut self, v: &Value, args_key: &str) -> Option<ToolCall> {
-        let name = v.get("name")?.as_str()?.to_string();
-        let args = v.get(args_key).or_else(|| v.get("arguments")).or_else(|| v.get("parameters")).cloned().unwrap_or_else(|| json!({}));
-        self.calls += 1;
-        Some(ToolCall { id: self.ids.next(), name, arguments: args.to_string() })
+    /// Gives out what the call being read has made known: its first piece once its name and
+    /// the start of its arguments are known, then its arguments' new text; and when it closed,
+    /// the rest (or the whole call, written another way).
+    fn emit(&mut self, out: &mut ToolOut, closed: bool) {
+        let Part::Call(scan) = &mut self.part else { return };
+        if scan.index.is_none() {
+            if let Some(name) = scan.name.take() {
+                scan.index = Some(self.calls);
+                self.calls += 1;
+                out.piece(ToolCall { index: self.calls - 1, id: self.ids.next(), name, arguments: String::new() });
+            }
+        }
+        if let Some(index) = scan.index {
+            let new = scan.new_arguments();
+            if !new.is_empty() {
+                out.piece(ToolCall { index, id: String::new(), name: String::new(), arguments: new });
+            }
+        }
+        if !closed {
+            return;
+        }
+        if scan.index.is_none() {
+            let text = std::mem::take(&mut scan.text);
+            match serde_json::from_str::<Value>(&text).ok().and_then(|v| call_parts(&v)) {
+                Some((name, arguments)) => {
+                    self.calls += 1;
+                    out.piece(ToolCall { index: self.calls - 1, id: self.ids.next(), name, arguments });
+                }
+                None if self.format == ToolFormat::Hermes => {
+                    self.held = format!("{HERMES_OPEN}{text}");
+                    self.part = Part::NotJson;
+                    return;
+                }
+                None => out.content.push_str(&text),
+            }
+        }
+        self.part = match self.format {
+            ToolFormat::Hermes => Part::Closing,
+            ToolFormat::Mistral | ToolFormat::Generic => Part::Between,
+            _ => Part::Rest,
+        };
     }
 
     /// The end of the reply: what was held, as content or calls.
     pub fn finish(&mut self) -> ToolOut {
         let mut out = ToolOut::default();
         let held = std::mem::take(&mut self.held);
-        match (self.format, self.mode) {
-            (ToolFormat::Hermes, _) => {
-                // An unclosed call stays text.
-                out.content = if self.in_call { format!("{HERMES_OPEN}{held}") } else { held };
+        match std::mem::replace(&mut self.part, Part::Rest) {
+            Part::Text | Part::NotJson => out.content = held,
+            // A call cut short (the length limit): what was given out stays; a call whose
+            // first piece never came out is text.
+            Part::Call(scan) if scan.index.is_none() => {
+                let open = if self.format == ToolFormat::Hermes { HERMES_OPEN } else { "" };
+                out.content = format!("{open}{}", scan.text);
             }
-            (ToolFormat::Llama3, Mode::Calls) => {
-                let body = held.trim().trim_start_matches("<|python_tag|>");
-                match self.call(body, "parameters") {
-                    Some(c) => out.calls.push(c),
-                    None => out.content = held,
-                }
-            }
-            (ToolFormat::Mistral, Mode::Calls) => match serde_json::from_str::<Value>(held.trim()) {
-                Ok(Value::Array(items)) => {
-                    for item in &items {
-                        match self.call_value(item, "arguments") {
-                            Some(c) => out.calls.push(c),
-                            None => out.content.push_str(&item.to_string()),
-                        }
-                    }
+            Part::Whole => match serde_json::from_str::<Value>(held.trim()) {
+                Ok(v) if self.format == ToolFormat::Generic && v.get("response").is_some_and(Value::is_string) => {
+                    out.content = v["response"].as_str().unwrap_or("").to_string();
                 }
                 _ => out.content = held,
             },
-            (ToolFormat::Generic, _) => match serde_json::from_str::<Value>(held.trim()) {
-                Ok(v) if v.get("tool_calls").is_some_and(Value::is_array) => {
-                    for item in v["tool_calls"].as_array().into_iter().flatten() {
-                        if let Some(c) = self.call_value(item, "arguments") {
-                            out.calls.push(c);
-                        }
-                    }
-                }
-                Ok(v) if v.get("response").is_some_and(Value::is_string) => out.content = v["response"].as_str().unwrap_or("").to_string(),
-                _ => out.content = held,
-            },
-            _ => out.content = held,
+            Part::Between | Part::Call(_) | Part::Closing | Part::Plain | Part::Rest => {}
         }
         out
+    }
+}
+
+/// A call object's name and its arguments as JSON text (`arguments`, or Llama 3's `parameters`).
+fn call_parts(v: &Value) -> Option<(String, String)> {
+    let name = v.get("name")?.as_str()?.to_string();
+    let args = v.get("arguments").or_else(|| v.get("parameters")).cloned().unwrap_or_else(|| json!({}));
+    Some((name, args.to_string()))
+}
+
+/// One call's JSON object read a character at a time: its nesting and strings tracked, so its
+/// end is found exactly (a `}` or `</tool_call>` inside a string ends nothing). Once the
+/// object's text reads `{"name": "...", "arguments":` the name is known and the arguments
+/// stream as written; keys in another order make a call that is read whole at its end.
+#[derive(Clone, Debug, Default)]
+struct CallScanner {
+    text: String,
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+    /// The name, once read (taken when the call's first piece goes out).
+    name: Option<String>,
+    /// The call's index, once its first piece went out.
+    index: Option<usize>,
+    /// Byte offsets in `text`: where the arguments start and end.
+    args: Option<usize>,
+    args_end: Option<usize>,
+    /// Bytes of the arguments' text given out.
+    sent: usize,
+}
+
+impl CallScanner {
+    fn with(mut self, c: char) -> CallScanner {
+        self.push(c);
+        self
+    }
+
+    /// Adds a character; true when it closed the object.
+    fn push(&mut self, c: char) -> bool {
+        let at = self.text.len();
+        self.text.push(c);
+        if self.in_string {
+            match (self.escaped, c) {
+                (true, _) => self.escaped = false,
+                (false, '\\') => self.escaped = true,
+                (false, '"') => self.in_string = false,
+                _ => {}
+            }
+            return false;
+        }
+        match c {
+            '"' => self.in_string = true,
+            '{' | '[' => self.depth += 1,
+            '}' | ']' => {
+                if self.depth == 1 {
+                    self.end_arguments(at);
+                }
+                self.depth = self.depth.saturating_sub(1);
+                return self.depth == 0;
+            }
+            ',' if self.depth == 1 => self.end_arguments(at),
+            ':' if self.depth == 1 && self.args.is_none() => self.header(at + 1),
+            _ => {}
+        }
+        false
+    }
+
+    fn end_arguments(&mut self, at: usize) {
+        if self.args.is_some() && self.args_end.is_none() {
+            self.args_end = Some(at);
+        }
+    }
+
+    /// At a key's `:` at the top level: the arguments start here if the keys so far are the
+    /// name and then the arguments' key.
+    fn header(&mut self, start: usize) {
+        let Ok(Value::Object(keys)) = serde_json::from_str::<Value>(&format!("{}null}}", &self.text[..start])) else { return };
+        let order: Vec<&str> = keys.keys().map(String::as_str).collect();
+        if let (["name", "arguments" | "parameters"], Some(name)) = (order.as_slice(), keys.get("name").and_then(Value::as_str)) {
+            self.name = Some(name.to_string());
+            self.args = Some(start);
+        }
+    }
+
+    /// The arguments' text written since the last call, trailing whitespace held back.
+    fn new_arguments(&mut self) -> String {
+        let Some(start) = self.args else { return String::new() };
+        let end = self.args_end.unwrap_or(self.text.len());
+        let written = self.text[start..end].trim();
+        let new = written.get(self.sent..).unwrap_or("").to_string();
+        self.sent = self.sent.max(written.len());
+        new
     }
 }
 

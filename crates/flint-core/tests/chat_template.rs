@@ -242,3 +242,14 @@ fn gemma_270m_has_no_template() {
     let g = gemma();
     assert!(ChatTemplate::from_metadata(&g.md, &g.tok).unwrap().is_none());
 }
+
+#[test]
+fn template_kwargs_reach_the_template_and_cannot_replace_its_variables() {
+    let t = template(&read("golden/chat-templates/Qwen-Qwen3-0.6B.jinja"));
+    let messages = [json!({"role": "user", "content": "Hi"})];
+    let on = t.render_json(&messages, None, true).unwrap();
+    assert!(on.ends_with("<|im_start|>assistant\n"), "{on:?}");
+    let kwargs = json!({"enable_thinking": false, "add_generation_prompt": false, "messages": []});
+    let off = t.render_json_with(&messages, None, kwargs.as_object().unwrap(), true).unwrap();
+    assert_eq!(off, format!("{on}<think>\n\n</think>\n\n"), "enable_thinking: false closes an empty thought; the other keys are ignored");
+}

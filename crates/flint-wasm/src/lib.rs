@@ -282,27 +282,36 @@ pub fn load_engine(source: JsValue, options: String, on_compile: JsValue, draft_
     })
 }
 
-/// Tool calls in OpenAI's shape (the package adds each one's `index`).
+/// Pieces of tool calls in the shape of OpenAI's stream deltas: `index`, and `id`, `type` and
+/// the name only in a call's first piece.
 fn calls_json(calls: &[flint::ToolCall]) -> serde_json::Value {
-    calls.iter().map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})).collect()
+    calls
+        .iter()
+        .map(|c| match c.id.is_empty() {
+            true => json!({"index": c.index, "function": {"arguments": c.arguments}}),
+            false => json!({"index": c.index, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}),
+        })
+        .collect()
 }
 
 /// One event as the package reads it.
 fn event_json(tok: &Tokenizer, ev: &Event, logprobs: bool) -> serde_json::Value {
     match ev {
-        Event::Token { choice, id, text, logprobs: lp, calls, .. } => json!({
+        Event::Token { choice, id, text, logprobs: lp, calls, reasoning, .. } => json!({
             "type": "token",
             "choice": choice,
             "id": id,
             "text": text,
             "logprobs": lp.as_ref().filter(|_| logprobs).map(|lp| token_logprobs(tok, *id, lp)),
             "calls": calls_json(calls),
+            "reasoning": reasoning,
         }),
-        Event::Done { choice, summary, text, calls } => json!({
+        Event::Done { choice, summary, text, calls, reasoning } => json!({
             "type": "done",
             "choice": choice,
             "text": text,
             "calls": calls_json(calls),
+            "reasoning": reasoning,
             "summary": {
                 "finish_reason": summary.finish_reason.as_str(),
                 "prompt_tokens": summary.prompt_tokens,

@@ -156,6 +156,9 @@ pub struct Parsed {
     pub constraint: Option<crate::Constrained>,
     /// Chat: `tools`, `tool_choice` and `parallel_tool_calls`.
     pub tools: Option<flint_core::tools::Tools>,
+    /// Chat: `chat_template_kwargs`, more variables for the template (vLLM's and llama.cpp's
+    /// field: Qwen3's `enable_thinking`, ...).
+    pub template_kwargs: Map<String, Value>,
     /// Top-level fields this reader does not know, in the body's order: ignored.
     pub unknown: Vec<String>,
 }
@@ -173,6 +176,10 @@ impl Parsed {
                 req.fit_max_tokens = true;
                 req.constraint = self.constraint.clone();
                 req.tools = self.tools.clone();
+                req.template_kwargs = self.template_kwargs.clone();
+                // A thinking model's thought goes to `reasoning_content`, as llama.cpp's and
+                // vLLM's servers give it.
+                req.split_thoughts = true;
                 req
             })
             .collect()
@@ -215,8 +222,19 @@ const COMMON_FIELDS: &[&str] = &[
     "prediction",
     "speculative",
 ];
-const CHAT_FIELDS: &[&str] =
-    &["messages", "top_logprobs", "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "audio", "modalities"];
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "top_logprobs",
+    "add_generation_prompt",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+    "functions",
+    "function_call",
+    "audio",
+    "modalities",
+];
 const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "suffix", "best_of"];
 
 /// The top-level fields of `obj` that `endpoint` does not read.
@@ -537,8 +555,29 @@ pub fn parse_value(value: Value, endpoint: Endpoint, defaults: &Defaults) -> Res
             return Err(ApiError::invalid("tools", "`tools` and a response format both constrain the reply: give one (or `tool_choice: \"none\"`)"));
         }
     }
+    let template_kwargs = match (endpoint, obj.get("chat_template_kwargs")) {
+        (_, None | Some(Value::Null)) | (Endpoint::Completions, _) => Map::new(),
+        (Endpoint::Chat, Some(Value::Object(o))) => o.clone(),
+        (Endpoint::Chat, Some(_)) => return Err(ApiError::invalid("chat_template_kwargs", "`chat_template_kwargs` must be an object")),
+    };
     let unknown = unknown_fields(&obj, endpoint);
-    Ok(Parsed { endpoint, model, inputs, params, n, stream, include_usage, top_logprobs, echo, prediction, add_generation_prompt, constraint, tools, unknown })
+    Ok(Parsed {
+        endpoint,
+        model,
+        inputs,
+        params,
+        n,
+        stream,
+        include_usage,
+        top_logprobs,
+        echo,
+        prediction,
+        add_generation_prompt,
+        constraint,
+        tools,
+        template_kwargs,
+        unknown,
+    })
 }
 
 #[cfg(test)]

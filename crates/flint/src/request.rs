@@ -6,9 +6,10 @@
 use flint_core::chat::{tokenize_rendered, ChatError, ChatTemplate};
 use flint_core::constrain::{ConstraintError, Grammar};
 use flint_core::generate::{GenerateError, GenerateParams, Generation};
+use flint_core::reasoning::{thought_start, ThoughtStart, ThoughtStream, THOUGHT_BUDGET};
 use flint_core::sampling::clock_seed;
 use flint_core::tokenizer::Tokenizer;
-use flint_core::tools::{IdMaker, ToolFormat, Tools};
+use flint_core::tools::{IdMaker, ToolChoice, ToolFormat, Tools};
 
 use crate::{EngineError, EngineInfo};
 
@@ -48,6 +49,14 @@ pub struct Request {
     /// Functions the model may call (chat input only): the template renders them, the reply
     /// is held to the format's grammar as `tool_choice` says, and split into content and calls.
     pub tools: Option<Tools>,
+    /// More variables for the chat template (`chat_template_kwargs`: Qwen3's
+    /// `enable_thinking`, ...).
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// A thinking model's thought comes apart from its answer, as the events' `reasoning`
+    /// (the server's and the package's `reasoning_content`); otherwise it stays in the text.
+    pub split_thoughts: bool,
+    /// Characters a constrained reply's thought may take before its grammar closes it.
+    pub thought_budget: usize,
 }
 
 /// A reply's grammar and the request field it came from (named in errors: `response_format`,
@@ -60,7 +69,20 @@ pub struct Constrained {
 
 impl Request {
     pub fn new(input: Input, params: GenerateParams) -> Request {
-        Request { input, params, n: 1, add_generation_prompt: true, logits: false, prediction: None, fit_max_tokens: false, constraint: None, tools: None }
+        Request {
+            input,
+            params,
+            n: 1,
+            add_generation_prompt: true,
+            logits: false,
+            prediction: None,
+            fit_max_tokens: false,
+            constraint: None,
+            tools: None,
+            template_kwargs: serde_json::Map::new(),
+            split_thoughts: false,
+            thought_budget: THOUGHT_BUDGET,
+        }
     }
 }
 
@@ -75,20 +97,22 @@ pub(crate) struct Prepared {
     pub constraint_field: &'static str,
 }
 
-/// Renders chat `messages` (and `tools`) with `template`; a template's refusal is a typed error.
+/// Renders chat `messages` (and `tools`, and the template's extra variables) with `template`;
+/// a template's refusal is a typed error.
 pub(crate) fn render_with(
     template: Option<&ChatTemplate>,
     messages: &[serde_json::Value],
     tools: Option<&[serde_json::Value]>,
+    kwargs: &serde_json::Map<String, serde_json::Value>,
     add_generation_prompt: bool,
 ) -> Result<String, EngineError> {
     let template = template.ok_or(EngineError::NoChatTemplate)?;
-    template.render_json(messages, tools, add_generation_prompt).map_err(EngineError::Chat)
+    template.render_json_with(messages, tools, kwargs, add_generation_prompt).map_err(EngineError::Chat)
 }
 
 /// Renders chat `messages` with `template`; a template's refusal is a typed error.
 pub(crate) fn render(template: Option<&ChatTemplate>, messages: &[serde_json::Value], add_generation_prompt: bool) -> Result<String, EngineError> {
-    render_with(template, messages, None, add_generation_prompt)
+    render_with(template, messages, None, &serde_json::Map::new(), add_generation_prompt)
 }
 
 /// The control token that starts Mistral's calls, when the vocabulary has one.
@@ -141,7 +165,32 @@ pub(crate) fn prepare(req: Request, info: &EngineInfo, (n_ctx, n_vocab): (usize,
         (None, Some(grammar)) => Some(Constrained { grammar, field: "tools" }),
         (None, None) => None,
     };
-    // The grammar compiles before any other work, so a bad one costs nothing else.
+    req.params.validate()?;
+    // Chat messages rendered: whether a thinking model's reply starts in, before or without a
+    // thought decides the thought's split and where a grammar starts to hold.
+    let (prompt, thought) = match &req.input {
+        Input::Text(t) => (tokenizer.encode(t, tokenizer.add_bos_default(), true)?, None),
+        Input::Tokens(ids) => (ids.clone(), None),
+        Input::Chat(messages) => {
+            let text = match &tools {
+                Some((t, format, ..)) => {
+                    render_with(template, &format.messages(messages, t), Some(&t.specs()), &req.template_kwargs, req.add_generation_prompt)?
+                }
+                None => render_with(template, messages, None, &req.template_kwargs, req.add_generation_prompt)?,
+            };
+            let ids = tokenize_rendered(tokenizer, &text).map_err(|e| EngineError::Chat(ChatError::Render(e.to_string())))?;
+            (ids, template.and_then(|t| thought_start(t.source(), &text)))
+        }
+    };
+    let wanted = match (wanted, thought) {
+        (Some(Constrained { grammar, field }), Some(start)) => Some(Constrained {
+            grammar: Grammar::AfterThought { answer: Box::new(grammar), opened: start == ThoughtStart::Inside, budget: req.thought_budget },
+            field,
+        }),
+        (wanted, _) => wanted,
+    };
+    // The grammar compiles before the request takes any engine time, so a bad one costs
+    // nothing else.
     let constraint = match &wanted {
         Some(Constrained { grammar, field }) => {
             let fail = |source| EngineError::Constraint { field, source };
@@ -159,18 +208,6 @@ pub(crate) fn prepare(req: Request, info: &EngineInfo, (n_ctx, n_vocab): (usize,
             ids
         }
         None => Vec::new(),
-    };
-    req.params.validate()?;
-    let prompt = match req.input {
-        Input::Text(t) => tokenizer.encode(&t, tokenizer.add_bos_default(), true)?,
-        Input::Tokens(ids) => ids,
-        Input::Chat(messages) => match &tools {
-            Some((t, format, ..)) => {
-                let text = render_with(template, &format.messages(&messages, t), Some(&t.specs()), req.add_generation_prompt)?;
-                tokenize_rendered(tokenizer, &text).map_err(|e| EngineError::Chat(ChatError::Render(e.to_string())))?
-            }
-            None => chat_tokens(tokenizer, template, &messages, req.add_generation_prompt)?,
-        },
     };
     if prompt.is_empty() {
         return Err(GenerateError::EmptyPrompt.into());
@@ -192,7 +229,11 @@ pub(crate) fn prepare(req: Request, info: &EngineInfo, (n_ctx, n_vocab): (usize,
     let choices = (0..req.n)
         .map(|i| {
             let mut gen = Generation::new(&prompt, &req.params, seed, i, n_vocab, now)?;
-            if let Some((_, format, trigger, _)) = &tools {
+            if let Some(start) = thought.filter(|_| req.split_thoughts) {
+                gen = gen.with_thoughts(ThoughtStream::new(start));
+            }
+            // `tool_choice: "none"`: the reply is text, whatever it looks like.
+            if let Some((_, format, trigger, _)) = tools.as_ref().filter(|t| t.0.choice != ToolChoice::None) {
                 gen = gen.with_tools(format.stream(*trigger, IdMaker::new(seed, i, *format)));
             }
             Ok(match &constraint {

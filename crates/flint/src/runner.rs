@@ -4,7 +4,7 @@
 //! running sequence (continuous batching); per-request state turns each sampled token into
 //! the request's events. A cancelled request stops within one step and frees its blocks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::channel::{mpsc, oneshot};
@@ -109,6 +109,9 @@ pub(crate) struct Runner {
     /// Sequences whose drafts this step were sampled by the draft model, with the slot of
     /// the store that holds their distributions (their verify rows are linked to it).
     linked: HashMap<SeqId, (usize, usize)>,
+    /// Sequences whose draft this step is the tokens their grammar forces (fast-forward:
+    /// certain, so neither counted as drafts nor adapting the draft length).
+    forced: HashSet<SeqId>,
 }
 
 impl Runner {
@@ -143,6 +146,7 @@ impl Runner {
             spec_counts,
             draft,
             linked: HashMap::new(),
+            forced: HashSet::new(),
         }
     }
 
@@ -308,17 +312,28 @@ impl Runner {
         // Choices the draft model drafts for, with their most tokens.
         let mut wants: Vec<Want> = Vec::new();
         self.linked.clear();
+        self.forced.clear();
         for req in self.requests.values_mut() {
-            if !ngram && self.draft.is_none() && req.prediction.is_empty() {
-                continue;
-            }
+            let sources = ngram || self.draft.is_some() || !req.prediction.is_empty();
             for c in req.choices.iter_mut() {
-                if c.gen.is_done() || !c.gen.speculates() || !self.sched.is_decoding(c.seq) {
+                if c.gen.is_done() || !self.sched.is_decoding(c.seq) {
                     continue;
                 }
                 // k drafts yield up to k + 1 tokens (the model's own after them): no more
                 // than the choice may still generate.
                 let room = c.gen.remaining().map_or(usize::MAX, |r| r.saturating_sub(1));
+                // Fast-forward: tokens the grammar forces go in as a draft the verify step
+                // takes whole (each of its rows allows only that token).
+                let forced = c.gen.forced_tokens(self.spec.draft_max.min(room));
+                let forced = &forced[..fit_draft(forced.len(), sizes)];
+                if !forced.is_empty() {
+                    self.sched.propose(c.seq, forced.to_vec());
+                    self.forced.insert(c.seq);
+                    continue;
+                }
+                if !sources || !c.gen.speculates() {
+                    continue;
+                }
                 let k = c.adapt.budget(&self.spec).min(room);
                 let tokens = self.sched.tokens(c.seq);
                 let generated = &tokens[tokens.len().saturating_sub(c.gen.completion_tokens())..];
@@ -469,7 +484,7 @@ impl Runner {
     fn fold(&mut self, plan: &StepPlan, result: StepResult) {
         let now = (self.clock)();
         let ids: Vec<u32> = result.sampled.iter().map(|s| s.id).collect();
-        let (requests, owner, spec) = (&mut self.requests, &self.owner, &self.spec);
+        let (requests, owner, spec, forced) = (&mut self.requests, &self.owner, &self.spec, &self.forced);
         let (tokenizer, n_ctx) = (&self.tokenizer, self.n_ctx);
         let mut deaf: Vec<u64> = Vec::new();
         // Requests whose grammar could not go on, with why.
@@ -478,13 +493,14 @@ impl Runner {
             let Some(&(rid, ci)) = owner.get(&row.seq) else { return Flow::Stop };
             let Some(req) = requests.get_mut(&rid) else { return Flow::Stop };
             let c = &mut req.choices[ci];
-            if row.j == 0 && row.drafts > 0 {
+            let drafted = !forced.contains(&row.seq);
+            if row.j == 0 && row.drafts > 0 && drafted {
                 c.adapt.record(spec, row.drafts, row.accepted);
                 c.gen.record_drafts(row.drafts, 0);
             }
             // Counted as accepted: the drafts the reply takes. A stop or an end-of-generation
             // token may end it inside the run; that token counts, what follows does not.
-            if row.confirms_draft() {
+            if row.confirms_draft() && drafted {
                 c.gen.record_drafts(0, 1);
             }
             if let Some(e) = c.gen.take_constraint_error() {
@@ -521,7 +537,9 @@ impl Runner {
             let gen = &mut req.choices[ci].gen;
             // Rows 1..taken drew on the choice's behalf (row 0 with its own sampler).
             gen.sampler_mut().advance(u.taken as u32 - 1);
-            self.spec_counts.add(u.drafts, u.accepted.min(u.taken));
+            if !self.forced.contains(&u.seq) {
+                self.spec_counts.add(u.drafts, u.accepted.min(u.taken));
+            }
             match u.end {
                 SeqEnd::Broken => {
                     let token = gen.completion_tokens() + 1;

@@ -146,6 +146,29 @@ fn free_requests_beside_constrained_ones_are_unchanged_and_speculation_changes_n
 }
 
 #[test]
+fn forced_tokens_are_fed_without_sampling_where_the_engine_verifies_drafts() {
+    let grammar = || Grammar::from_text("start: \"The answer is \" (\"yes\" | \"no\") \", and that is final.\"");
+    let full = regex::Regex::new("^The answer is (yes|no), and that is final\\.$").unwrap();
+    let mut steps = Vec::new();
+    // As the server and the npm package load it (predictions on: draft rows to verify with).
+    for spec in [SpecConfig::default(), SpecConfig { predictions: true, ..SpecConfig::default() }] {
+        let Some(engine) = load(spec) else { return };
+        let before = futures::executor::block_on(engine.stats()).unwrap().steps;
+        let out = run(&engine, vec![request(grammar(), 1, 2, 1.0)]);
+        let (text, finish, ids) = &out[0][0];
+        assert!(full.is_match(text) && *finish == FinishReason::Stop, "{text:?} {finish:?}");
+        let stats = futures::executor::block_on(engine.stats()).unwrap();
+        assert_eq!((stats.spec.drafted, stats.spec.accepted), (0, 0), "forced tokens are not counted as drafts");
+        steps.push((stats.steps - before, ids.len() as u64));
+    }
+    // Plainly, one step per token after the prompt's (the same prompt steps in both); fast-
+    // forwarded, a forced run of tokens takes one step: most of the reply's steps go.
+    let ((plain, plain_tokens), (ff, ff_tokens)) = (steps[0], steps[1]);
+    eprintln!("plain: {plain} steps for {plain_tokens} tokens; fast-forward: {ff} steps for {ff_tokens} tokens");
+    assert!(plain >= plain_tokens && plain - ff >= ff_tokens / 2, "{steps:?}");
+}
+
+#[test]
 fn bad_constraints_are_refused_before_any_work() {
     let Some(engine) = load(SpecConfig::default()) else { return };
     for grammar in [

@@ -78,31 +78,43 @@ struct Choice {
     accepted: usize,
     /// Tool calls made so far.
     calls: Vec<ToolCall>,
+    /// A thinking model's thought.
+    reasoning: String,
 }
 
 impl Choice {
-    /// Keeps `calls`, each with its index among the choice's calls.
-    fn add_calls(&mut self, calls: Vec<ToolCall>) -> Vec<(usize, ToolCall)> {
-        let first = self.calls.len();
-        self.calls.extend(calls.iter().cloned());
-        calls.into_iter().enumerate().map(|(i, c)| (first + i, c)).collect()
+    /// Joins streamed call pieces to the choice's calls; gives them back for the stream.
+    fn add_calls(&mut self, pieces: Vec<ToolCall>) -> Vec<ToolCall> {
+        for p in &pieces {
+            ToolCall::join(&mut self.calls, p.clone());
+        }
+        pieces
     }
 }
 
 /// A choice's whole reply: its text, and its tool calls (content null when only calls).
 fn chat_message(c: &Choice) -> Value {
-    if c.calls.is_empty() {
-        return json!({"role": "assistant", "content": c.text});
+    let mut m = if c.calls.is_empty() {
+        json!({"role": "assistant", "content": c.text})
+    } else {
+        let content = if c.text.trim().is_empty() { Value::Null } else { json!(c.text) };
+        json!({"role": "assistant", "content": content, "tool_calls": c.calls.iter().map(|call| call_json(call, false)).collect::<Vec<_>>()})
+    };
+    if !c.reasoning.is_empty() {
+        m["reasoning_content"] = json!(c.reasoning);
     }
-    let content = if c.text.trim().is_empty() { Value::Null } else { json!(c.text) };
-    json!({"role": "assistant", "content": content, "tool_calls": c.calls.iter().map(|call| call_json(call, None)).collect::<Vec<_>>()})
+    m
 }
 
-/// A call in OpenAI's shape (`index` for stream deltas).
-fn call_json(call: &ToolCall, index: Option<usize>) -> Value {
+/// A call in OpenAI's shape; in a stream (`delta`), a piece with its `index`, and `id`, `type`
+/// and name only in a call's first piece.
+fn call_json(call: &ToolCall, delta: bool) -> Value {
+    if delta && call.id.is_empty() {
+        return json!({"index": call.index, "function": {"arguments": call.arguments}});
+    }
     let mut v = json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}});
-    if let Some(i) = index {
-        v["index"] = json!(i);
+    if delta {
+        v["index"] = json!(call.index);
     }
     v
 }
@@ -193,18 +205,20 @@ fn random_id() -> String {
 
 /// What one engine event changed.
 enum Step {
-    /// `calls`: tool calls completed, with their index in the choice.
+    /// `calls`: pieces of tool calls; `reasoning`: thought.
     Token {
         index: usize,
         text: String,
         logprob: Option<(u32, TokenLogprobs, usize)>,
-        calls: Vec<(usize, ToolCall)>,
+        calls: Vec<ToolCall>,
+        reasoning: String,
     },
     Done {
         index: usize,
         text: String,
         reason: FinishReason,
-        calls: Vec<(usize, ToolCall)>,
+        calls: Vec<ToolCall>,
+        reasoning: String,
     },
     Failed(EngineError),
 }
@@ -216,7 +230,7 @@ impl Running {
         self.slot = None;
         let now = Instant::now();
         Some(match ev {
-            Ok(Event::Token { choice, id, text, logprobs, calls, .. }) => {
+            Ok(Event::Token { choice, id, text, logprobs, calls, reasoning, .. }) => {
                 let index = prompt * self.meta.n + choice;
                 let c = &mut self.choices[index];
                 match c.last_token {
@@ -230,6 +244,7 @@ impl Running {
                 c.last_token = Some(now);
                 c.count += 1;
                 c.text.push_str(&text);
+                c.reasoning.push_str(&reasoning);
                 let logprob = match (self.meta.top_logprobs, logprobs) {
                     (Some(_), Some(lp)) => {
                         let at = c.offset;
@@ -240,12 +255,13 @@ impl Running {
                     _ => None,
                 };
                 let calls = c.add_calls(calls);
-                Step::Token { index, text, logprob, calls }
+                Step::Token { index, text, logprob, calls, reasoning }
             }
-            Ok(Event::Done { choice, summary, text, calls }) => {
+            Ok(Event::Done { choice, summary, text, calls, reasoning }) => {
                 let index = prompt * self.meta.n + choice;
                 let c = &mut self.choices[index];
                 c.text.push_str(&text);
+                c.reasoning.push_str(&reasoning);
                 let calls = c.add_calls(calls);
                 c.finish = Some(summary.finish_reason);
                 (c.drafted, c.accepted) = (summary.draft_tokens, summary.accepted_draft_tokens);
@@ -256,7 +272,7 @@ impl Running {
                     self.cached_tokens[prompt] = Some(summary.cached_prompt_tokens);
                     m.prompt(summary.prompt_tokens, summary.cached_prompt_tokens);
                 }
-                Step::Done { index, text, reason: summary.finish_reason, calls }
+                Step::Done { index, text, reason: summary.finish_reason, calls, reasoning }
             }
             Err(e) => {
                 for _ in self.choices.iter().filter(|c| c.finish.is_none()) {
@@ -348,7 +364,10 @@ impl Running {
                     return None;
                 }
                 match run.next().await {
-                    Some(Step::Token { index, text, logprob, calls }) => {
+                    Some(Step::Token { index, text, logprob, calls, reasoning }) => {
+                        if !reasoning.is_empty() {
+                            queue.push_back(run.chunk(index, json!({"reasoning_content": reasoning}), None, None).to_string());
+                        }
                         if !text.is_empty() || logprob.is_some() {
                             let lp = logprob.map(|(id, lp, at)| run.chunk_logprobs(id, &lp, at));
                             let delta = match run.meta.endpoint {
@@ -357,17 +376,20 @@ impl Running {
                             };
                             queue.push_back(run.chunk(index, delta, lp, None).to_string());
                         }
-                        for (k, call) in &calls {
-                            queue.push_back(run.chunk(index, json!({"tool_calls": [call_json(call, Some(*k))]}), None, None).to_string());
+                        for call in &calls {
+                            queue.push_back(run.chunk(index, json!({"tool_calls": [call_json(call, true)]}), None, None).to_string());
                         }
                     }
-                    Some(Step::Done { index, text, reason, calls }) => {
+                    Some(Step::Done { index, text, reason, calls, reasoning }) => {
+                        if !reasoning.is_empty() {
+                            queue.push_back(run.chunk(index, json!({"reasoning_content": reasoning}), None, None).to_string());
+                        }
                         let text = if calls.is_empty() && run.choices[index].calls.is_empty() { text } else { text.trim_end().to_string() };
                         if !text.is_empty() && !calls.is_empty() {
                             queue.push_back(run.chunk(index, json!({"content": text}), None, None).to_string());
                         }
-                        for (k, call) in &calls {
-                            queue.push_back(run.chunk(index, json!({"tool_calls": [call_json(call, Some(*k))]}), None, None).to_string());
+                        for call in &calls {
+                            queue.push_back(run.chunk(index, json!({"tool_calls": [call_json(call, true)]}), None, None).to_string());
                         }
                         let text = if calls.is_empty() { text } else { String::new() };
                         let delta = match run.meta.endpoint {

@@ -296,19 +296,36 @@ impl ChatTemplate {
     /// when the caller gives none.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, ChatError> {
         let input_len = messages.iter().map(|m| m.role.len() + m.content.len()).sum();
-        self.render_value(Value::from(Serde(messages)), Value::from(()), add_generation_prompt, input_len)
+        self.render_value(Value::from(Serde(messages)), Value::from(()), Value::from(()), add_generation_prompt, input_len)
     }
 
     /// Renders messages given as JSON objects (extra fields such as `tool_calls`, `name` or
     /// list-valued `content` pass through, key order kept) with optional tool schemas.
     pub fn render_json(&self, messages: &[serde_json::Value], tools: Option<&[serde_json::Value]>, add_generation_prompt: bool) -> Result<String, ChatError> {
-        let input_len = messages.iter().chain(tools.into_iter().flatten()).map(json_text_len).sum();
+        self.render_json_with(messages, tools, &serde_json::Map::new(), add_generation_prompt)
+    }
+
+    /// `render_json` with more variables for the template (a request's
+    /// `chat_template_kwargs`, such as Qwen3's `enable_thinking`); they cannot replace the
+    /// variables set here (`messages`, `tools`, `add_generation_prompt`, ...).
+    pub fn render_json_with(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        let input_len = messages.iter().chain(tools.into_iter().flatten()).map(json_text_len).sum::<usize>()
+            + kwargs.iter().map(|(k, v)| k.len() + json_text_len(v)).sum::<usize>();
         let tools = tools.map_or(Value::from(()), |t| Value::from(Serde(t)));
-        self.render_value(Value::from(Serde(messages)), tools, add_generation_prompt, input_len)
+        const SET_HERE: [&str; 7] = ["messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token", "strftime_now"];
+        let kwargs: serde_json::Map<String, serde_json::Value> =
+            kwargs.iter().filter(|(k, _)| !SET_HERE.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+        self.render_value(Value::from(Serde(messages)), tools, Value::from(Serde(&kwargs)), add_generation_prompt, input_len)
     }
 
     /// Renders under the budgets: fuel, recursion, output size (see the constants above).
-    fn render_value(&self, messages: Value, tools: Value, add_generation_prompt: bool, input_len: usize) -> Result<String, ChatError> {
+    fn render_value(&self, messages: Value, tools: Value, kwargs: Value, add_generation_prompt: bool, input_len: usize) -> Result<String, ChatError> {
         // One reading of the clock per render, so every call in the template agrees.
         let strftime_now = match (self.now)() {
             Some(secs) => Value::from_function(move |fmt: &str| strftime::format(fmt, secs)),
@@ -322,6 +339,7 @@ impl ChatTemplate {
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
             strftime_now => strftime_now,
+            ..kwargs
         };
         let fuel = self.fuel_base.saturating_add(FUEL_PER_INPUT_BYTE.saturating_mul(input_len as u64));
         let mut env = self.env.clone();

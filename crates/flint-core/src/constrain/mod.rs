@@ -43,6 +43,10 @@ pub enum Grammar {
     Regex(String),
     /// Exactly one of these strings.
     Choice(Vec<String>),
+    /// A thought (`<think>…</think>`, the opening already in the prompt when `opened`) of at
+    /// most `budget` characters, then `answer`: a thinking model's reply, constrained after its
+    /// thought.
+    AfterThought { answer: Box<Grammar>, opened: bool, budget: usize },
 }
 
 /// A constraint that cannot be built or cannot go on.
@@ -78,6 +82,7 @@ impl Grammar {
             Grammar::Lark(_) | Grammar::Gbnf(_) => "grammar",
             Grammar::Regex(_) => "regex",
             Grammar::Choice(_) => "choice",
+            Grammar::AfterThought { answer, .. } => answer.kind(),
         }
     }
 
@@ -109,6 +114,19 @@ impl Grammar {
                 }
                 let alts: Vec<String> = options.iter().map(|o| serde_json::to_string(o).unwrap_or_default()).collect();
                 TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
+            }
+            Grammar::AfterThought { answer, opened, budget } => {
+                let mut inner = answer.to_llg()?;
+                if inner.grammars.len() != 1 {
+                    return Err(self.invalid("a thought can precede only a single grammar"));
+                }
+                let mut g = inner.grammars.remove(0);
+                g.name = Some("answer".into());
+                // The thought ends at its first `</think>`, and after `budget` characters
+                // the grammar writes that end itself. Up to two newlines before the answer.
+                let open = if *opened { "" } else { "\"<think>\" " };
+                let lark = format!("start: {open}thought /\\n{{0,2}}/ @answer\nthought[lazy]: /(.|\\n){{0,{budget}}}/ \"</think>\"");
+                TopLevelGrammar { grammars: vec![llguidance::api::GrammarWithLexer::from_lark(lark), g], max_tokens: None }
             }
         })
     }

@@ -174,3 +174,22 @@ fn bad_constraints_are_refused_with_their_reason() {
         }
     }
 }
+
+#[test]
+fn a_thought_precedes_the_constrained_answer_and_is_bounded() {
+    let answer = Box::new(Grammar::JsonSchema(json!({"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]})));
+    for opened in [false, true] {
+        let g = Grammar::AfterThought { answer: answer.clone(), opened, budget: 8 };
+        let open = if opened { "" } else { "<think>" };
+        for sep in ["\n\n", "\n", ""] {
+            assert_eq!(check(&g, &format!("{open}hm</think>{sep}{{\"a\":true}}")), Ok(true), "opened {opened}, {sep:?}");
+        }
+        assert!(check(&g, &format!("{open}hm</think>{{\"b\":1}}")).is_err(), "the answer is held to its schema");
+        assert!(check(&g, &format!("{open}abcdefghi</think>{{\"a\":true}}")).is_err(), "a thought over its budget");
+        // At the budget the grammar closes the thought itself.
+        let mut c = constrainer().constraint(&g, N_VOCAB).unwrap();
+        feed(&mut c, &format!("{open}abcdefgh")).unwrap();
+        assert_eq!(tokenizer().decode(&c.forced(), false).unwrap(), "</think>", "opened {opened}");
+    }
+    assert!(check(&Grammar::AfterThought { answer, opened: false, budget: 8 }, "{\"a\":true}").is_err(), "the thought opens first");
+}

@@ -15,11 +15,11 @@ fn stream(format: ToolFormat, text: &str) -> ToolOut {
     for c in text.chars() {
         let o = s.push(1, &c.to_string());
         all.content.push_str(&o.content);
-        all.calls.extend(o.calls);
+        o.calls.into_iter().for_each(|p| ToolCall::join(&mut all.calls, p));
     }
     let o = s.finish();
     all.content.push_str(&o.content);
-    all.calls.extend(o.calls);
+    o.calls.into_iter().for_each(|p| ToolCall::join(&mut all.calls, p));
     all
 }
 
@@ -65,6 +65,40 @@ fn hermes_calls_stream_out_of_the_text() {
     // Text that only looks like the start of a call comes out whole.
     assert_eq!(stream(ToolFormat::Hermes, "a <tool b <tool_cal").content, "a <tool b <tool_cal");
     assert_eq!(stream(ToolFormat::Hermes, "x<tool_call>{oops</tool_call>y").content, "x<tool_call>{oops</tool_call>y");
+    assert_eq!(stream(ToolFormat::Hermes, "x<tool_call>oops</tool_call>y").content, "x<tool_call>oops</tool_call>y");
+    // A closing marker inside a string ends nothing.
+    let out = stream(ToolFormat::Hermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"s\": \"}</tool_call>\\\"\"}}\n</tool_call>");
+    assert_eq!((out.content.as_str(), out.calls[0].arguments.as_str()), ("", "{\"s\": \"}</tool_call>\\\"\"}"));
+}
+
+#[test]
+fn arguments_stream_as_written_and_join_to_the_call() {
+    let reply = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2]} }\n</tool_call>";
+    let mut s = ToolFormat::Hermes.stream(None, IdMaker::new(7, 0, ToolFormat::Hermes));
+    let mut pieces = Vec::new();
+    for (i, c) in reply.chars().enumerate() {
+        let o = s.push(1, &c.to_string());
+        assert_eq!(o.content, "", "at {i}");
+        pieces.extend(o.calls);
+    }
+    pieces.extend(s.finish().calls);
+    // The first piece comes as the arguments start, with the id and name; each later one is
+    // one character of the arguments, whitespace after them held back and dropped.
+    assert_eq!((pieces[0].name.as_str(), pieces[0].arguments.as_str(), pieces[0].index), ("get_weather", "", 0));
+    assert!(pieces[1..].iter().all(|p| p.id.is_empty() && p.name.is_empty() && p.index == 0));
+    let joined: String = pieces.iter().map(|p| p.arguments.as_str()).collect();
+    assert_eq!(joined, "{\"city\": \"Paris\", \"days\": [1, 2]}");
+    assert_eq!(pieces.len(), 1 + joined.chars().filter(|c| !c.is_whitespace()).count());
+    // Keys in another order: the call comes whole when its object closes.
+    let out = stream(ToolFormat::Llama3, "{\"parameters\": {\"city\": \"Rome\"}, \"name\": \"get_weather\"}");
+    assert_eq!(names_args(&out), vec![("get_weather".into(), json!({"city": "Rome"}))]);
+    // The generic format's list streams too; its `response` is content.
+    let mut s = ToolFormat::Generic.stream(None, IdMaker::new(7, 0, ToolFormat::Generic));
+    let mut n = 0;
+    for c in "{\"tool_calls\": [{\"name\": \"get_time\", \"arguments\": {\"city\": \"Bern\"}}, {\"name\": \"get_time\", \"arguments\": {}}]}".chars() {
+        n += s.push(1, &c.to_string()).calls.len();
+    }
+    assert_eq!((n > 3, s.calls()), (true, 2));
 }
 
 #[test]
@@ -83,8 +117,9 @@ fn llama3_mistral_and_generic_replies_parse() {
     let mut s = ToolFormat::Mistral.stream(Some(5), IdMaker::new(1, 0, ToolFormat::Mistral));
     assert_eq!(s.push(9, "hi ").content, "hi ");
     assert_eq!(s.push(5, "").content, "");
-    s.push(9, "[{\"name\": \"get_time\", \"arguments\": {\"city\": \"X\"}}]");
-    assert_eq!(s.finish().calls.len(), 1);
+    let o = s.push(9, "[{\"name\": \"get_time\", \"arguments\": {\"city\": \"X\"}}]");
+    assert_eq!((o.calls.len(), o.calls[0].arguments.as_str(), s.calls()), (1, "{\"city\": \"X\"}", 1));
+    assert_eq!(s.finish(), ToolOut::default());
     let out = stream(ToolFormat::Generic, "{\"tool_calls\": [{\"name\": \"get_time\", \"arguments\": {\"city\": \"Bern\"}}]}");
     assert_eq!((out.content.as_str(), names_args(&out)), ("", vec![("get_time".into(), json!({"city": "Bern"}))]));
     assert_eq!(stream(ToolFormat::Generic, "{\"response\": \"Hello!\"}").content, "Hello!");
