@@ -296,7 +296,7 @@ test("structured output: json_schema, GBNF and regex replies in the browser equa
   assert.deepEqual([got.refused?.name, got.refused?.param], ["InvalidRequestError", "response_format"], got.refused?.message);
 });
 
-test("tool calls: a required call and a named one in the browser equal native `flint serve`'s (tiny qwen3, Qwen3's template), ids included", { timeout: 10 * MINUTES }, async () => {
+test("tool calls: a required call and a named one in the browser equal native `flint serve`'s (tiny qwen3, Qwen3's template), ids included; a thought as reasoning_content", { timeout: 10 * MINUTES }, async () => {
   const template = readFileSync(join(GOLDEN, "chat-templates/Qwen-Qwen3-0.6B.jinja"), "utf8");
   const tools = [
     { type: "function", function: { name: "get_weather", parameters: { type: "object", properties: { city: { enum: ["Paris", "Oslo"] } }, required: ["city"], additionalProperties: false } } },
@@ -305,7 +305,18 @@ test("tool calls: a required call and a named one in the browser equal native `f
   const bodies = [
     { tool_choice: "required", parallel_tool_calls: false },
     { tool_choice: { type: "function", function: { name: "add" } }, parallel_tool_calls: false },
-  ].map((b) => ({ messages: [{ role: "user", content: "Weather in Oslo, and 2 + 3?" }], tools, temperature: 0, seed: 3, max_tokens: 300, ...b }));
+  ].map((b) => ({
+    messages: [{ role: "user", content: "Weather in Oslo, and 2 + 3?" }],
+    tools,
+    temperature: 0,
+    seed: 3,
+    max_tokens: 300,
+    // Qwen3's template thinks first; random weights would think to max_tokens.
+    chat_template_kwargs: { enable_thinking: false },
+    ...b,
+  }));
+  // Thinking on: the grammar opens the thought, all of this short reply, as reasoning_content.
+  bodies.push({ ...bodies[0], chat_template_kwargs: {}, max_tokens: 24 });
   // Native: the same model and template behind flint serve.
   const file = join(app, "qwen3.jinja");
   writeFileSync(file, template);
@@ -327,6 +338,10 @@ test("tool calls: a required call and a named one in the browser equal native `f
       },
       { PKG, TINY, template, bodies },
     );
+    const thought = native.pop();
+    assert.equal(thought.finish_reason, "length", JSON.stringify(thought));
+    assert.ok(thought.message.reasoning_content.length > 0, JSON.stringify(thought));
+    assert.deepEqual(browser.pop().message, thought.message);
     for (const [i, n] of native.entries()) {
       assert.equal(n.finish_reason, "tool_calls", JSON.stringify(n));
       assert.deepEqual(browser[i].message.tool_calls, n.message.tool_calls, `request ${i}`);

@@ -101,7 +101,7 @@ test("json_schema replies for four schemas of the golden file (at once): every o
   assert.ok(stopped * 2 >= replies.length, `${stopped} of ${replies.length} replies ended with stop`);
 });
 
-test("tool calls: 8 BFCL items with tool_choice required (at once), every call a listed function with valid arguments; a streamed call equals the unstreamed one", { timeout: 6 * 60_000 }, async () => {
+test("tool calls: 8 BFCL items with tool_choice required (at once), every call a listed function with valid arguments; a streamed call, its arguments in pieces, equals the unstreamed one", { timeout: 6 * 60_000 }, async () => {
   const IDS = ["simple_python_0", "simple_python_1", "multiple_3", "multiple_5", "parallel_9", "parallel_19", "irrelevance_0", "irrelevance_2"];
   const items = readFileSync(join(SHARED, "golden/tools/bfcl.jsonl"), "utf8").split("\n").filter(Boolean).map((l) => JSON.parse(l)).filter((i) => IDS.includes(i.id));
   assert.equal(items.length, IDS.length);
@@ -129,8 +129,10 @@ test("tool calls: 8 BFCL items with tool_choice required (at once), every call a
   const stream = await ask(items[4], { stream: true });
   const calls = [];
   let finish = null;
+  let pieces = 0;
   for await (const chunk of stream) {
     for (const d of chunk.choices[0]?.delta?.tool_calls ?? []) {
+      pieces += 1;
       const c = (calls[d.index] ??= { id: "", type: "function", function: { name: "", arguments: "" } });
       c.id += d.id ?? "";
       c.function.name += d.function?.name ?? "";
@@ -140,6 +142,8 @@ test("tool calls: 8 BFCL items with tool_choice required (at once), every call a
   }
   assert.equal(finish, replies[4].choices[0].finish_reason);
   assert.deepEqual(calls, replies[4].choices[0].message.tool_calls);
+  // The arguments came as they were written, in more pieces than calls.
+  assert.ok(pieces > 2 * calls.length, `${pieces} deltas for ${calls.length} calls`);
 });
 
 test("a plain completion of a golden raw prompt is the f32 reference's greedy text", async () => {
