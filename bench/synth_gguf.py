@@ -21,8 +21,9 @@ from pathlib import Path
 # ggml type id -> (name, elements per block, bytes per block)
 TYPES = {
     0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
+    20: ("IQ4_NL", 32, 18), 23: ("IQ4_XS", 256, 136), 30: ("BF16", 1, 2),
 }
 # The GGUF value reader and writer are the fuzz seeds' (fuzz/shrink_gguf.py): strings as bytes.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fuzz"))
@@ -130,6 +131,15 @@ def fill(skeleton, out_path, seed):
                     data[:, 2:4] = half(0.01 / 63)
                 elif tname == "Q6_K":
                     data[:, 208:210] = half(0.02 / (32 * 127))
+                elif tname == "Q2_K":
+                    data[:, 80:82] = half(0.02 / (15 * 3))
+                    data[:, 82:84] = half(0.01 / 15)
+                elif tname == "Q3_K":
+                    data[:, 108:110] = half(0.02 / (32 * 4))
+                elif tname == "IQ4_NL":
+                    data[:, 0:2] = half(0.02 / 127)
+                elif tname == "IQ4_XS":
+                    data[:, 0:2] = half(0.02 / (32 * 127))
                 data = data.reshape(-1)
             f.write(data.tobytes())
             f.write(b"\0" * (-n % align))

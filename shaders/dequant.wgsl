@@ -9,7 +9,7 @@
 // The unit is a 32-element chunk: dequant_chunk(row_base, c) returns elements 32c .. 32c + 32
 // of the row starting at byte row_base, as 8 vec4 in element order. Rows hold whole blocks
 // and a multiple of 32 elements, so a chunk never straddles two legacy blocks and a K-quant
-// super-block is 8 chunks. Blocks of 18, 22 or 210 bytes are not word-aligned, hence the
+// super-block is 8 chunks. Blocks of 18, 22, 110 or 210 bytes are not word-aligned, hence the
 // byte-offset loads below; Q8_0's 34-byte blocks are regrouped at upload so that they are.
 
 const CHUNK: u32 = 32u;
@@ -337,6 +337,116 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
         let hi = (vec4<u32>(qh[k]) >> qh_shift) & vec4<u32>(3u);
         let q = vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(32);
         out[k] = select(ds.y, ds.x, k < 4u) * vec4<f32>(q);
+    }
+    return out;
+}
+#endif
+
+#ifdef Q_Q2_K
+// Super-block (84 B): scales[16] (scale in the low nibble, min in the high), qs[64], d, dmin
+// f16. Chunk j is quarter j % 4 of half j / 4: q = bits 2(j % 4)..+2 of qs[32 (j / 4) + l],
+// and its two 16-element halves are sub-blocks 2j and 2j + 1: y = d*sc * q - dmin*m.
+fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
+    let j = c & 7u;
+    let base = row_base + (c >> 3u) * BLOCK_BYTES;
+    let dm = f16_to_f32((vec4<u32>(load_u32_at(base + 80u)) >> vec4<u32>(0u, 16u, 0u, 16u)) & vec4<u32>(0xffffu));
+    let sc = load_u16_at(base + 2u * j);
+    // (d * sc, dmin * m) of the first half, then of the second.
+    let dl = dm * vec4<f32>((vec4<u32>(sc) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));
+    let qs = load_8_words_at(base + 16u + 32u * (j >> 2u));
+    let shift = BYTE_SHIFTS + vec4<u32>(2u * (j & 3u));
+    var out: array<vec4<f32>, 8>;
+    for (var k = 0u; k < 8u; k++) {
+        let q = (vec4<u32>(qs[k]) >> shift) & vec4<u32>(3u);
+        let s = select(dl.zw, dl.xy, k < 4u);
+        out[k] = s.x * vec4<f32>(q) - s.y;
+    }
+    return out;
+}
+#endif
+
+#ifdef Q_Q3_K
+// Super-block (110 B): hmask[32], qs[64], scales[12], d f16. 2-bit quants as in Q2_K, less 4
+// where bit 4(j / 4) + j % 4 of hmask[l] is clear; y = d*(sc - 32) * q with 6-bit scales:
+// sub-block i's low nibble is nibble i / 8 of scales[i % 8], its top bits are bits
+// 2(i / 4)..+2 of scales[8 + i % 4].
+// d * (sc - 32) of chunk j's two sub-blocks 2j and 2j + 1, from the last 16 bytes of the
+// block (scales, d).
+fn q3_k_scales(tail: array<u32, 4>, j: u32) -> vec2<f32> {
+    let n = j >> 2u;
+    let jj = j & 3u;
+    // Bytes 2jj, 2jj + 1 (low nibbles) and 8 + 2(jj % 2), + 1 (top bits).
+    let lo = select(tail[1], tail[0], jj < 2u) >> (16u * (jj & 1u));
+    let hi = tail[2] >> (16u * (jj & 1u));
+    let hs = 2u * (2u * n + (jj >> 1u));
+    let l = (vec2<u32>(lo) >> vec2<u32>(4u * n, 8u + 4u * n)) & vec2<u32>(15u);
+    let h = (vec2<u32>(hi) >> vec2<u32>(hs, 8u + hs)) & vec2<u32>(3u);
+    let d = f16_to_f32(vec4<u32>(tail[3] & 0xffffu)).x;
+    return d * vec2<f32>(vec2<i32>(l | (h << vec2<u32>(4u))) - vec2<i32>(32));
+}
+
+fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
+    let j = c & 7u;
+    let base = row_base + (c >> 3u) * BLOCK_BYTES;
+    let dl = q3_k_scales(load_4_words_at(base + 96u), j);
+    let hm = load_8_words_at(base);
+    let qs = load_8_words_at(base + 32u + 32u * (j >> 2u));
+    let shift = BYTE_SHIFTS + vec4<u32>(2u * (j & 3u));
+    let bit = BYTE_SHIFTS + vec4<u32>(4u * (j >> 2u) + (j & 3u));
+    var out: array<vec4<f32>, 8>;
+    for (var k = 0u; k < 8u; k++) {
+        let q = (vec4<u32>(qs[k]) >> shift) & vec4<u32>(3u);
+        let offset = (~(vec4<u32>(hm[k]) >> bit) & vec4<u32>(1u)) << vec4<u32>(2u);
+        out[k] = select(dl.y, dl.x, k < 4u) * vec4<f32>(vec4<i32>(q) - vec4<i32>(offset));
+    }
+    return out;
+}
+#endif
+
+// IQ4_NL's 16 levels (ggml's kvalues_iq4nl) as i8, four to a word.
+const KVALUES_IQ4NL: vec4<u32> = vec4<u32>(0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u);
+
+// The levels of 4-bit indices n, picked with selects rather than a table in memory.
+fn iq4nl_values(n: vec4<u32>) -> vec4<f32> {
+    let word = n >> vec4<u32>(2u);
+    let odd = (word & vec4<u32>(1u)) != vec4<u32>(0u);
+    let lo = select(vec4<u32>(KVALUES_IQ4NL.x), vec4<u32>(KVALUES_IQ4NL.y), odd);
+    let hi = select(vec4<u32>(KVALUES_IQ4NL.z), vec4<u32>(KVALUES_IQ4NL.w), odd);
+    let words = select(lo, hi, word >= vec4<u32>(2u));
+    let v = bitcast<vec4<i32>>(words << (vec4<u32>(24u) - 8u * (n & vec4<u32>(3u)))) >> vec4<u32>(24u);
+    return vec4<f32>(v);
+}
+
+#ifdef Q_IQ4_NL
+// Block (18 B): d f16, qs[16]; y = d * kvalues[q], low nibbles are elements 0..16.
+fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
+    let base = row_base + c * BLOCK_BYTES;
+    let d = load_f16_at(base);
+    let qs = load_4_words_at(base + 2u);
+    var out: array<vec4<f32>, 8>;
+    for (var k = 0u; k < 4u; k++) {
+        out[k] = d * iq4nl_values(nibbles_lo(qs[k]));
+        out[k + 4u] = d * iq4nl_values(nibbles_hi(qs[k]));
+    }
+    return out;
+}
+#endif
+
+#ifdef Q_IQ4_XS
+// Super-block (136 B): d f16, scales_h u16, scales_l[4], qs[128]; chunk j is an IQ4_NL block
+// (16 bytes of qs at 16j) scaled by d * (ls - 32), ls = nibble j of scales_l | bits
+// 2j..2j+2 of scales_h << 4.
+fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
+    let j = c & 7u;
+    let base = row_base + (c >> 3u) * BLOCK_BYTES;
+    let head = load_u32_at(base);
+    let ls = ((load_u32_at(base + 4u) >> (4u * j)) & 15u) | (((head >> (16u + 2u * j)) & 3u) << 4u);
+    let dl = f16_to_f32(vec4<u32>(head & 0xffffu)).x * f32(i32(ls) - 32);
+    let qs = load_4_words_at(base + 8u + 16u * j);
+    var out: array<vec4<f32>, 8>;
+    for (var k = 0u; k < 4u; k++) {
+        out[k] = dl * iq4nl_values(nibbles_lo(qs[k]));
+        out[k + 4u] = dl * iq4nl_values(nibbles_hi(qs[k]));
     }
     return out;
 }

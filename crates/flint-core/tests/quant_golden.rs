@@ -1,14 +1,22 @@
-//! Quantization against gguf-py's dequantized goldens (bit-exact), plus `dot_row`, block sizes,
-//! type ids and length errors.
+//! Quantization against gguf-py's dequantized goldens (bit-exact): the shared ones, and for the
+//! formats they lack the repository's (`tests/data/dequant`, written by its `make.py`); plus
+//! `dot_row`, block sizes, type ids and length errors.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use bytemuck::Pod;
-use flint_core::quant::{dequantize, dot_row, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantError, QuantType};
+use flint_core::quant::{
+    dequantize, dot_row, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+    QuantError, QuantType,
+};
 use serde_json::Value;
 
 const GOLDEN_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/golden/dequant");
+/// Goldens of the formats the shared set lacks, in the same shape.
+const LOCAL_GOLDEN_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/dequant");
+/// The formats whose goldens live in [`LOCAL_GOLDEN_DIR`].
+const LOCAL_GOLDEN_TYPES: [&str; 4] = ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"];
 /// `dot_row` may sum in any order: its error is bounded relative to `sum |w_i * x_i|`.
 const DOT_REL_TOL: f64 = 1e-5;
 const SEED: u64 = 0x5eed_f117;
@@ -49,12 +57,22 @@ fn decode_hex(hex: &str) -> Vec<u8> {
     (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap_or_else(|e| panic!("bad hex at {i}: {e}"))).collect()
 }
 
-fn golden_files() -> Vec<PathBuf> {
-    let dir = Path::new(GOLDEN_DIR);
-    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("golden dir {} unreadable ({e}); shared/ must sit beside the repo", dir.display()));
+fn json_files(dir: &Path) -> Vec<PathBuf> {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("golden dir {} unreadable ({e})", dir.display()));
     let mut files: Vec<PathBuf> = entries.map(|e| e.expect("golden dir entry").path()).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
     files.sort();
     assert!(!files.is_empty(), "no golden files in {}", dir.display());
+    files
+}
+
+/// The shared goldens (shared/ must sit beside the repo), then the repository's.
+fn golden_files() -> Vec<PathBuf> {
+    let local = json_files(Path::new(LOCAL_GOLDEN_DIR));
+    let names: BTreeSet<String> = local.iter().filter_map(|p| p.file_stem()).map(|s| s.to_string_lossy().into_owned()).collect();
+    let want: BTreeSet<String> = LOCAL_GOLDEN_TYPES.iter().map(|s| s.to_string()).collect();
+    assert_eq!(names, want, "goldens in {LOCAL_GOLDEN_DIR}");
+    let mut files = json_files(Path::new(GOLDEN_DIR));
+    files.extend(local);
     files
 }
 
@@ -159,6 +177,10 @@ fn random_row(ty: QuantType, n: usize, rng: &mut Rng) -> Vec<u8> {
         QuantType::Q4K => sanitize(&mut row, r, |b: &mut BlockQ4K, r| (b.d, b.dmin) = (r.f16(0.01), r.f16(0.01))),
         QuantType::Q5K => sanitize(&mut row, r, |b: &mut BlockQ5K, r| (b.d, b.dmin) = (r.f16(0.01), r.f16(0.01))),
         QuantType::Q6K => sanitize(&mut row, r, |b: &mut BlockQ6K, r| b.d = r.f16(0.001)),
+        QuantType::Q2K => sanitize(&mut row, r, |b: &mut BlockQ2K, r| (b.d, b.dmin) = (r.f16(0.01), r.f16(0.01))),
+        QuantType::Q3K => sanitize(&mut row, r, |b: &mut BlockQ3K, r| b.d = r.f16(0.01)),
+        QuantType::IQ4NL => sanitize(&mut row, r, |b: &mut BlockIQ4NL, r| b.d = r.f16(0.01)),
+        QuantType::IQ4XS => sanitize(&mut row, r, |b: &mut BlockIQ4XS, r| b.d = r.f16(0.001)),
         QuantType::F32 | QuantType::F16 | QuantType::BF16 => unreachable!("handled above"),
     }
     row
@@ -199,9 +221,13 @@ fn block_sizes_names_and_ids() {
         (QuantType::Q5_0, "Q5_0", 6, 32, 22),
         (QuantType::Q5_1, "Q5_1", 7, 32, 24),
         (QuantType::Q8_0, "Q8_0", 8, 32, 34),
+        (QuantType::Q2K, "Q2_K", 10, 256, 84),
+        (QuantType::Q3K, "Q3_K", 11, 256, 110),
         (QuantType::Q4K, "Q4_K", 12, 256, 144),
         (QuantType::Q5K, "Q5_K", 13, 256, 176),
         (QuantType::Q6K, "Q6_K", 14, 256, 210),
+        (QuantType::IQ4NL, "IQ4_NL", 20, 32, 18),
+        (QuantType::IQ4XS, "IQ4_XS", 23, 256, 136),
     ];
     assert_eq!(table.map(|t| t.0), QuantType::ALL);
     for (ty, name, id, elems, bytes) in table {
@@ -219,7 +245,7 @@ fn ggml_id_round_trips_and_unsupported_ids_are_none() {
         assert_eq!(QuantType::from_ggml_id(ty.ggml_id()), Some(ty));
     }
     let supported: Vec<u32> = QuantType::ALL.iter().map(|ty| ty.ggml_id()).collect();
-    // 4 and 5 were Q4_2/Q4_3; 9 Q8_1; 10, 11, 15 Q2_K, Q3_K, Q8_K; then IQ and integer types.
+    // 4 and 5 were Q4_2/Q4_3; 9 Q8_1; 15 Q8_K; then the other IQ and the integer types.
     for id in (0..64).chain([u32::MAX]).filter(|id| !supported.contains(id)) {
         assert_eq!(QuantType::from_ggml_id(id), None, "id {id}");
     }
@@ -231,6 +257,8 @@ fn bytes_for_whole_blocks_only() {
     assert_eq!(QuantType::Q4K.bytes_for(512), Some(288));
     assert_eq!(QuantType::Q6K.bytes_for(4096 * 256), Some(4096 * 210));
     assert_eq!(QuantType::Q8_0.bytes_for(96), Some(102));
+    assert_eq!(QuantType::Q3K.bytes_for(3 * 256), Some(330));
+    assert_eq!(QuantType::IQ4NL.bytes_for(64), Some(36));
     assert_eq!(QuantType::F32.bytes_for(7), Some(28));
     assert_eq!(QuantType::BF16.bytes_for(3), Some(6));
     assert_eq!(QuantType::Q4K.bytes_for(255), None);

@@ -255,7 +255,9 @@ pub fn f16_nearest(v: f32, _: &mut TestRng) -> u16 {
 /// Seeded random data of `ty` for `n_elems` elements: random quant payloads whose f16 scales
 /// are small finite values (`0.004 + 0.02·u`, encoded by `f16`), never NaN or inf.
 pub fn random_quant(ty: flint_core::quant::QuantType, n_elems: usize, rng: &mut TestRng, f16: F16Encoder) -> Vec<u8> {
-    use flint_core::quant::{BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantType};
+    use flint_core::quant::{
+        BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantType,
+    };
 
     fn patch<B: bytemuck::Pod>(bytes: &mut [u8], f: impl FnOnce(&mut B)) {
         let mut b: B = bytemuck::pod_read_unaligned(bytes);
@@ -287,6 +289,10 @@ pub fn random_quant(ty: flint_core::quant::QuantType, n_elems: usize, rng: &mut 
                     QuantType::Q4K => patch(b, |b: &mut BlockQ4K| (b.d, b.dmin) = (scale(rng), scale(rng))),
                     QuantType::Q5K => patch(b, |b: &mut BlockQ5K| (b.d, b.dmin) = (scale(rng), scale(rng))),
                     QuantType::Q6K => patch(b, |b: &mut BlockQ6K| b.d = scale(rng)),
+                    QuantType::Q2K => patch(b, |b: &mut BlockQ2K| (b.d, b.dmin) = (scale(rng), scale(rng))),
+                    QuantType::Q3K => patch(b, |b: &mut BlockQ3K| b.d = scale(rng)),
+                    QuantType::IQ4NL => patch(b, |b: &mut BlockIQ4NL| b.d = scale(rng)),
+                    QuantType::IQ4XS => patch(b, |b: &mut BlockIQ4XS| b.d = scale(rng)),
                     QuantType::F32 | QuantType::F16 | QuantType::BF16 => unreachable!("float formats handled above"),
                 }
             }

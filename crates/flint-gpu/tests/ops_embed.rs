@@ -93,7 +93,7 @@ async fn run(ctx: &GpuContext, Case { ty, n_embd, vocab, split, ids, scale, seed
 
 /// Formats whose dequantization is `a * q ± b`, which a driver may fuse into one FMA
 /// (WGSL cannot forbid it); lavapipe does not, and there the results are bit-equal.
-const MUL_ADD: [QuantType; 4] = [QuantType::Q4_1, QuantType::Q5_1, QuantType::Q4K, QuantType::Q5K];
+const MUL_ADD: [QuantType; 5] = [QuantType::Q4_1, QuantType::Q5_1, QuantType::Q2K, QuantType::Q4K, QuantType::Q5K];
 /// Ulps (of the chunk's largest term) a fused multiply-add may move a value.
 const FUSED_ULPS: f32 = 4.0;
 
@@ -127,9 +127,13 @@ flint_gpu::op_tests! { run;
     embed_q5_0 => two_parts(QuantType::Q5_0),
     embed_q5_1 => two_parts(QuantType::Q5_1),
     embed_q8_0 => two_parts(QuantType::Q8_0),
+    embed_q2_k => two_parts(QuantType::Q2K),
+    embed_q3_k => two_parts(QuantType::Q3K),
     embed_q4_k => two_parts(QuantType::Q4K),
     embed_q5_k => two_parts(QuantType::Q5K),
     embed_q6_k => two_parts(QuantType::Q6K),
+    embed_iq4_nl => two_parts(QuantType::IQ4NL),
+    embed_iq4_xs => two_parts(QuantType::IQ4XS),
     // 72 and 80 chunks per row: three workgroups in x, the last one partial.
     embed_rows_wider_than_a_workgroup => [
         Case { ty: QuantType::Q8_0, n_embd: 72 * 32, vocab: 11, split: 4, ids: &[10, 3, 4, 0, 7], scale: 25.298_22, seed: 3 },
@@ -141,7 +145,7 @@ flint_gpu::op_tests! { run;
 fn every_format_has_its_embed_test() {
     // The named tests above take these formats; a new one needs its own.
     use QuantType::*;
-    assert_eq!(QuantType::ALL, [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4K, Q5K, Q6K]);
+    assert_eq!(QuantType::ALL, [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, IQ4NL, IQ4XS]);
 }
 
 #[test]

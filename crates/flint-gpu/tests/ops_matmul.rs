@@ -130,6 +130,12 @@ fn cases(ty: QuantType) -> Vec<Case> {
             cases.push(Case { max_tokens: Some(16), ..Case::new(ty, 67, n_tok, 90 + n_tok as u64) });
         }
     }
+    if [Q2K, Q3K, IQ4NL, IQ4XS].contains(&ty) {
+        // The formats added last once through the 4- and the 8-token block each.
+        for n_tok in [3, 6] {
+            cases.push(Case { max_tokens: Some(16), ..Case::new(ty, 67, n_tok, 90 + n_tok as u64) });
+        }
+    }
     // One token into a wider y.
     cases.push(Case { row_offset: 5, y_stride: 19, max_tokens: Some(4), ..Case::new(ty, 7, 1, 20) });
     if [F32, Q8_0, Q4K, Q6K].contains(&ty) {
@@ -149,7 +155,7 @@ fn cases(ty: QuantType) -> Vec<Case> {
             cases.push(Case { n_in: long, ..Case::new(ty, 9, n_tok, 41) });
         }
     }
-    if [Q5_0, Q8_0, Q4K, Q6K].contains(&ty) {
+    if [Q5_0, Q8_0, Q2K, Q3K, Q4K, Q6K, IQ4NL, IQ4XS].contains(&ty) {
         // 37 tokens: three 16-token tiles, the last ragged; 43 rows: a ragged 16-row block.
         for (bias, accumulate) in [(false, false), (true, true)] {
             cases.push(Case { row_offset: 2, y_stride: 47, bias, accumulate, ..Case::new(ty, 43, 37, 45) });
@@ -167,9 +173,13 @@ flint_gpu::op_tests! { run;
     matmul_q5_0 => cases(QuantType::Q5_0),
     matmul_q5_1 => cases(QuantType::Q5_1),
     matmul_q8_0 => cases(QuantType::Q8_0),
+    matmul_q2_k => cases(QuantType::Q2K),
+    matmul_q3_k => cases(QuantType::Q3K),
     matmul_q4_k => cases(QuantType::Q4K),
     matmul_q5_k => cases(QuantType::Q5K),
     matmul_q6_k => cases(QuantType::Q6K),
+    matmul_iq4_nl => cases(QuantType::IQ4NL),
+    matmul_iq4_xs => cases(QuantType::IQ4XS),
     // 600000 rows at 8 rows a workgroup is 75000 groups, past the 65535 per dimension.
     matmul_folded_grid_over_65535_groups => [2, 1].map(|n_tok| Case { n_in: 32, ..Case::new(QuantType::Q8_0, 600_000, n_tok, 50) }),
 }
@@ -178,7 +188,7 @@ flint_gpu::op_tests! { run;
 fn every_format_has_its_matmul_test() {
     // The named tests above take these formats; a new one needs its own.
     use QuantType::*;
-    assert_eq!(QuantType::ALL, [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4K, Q5K, Q6K]);
+    assert_eq!(QuantType::ALL, [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, IQ4NL, IQ4XS]);
 }
 
 /// The kernels a discrete GPU takes (lanes sharing a row; subgroup shuffles where the adapter
@@ -186,8 +196,11 @@ fn every_format_has_its_matmul_test() {
 /// told it is not CPU-like: lavapipe and SwiftShader otherwise only run their own kernels.
 fn on_lane_teams(test: &str, subgroups: bool) {
     let Some((ctx, cache)) = gpu_like(subgroups) else { return };
-    // Rows of 5, 41 and 64 chunks: teams of 8, 16 and 32 lanes.
-    let cases = [(QuantType::Q5_0, 5 * 32), (QuantType::Q8_0, 41 * 32), (QuantType::Q4K, 2048)].into_iter().flat_map(|(ty, n_in)| {
+    // Rows of 5, 41 and 64 chunks: teams of 8, 16 and 32 lanes; the formats added last, whose
+    // dequantization no other case here runs, with rows of 64, 24, 41 and 40 chunks.
+    let formats = [(QuantType::Q5_0, 5 * 32), (QuantType::Q8_0, 41 * 32), (QuantType::Q4K, 2048)];
+    let added = [(QuantType::Q2K, 2048), (QuantType::Q3K, 3 * 256), (QuantType::IQ4NL, 41 * 32), (QuantType::IQ4XS, 5 * 256)];
+    let cases = formats.into_iter().chain(added).flat_map(|(ty, n_in)| {
         [1, 13, 37].map(|n_tok| Case { n_in, row_offset: 1, y_stride: 44, bias: true, accumulate: n_tok == 13, ..Case::new(ty, 43, n_tok, 60 + n_tok as u64) })
     });
     run_cases_on(ctx, test, cases, |ctx, case| async move {

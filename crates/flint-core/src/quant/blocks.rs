@@ -13,8 +13,10 @@ use super::QuantType;
 pub const QK: usize = 32;
 /// Elements in a K-quant super-block.
 pub const QK_K: usize = 256;
-/// Bytes of packed 6-bit scales and mins in Q4_K and Q5_K.
+/// Bytes of packed 6-bit scales and mins in Q4_K and Q5_K (and of Q3_K's 6-bit scales).
 pub const K_SCALE_SIZE: usize = 12;
+/// The 16 non-linear levels of IQ4_NL and IQ4_XS (ggml's `kvalues_iq4nl`).
+pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 /// One block of a quantized format: `N` elements stored in `size_of::<Self>()` bytes.
 pub trait QuantBlock<const N: usize>: Pod {
@@ -98,6 +100,48 @@ pub struct BlockQ6K {
     pub d: u16,
 }
 
+/// 16 sub-blocks of 16 with 4-bit scales and mins (`scales[i]`: scale low, min high):
+/// `y = d*sc * q - dmin*m`, q 2 bits. Each 32-byte half of qs holds 128 elements: bits
+/// 2j..2j+2 of byte l are element 32j + l of the half.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ2K {
+    pub scales: [u8; QK_K / 16],
+    pub qs: [u8; QK_K / 4],
+    pub d: u16,
+    pub dmin: u16,
+}
+
+/// 16 sub-blocks of 16 with 6-bit scales: `y = d*(sc - 32) * (q - 4·!h)`, q 2 bits laid out
+/// as in Q2_K and h bit 4n + j of `hmask[l]` for element 32j + l of half n.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ3K {
+    pub hmask: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 4],
+    pub scales: [u8; K_SCALE_SIZE],
+    pub d: u16,
+}
+
+/// `y = d * KVALUES_IQ4NL[q]`, 4-bit indices in Q4_0's nibble order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockIQ4NL {
+    pub d: u16,
+    pub qs: [u8; QK / 2],
+}
+
+/// 8 sub-blocks of 32 as IQ4_NL blocks, each with a 6-bit scale (low nibble in `scales_l`,
+/// top two bits in `scales_h`): `y = d*(ls - 32) * KVALUES_IQ4NL[q]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockIQ4XS {
+    pub d: u16,
+    pub scales_h: u16,
+    pub scales_l: [u8; QK_K / 64],
+    pub qs: [u8; QK_K / 2],
+}
+
 const _: () = assert!(core::mem::size_of::<BlockQ4_0>() == 18);
 const _: () = assert!(core::mem::size_of::<BlockQ4_1>() == 20);
 const _: () = assert!(core::mem::size_of::<BlockQ5_0>() == 22);
@@ -106,6 +150,10 @@ const _: () = assert!(core::mem::size_of::<BlockQ8_0>() == 34);
 const _: () = assert!(core::mem::size_of::<BlockQ4K>() == 144);
 const _: () = assert!(core::mem::size_of::<BlockQ5K>() == 176);
 const _: () = assert!(core::mem::size_of::<BlockQ6K>() == 210);
+const _: () = assert!(core::mem::size_of::<BlockQ2K>() == 84);
+const _: () = assert!(core::mem::size_of::<BlockQ3K>() == 110);
+const _: () = assert!(core::mem::size_of::<BlockIQ4NL>() == 18);
+const _: () = assert!(core::mem::size_of::<BlockIQ4XS>() == 136);
 
 /// Splits a legacy block's output into its low-nibble and high-nibble halves.
 #[inline(always)]
@@ -279,6 +327,92 @@ impl QuantBlock<QK_K> for BlockQ6K {
                     *o2 = ds[half + 4] * q3 as f32;
                     *o3 = ds[half + 6] * q4 as f32;
                 }
+            }
+        }
+    }
+}
+
+/// For sub-block i (0..16) of a Q2_K/Q3_K super-block: the 16 bytes of qs holding it and the
+/// shift of its 2-bit quants (half n = i / 8, quarter j = i / 2 % 4, shift 2j).
+#[inline(always)]
+fn k2_quants(qs: &[u8; QK_K / 4], i: usize) -> (&[u8], u32) {
+    (&qs[32 * (i / 8) + 16 * (i % 2)..][..16], 2 * ((i / 2) % 4) as u32)
+}
+
+impl QuantBlock<QK_K> for BlockQ2K {
+    const TYPE: QuantType = QuantType::Q2K;
+    #[inline]
+    fn dequantize(&self, y: &mut [f32; QK_K]) {
+        let d = f16_to_f32(self.d);
+        let min = f16_to_f32(self.dmin);
+        for (i, (y, &sc)) in y.chunks_exact_mut(16).zip(&self.scales).enumerate() {
+            let dl = d * (sc & 0xf) as f32;
+            let ml = min * (sc >> 4) as f32;
+            let (qs, shift) = k2_quants(&self.qs, i);
+            for (y, &q) in y.iter_mut().zip(qs) {
+                *y = dl * ((q >> shift) & 3) as f32 - ml;
+            }
+        }
+    }
+}
+
+/// Q3_K's 16 signed scales (`sc - 32`) from its 12 packed bytes: the low nibble of sub-block
+/// i is nibble i / 8 of byte i % 8, its top two bits bits 2(i / 4).. of byte 8 + i % 4.
+#[inline(always)]
+fn q3k_scales(s: &[u8; K_SCALE_SIZE]) -> [i32; 16] {
+    core::array::from_fn(|i| {
+        let lo = (s[i % 8] >> (4 * (i / 8))) & 0xf;
+        let hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        (lo | (hi << 4)) as i32 - 32
+    })
+}
+
+impl QuantBlock<QK_K> for BlockQ3K {
+    const TYPE: QuantType = QuantType::Q3K;
+    #[inline]
+    fn dequantize(&self, y: &mut [f32; QK_K]) {
+        let d = f16_to_f32(self.d);
+        let scales = q3k_scales(&self.scales);
+        for (i, (y, &sc)) in y.chunks_exact_mut(16).zip(&scales).enumerate() {
+            let dl = d * sc as f32;
+            let (qs, shift) = k2_quants(&self.qs, i);
+            // The high bit of the quarter (bit 4n + j) is set where the quant is not offset.
+            let bit = 4 * (i / 8) as u32 + shift / 2;
+            let hmask = &self.hmask[16 * (i % 2)..][..16];
+            for ((y, &q), &h) in y.iter_mut().zip(qs).zip(hmask) {
+                let offset = if (h >> bit) & 1 != 0 { 0 } else { 4 };
+                *y = dl * (((q >> shift) & 3) as i32 - offset) as f32;
+            }
+        }
+    }
+}
+
+impl QuantBlock<QK> for BlockIQ4NL {
+    const TYPE: QuantType = QuantType::IQ4NL;
+    #[inline]
+    fn dequantize(&self, y: &mut [f32; QK]) {
+        let d = f16_to_f32(self.d);
+        let (lo, hi) = halves(y);
+        for ((lo, hi), &q) in lo.iter_mut().zip(hi).zip(&self.qs) {
+            *lo = d * KVALUES_IQ4NL[(q & 0xf) as usize] as f32;
+            *hi = d * KVALUES_IQ4NL[(q >> 4) as usize] as f32;
+        }
+    }
+}
+
+impl QuantBlock<QK_K> for BlockIQ4XS {
+    const TYPE: QuantType = QuantType::IQ4XS;
+    #[inline]
+    fn dequantize(&self, y: &mut [f32; QK_K]) {
+        let d = f16_to_f32(self.d);
+        for (ib, (y, qs)) in y.chunks_exact_mut(QK).zip(self.qs.chunks_exact(QK / 2)).enumerate() {
+            let lo = (self.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf;
+            let hi = ((self.scales_h >> (2 * ib)) & 3) as u8;
+            let dl = d * ((lo | (hi << 4)) as i32 - 32) as f32;
+            let (ylo, yhi) = y.split_at_mut(QK / 2);
+            for ((ylo, yhi), &q) in ylo.iter_mut().zip(yhi).zip(qs) {
+                *ylo = dl * KVALUES_IQ4NL[(q & 0xf) as usize] as f32;
+                *yhi = dl * KVALUES_IQ4NL[(q >> 4) as usize] as f32;
             }
         }
     }

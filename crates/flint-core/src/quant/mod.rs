@@ -6,7 +6,10 @@ mod rows;
 
 use core::fmt;
 
-pub use blocks::{BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantBlock, K_SCALE_SIZE, QK, QK_K};
+pub use blocks::{
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, QuantBlock, KVALUES_IQ4NL,
+    K_SCALE_SIZE, QK, QK_K,
+};
 pub use float::{bf16_to_f32, f16_to_f32};
 
 /// A tensor storage format Flint can read, named and numbered as ggml does.
@@ -20,17 +23,36 @@ pub enum QuantType {
     Q5_0,
     Q5_1,
     Q8_0,
+    Q2K,
+    Q3K,
     Q4K,
     Q5K,
     Q6K,
+    IQ4NL,
+    IQ4XS,
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 11] =
-        [Self::F32, Self::F16, Self::BF16, Self::Q4_0, Self::Q4_1, Self::Q5_0, Self::Q5_1, Self::Q8_0, Self::Q4K, Self::Q5K, Self::Q6K];
+    pub const ALL: [QuantType; 15] = [
+        Self::F32,
+        Self::F16,
+        Self::BF16,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q2K,
+        Self::Q3K,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+        Self::IQ4NL,
+        Self::IQ4XS,
+    ];
 
     /// The format for a GGUF tensor's `ggml_type`; None for ids Flint does not read
-    /// (Q8_1, Q2_K, Q3_K, Q8_K, the IQ formats, ...).
+    /// (Q8_1, Q8_K, the IQ formats but IQ4_NL and IQ4_XS, ...).
     pub fn from_ggml_id(id: u32) -> Option<QuantType> {
         Self::ALL.into_iter().find(|ty| ty.ggml_id() == id)
     }
@@ -45,9 +67,13 @@ impl QuantType {
             Self::Q5_0 => 6,
             Self::Q5_1 => 7,
             Self::Q8_0 => 8,
+            Self::Q2K => 10,
+            Self::Q3K => 11,
             Self::Q4K => 12,
             Self::Q5K => 13,
             Self::Q6K => 14,
+            Self::IQ4NL => 20,
+            Self::IQ4XS => 23,
             Self::BF16 => 30,
         }
     }
@@ -63,18 +89,23 @@ impl QuantType {
             Self::Q5_0 => "Q5_0",
             Self::Q5_1 => "Q5_1",
             Self::Q8_0 => "Q8_0",
+            Self::Q2K => "Q2_K",
+            Self::Q3K => "Q3_K",
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
+            Self::IQ4NL => "IQ4_NL",
+            Self::IQ4XS => "IQ4_XS",
         }
     }
 
-    /// Elements per block: 1 for plain floats, 32 for legacy quants, 256 for K-quants.
+    /// Elements per block: 1 for plain floats, 32 for legacy quants and IQ4_NL, 256 for
+    /// K-quants and IQ4_XS.
     pub fn block_elems(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => QK,
-            Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::IQ4NL => QK,
+            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::IQ4XS => QK_K,
         }
     }
 
@@ -89,9 +120,13 @@ impl QuantType {
             Self::Q5_0 => size_of::<BlockQ5_0>(),
             Self::Q5_1 => size_of::<BlockQ5_1>(),
             Self::Q8_0 => size_of::<BlockQ8_0>(),
+            Self::Q2K => size_of::<BlockQ2K>(),
+            Self::Q3K => size_of::<BlockQ3K>(),
             Self::Q4K => size_of::<BlockQ4K>(),
             Self::Q5K => size_of::<BlockQ5K>(),
             Self::Q6K => size_of::<BlockQ6K>(),
+            Self::IQ4NL => size_of::<BlockIQ4NL>(),
+            Self::IQ4XS => size_of::<BlockIQ4XS>(),
         }
     }
 
@@ -162,9 +197,13 @@ pub fn dequantize(ty: QuantType, src: &[u8], dst: &mut [f32]) -> Result<(), Quan
         QuantType::Q5_0 => blocks::<QK, BlockQ5_0>(src, dst),
         QuantType::Q5_1 => blocks::<QK, BlockQ5_1>(src, dst),
         QuantType::Q8_0 => blocks::<QK, BlockQ8_0>(src, dst),
+        QuantType::Q2K => blocks::<QK_K, BlockQ2K>(src, dst),
+        QuantType::Q3K => blocks::<QK_K, BlockQ3K>(src, dst),
         QuantType::Q4K => blocks::<QK_K, BlockQ4K>(src, dst),
         QuantType::Q5K => blocks::<QK_K, BlockQ5K>(src, dst),
         QuantType::Q6K => blocks::<QK_K, BlockQ6K>(src, dst),
+        QuantType::IQ4NL => blocks::<QK, BlockIQ4NL>(src, dst),
+        QuantType::IQ4XS => blocks::<QK_K, BlockIQ4XS>(src, dst),
     }
     Ok(())
 }
@@ -184,9 +223,13 @@ pub fn dot_row(ty: QuantType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> 
         QuantType::Q5_0 => blocks::<QK, BlockQ5_0>(row, x),
         QuantType::Q5_1 => blocks::<QK, BlockQ5_1>(row, x),
         QuantType::Q8_0 => blocks::<QK, BlockQ8_0>(row, x),
+        QuantType::Q2K => blocks::<QK_K, BlockQ2K>(row, x),
+        QuantType::Q3K => blocks::<QK_K, BlockQ3K>(row, x),
         QuantType::Q4K => blocks::<QK_K, BlockQ4K>(row, x),
         QuantType::Q5K => blocks::<QK_K, BlockQ5K>(row, x),
         QuantType::Q6K => blocks::<QK_K, BlockQ6K>(row, x),
+        QuantType::IQ4NL => blocks::<QK, BlockIQ4NL>(row, x),
+        QuantType::IQ4XS => blocks::<QK_K, BlockIQ4XS>(row, x),
     })
 }
 
@@ -209,5 +252,9 @@ mod tests {
         check_block::<QK_K, BlockQ4K>();
         check_block::<QK_K, BlockQ5K>();
         check_block::<QK_K, BlockQ6K>();
+        check_block::<QK_K, BlockQ2K>();
+        check_block::<QK_K, BlockQ3K>();
+        check_block::<QK, BlockIQ4NL>();
+        check_block::<QK_K, BlockIQ4XS>();
     }
 }
