@@ -1,5 +1,6 @@
-//! GPT-2 style byte-level BPE (`gpt2`) vocabularies as a `tokenizers` pipeline: the regex
-//! pre-tokenizer chosen by `tokenizer.ggml.pre`, byte-to-character mapping, ranked merges.
+//! GPT-2 style byte-level BPE (`gpt2`) vocabularies as a `tokenizers` pipeline: the regexes of
+//! the pre-tokenizer chosen by `tokenizer.ggml.pre` (see `pre.rs`), byte-to-character mapping,
+//! ranked merges.
 
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -8,75 +9,9 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::SplitDelimiterBehavior;
 
+use super::pre::PreSpec;
 use super::vocab::Vocab;
 use super::TokenizerError;
-
-/// A pre-tokenizer as llama.cpp defines it (llm_tokenizer_bpe): regexes applied in turn, each
-/// splitting the pieces of the previous one, plus the flags llama.cpp ties to the same name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct PreSpec {
-    pub name: &'static str,
-    pub regexes: &'static [&'static str],
-    /// A whole pre-token that is itself in the vocabulary is emitted without merging.
-    pub ignore_merges: bool,
-    /// Default for `add_bos_token` when the file does not say.
-    pub add_bos: bool,
-}
-
-// Regexes exactly as llama.cpp's llama-vocab.cpp has them (its case-insensitive groups spelled
-// out as `[sS]` etc., so Unicode case folding cannot widen them).
-const RE_GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
-const RE_LLAMA3: &str =
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const RE_QWEN2: &str =
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const RE_QWEN35: &str =
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const RE_DEFAULT_PUNCT: &str = r"[\p{P}\$\+<=>\^~\|]+";
-const RE_FALCON_PUNCT: &str = r"[\p{P}\$\+<=>\^~\|`]+";
-const RE_DIGIT: &str = r"\p{N}";
-const RE_NEWLINE: &str = r"[\r\n]";
-const RE_CJK: &str = r"[一-龥ࠀ-一가-퟿]+";
-// DeepSeek LLM's letters: Latin, Greek, Cyrillic, Armenian, Georgian, Cherokee and the other
-// cased scripts, as ranges (llama.cpp's list). The six code points written as `\x{...}` have
-// singleton canonical decompositions: written as characters, any NFC pass over this file would
-// turn them into others (U+1FDB into U+038A, U+212A KELVIN SIGN into K) and break the ranges.
-const RE_DEEPSEEK_LLM_LETTERS: &str = r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\x{1F7D}ᾀ-ᾴᾶ-ᾼ\x{1FBE}ῂ-ῄῆ-ῌῐ-\x{1FD3}ῖ-\x{1FDB}ῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\x{2126}ℨ\x{212A}-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
-const RE_DEEPSEEK_LLM_PUNCT: &str = r"\s?[!-/:-~！-／：-～‘-‟　-。]+";
-const RE_DIGITS: &str = r"\p{N}+";
-const RE_THREE_DIGITS: &str = r"[0-9][0-9][0-9]";
-
-const PRE_SPECS: &[(&[&str], PreSpec)] = &[
-    (&["qwen2", "deepseek-r1-qwen"], PreSpec { name: "qwen2", regexes: &[RE_QWEN2], ignore_merges: false, add_bos: false }),
-    (&["llama3", "llama-v3", "llama-bpe", "falcon3"], PreSpec { name: "llama3", regexes: &[RE_LLAMA3], ignore_merges: true, add_bos: true }),
-    (&["qwen35"], PreSpec { name: "qwen35", regexes: &[RE_QWEN35], ignore_merges: false, add_bos: false }),
-    (&["gpt-2", "phi-2", "mpt"], PreSpec { name: "gpt-2", regexes: &[RE_GPT2], ignore_merges: false, add_bos: false }),
-    (&["starcoder", "refact"], PreSpec { name: "starcoder", regexes: &[RE_DIGIT, RE_GPT2], ignore_merges: false, add_bos: false }),
-    (&["falcon"], PreSpec { name: "falcon", regexes: &[RE_FALCON_PUNCT, RE_GPT2, RE_THREE_DIGITS], ignore_merges: false, add_bos: false }),
-    (
-        &["deepseek-llm"],
-        PreSpec {
-            name: "deepseek-llm",
-            regexes: &[RE_NEWLINE, RE_DEEPSEEK_LLM_LETTERS, RE_DEEPSEEK_LLM_PUNCT, r"\s+$", RE_CJK, RE_DIGITS],
-            ignore_merges: false,
-            add_bos: true,
-        },
-    ),
-    (
-        &["deepseek-coder"],
-        PreSpec { name: "deepseek-coder", regexes: &[RE_NEWLINE, r"\s?\p{L}+", r"\s?\p{P}+", RE_CJK, RE_DIGIT], ignore_merges: false, add_bos: true },
-    ),
-    (&["default"], PreSpec { name: "default", regexes: &[RE_DEFAULT_PUNCT, RE_GPT2, RE_DIGITS, RE_THREE_DIGITS], ignore_merges: false, add_bos: false }),
-];
-
-/// Every `tokenizer.ggml.pre` name this module implements.
-pub(crate) fn supported_pre_names() -> impl Iterator<Item = &'static str> {
-    PRE_SPECS.iter().flat_map(|(names, _)| names.iter().copied())
-}
-
-pub(crate) fn pre_spec(name: &str) -> Option<PreSpec> {
-    PRE_SPECS.iter().find(|(names, _)| names.contains(&name)).map(|(_, spec)| *spec)
-}
 
 /// GPT-2's printable stand-ins for bytes: printable Latin-1 maps to itself, the other 68
 /// bytes to U+0100.. in byte order.

@@ -5,6 +5,7 @@
 //! llama.cpp does, then each raw fragment goes through the `tokenizers` pipeline.
 
 mod bpe;
+mod pre;
 mod special;
 mod spm;
 mod stream;
@@ -26,6 +27,8 @@ pub enum TokenizerError {
     UnsupportedModel(String),
     #[error("unsupported tokenizer.ggml.pre {0:?} for a gpt2 vocabulary (supported: {list})", list = supported_pre_list())]
     UnsupportedPre(String),
+    #[error("tokenizer.ggml.pre {name:?} is known to llama.cpp but not supported: {why}")]
+    RefusedPre { name: String, why: &'static str },
     #[error("tokenizer.ggml.tokens is empty")]
     EmptyVocab,
     #[error("{key} has {len} entries but the vocabulary has {vocab} tokens")]
@@ -45,7 +48,7 @@ pub enum TokenizerError {
 }
 
 fn supported_pre_list() -> String {
-    bpe::supported_pre_names().collect::<Vec<_>>().join(", ")
+    pre::supported_pre_names().collect::<Vec<_>>().join(", ")
 }
 
 /// A vocabulary and its encoder; cheap to share (`Send + Sync`), immutable after building.
@@ -53,6 +56,8 @@ pub struct Tokenizer {
     kind: ModelKind,
     /// The `tokenizers` pipeline that encodes one raw-text fragment.
     inner: tokenizers::Tokenizer,
+    /// A hand-written split that runs before `inner`'s regexes (some `gpt2` pre-tokenizers).
+    pre_split: Option<pre::CustomSplit>,
     specials: SpecialMatcher,
     tokens: Vec<String>,
     attrs: Vec<Attr>,
@@ -103,6 +108,7 @@ impl Tokenizer {
         Ok(Tokenizer {
             kind: vocab.kind,
             inner,
+            pre_split: vocab.pre.and_then(|p| p.custom),
             specials,
             tokens: vocab.tokens,
             attrs: vocab.attrs,
@@ -131,11 +137,12 @@ impl Tokenizer {
                     out.push(id);
                     after_special = true;
                 }
+                Fragment::Text(t) if self.add_space_prefix && after_special => {
+                    self.encode_raw(&format!(" {t}"), &mut out)?;
+                    after_special = false;
+                }
                 Fragment::Text(t) => {
-                    let encoding =
-                        if self.add_space_prefix && after_special { self.inner.encode_fast(format!(" {t}"), false) } else { self.inner.encode_fast(t, false) };
-                    let encoding = encoding.map_err(|e| TokenizerError::Encode(e.to_string()))?;
-                    out.extend_from_slice(encoding.get_ids());
+                    self.encode_raw(t, &mut out)?;
                     after_special = false;
                 }
             }
@@ -146,8 +153,27 @@ impl Tokenizer {
     /// Token ids for `text` as a piece inside a longer text: no BOS, special tokens not
     /// parsed, and no space prefixed (SPM vocabularies prefix one at a text's start).
     pub fn encode_piece(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
-        let encoding = self.inner.encode_fast(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
-        Ok(encoding.get_ids().to_vec())
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        self.encode_raw(text, &mut out)?;
+        Ok(out)
+    }
+
+    /// Appends the ids of one raw-text fragment (no special tokens in it).
+    fn encode_raw(&self, text: &str, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
+        let encoding = match self.pre_split {
+            None => self.inner.encode_fast(text, false),
+            Some(split) => {
+                let pieces = split.split(text);
+                if pieces.is_empty() {
+                    return Ok(());
+                }
+                // Pre-tokenized input: `inner`'s regexes then split each piece on its own.
+                self.inner.encode_fast(pieces.as_slice(), false)
+            }
+        };
+        let encoding = encoding.map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        out.extend_from_slice(encoding.get_ids());
+        Ok(())
     }
 
     /// `tokenizer.ggml.add_bos_token`, or llama.cpp's default for the vocabulary type.

@@ -3,7 +3,7 @@
 
 use tokenizers::models::bpe::Vocab as TextToId;
 
-use super::bpe::{self, PreSpec};
+use super::pre::{self, PreSpec};
 use super::TokenizerError;
 use crate::gguf::{Array, GgufError, Metadata, Value};
 
@@ -183,7 +183,11 @@ impl Vocab {
                     tracing::warn!("{KEY_PRE} is missing; using the \"default\" pre-tokenizer as llama.cpp does");
                     "default"
                 });
-                Some(bpe::pre_spec(name).ok_or_else(|| TokenizerError::UnsupportedPre(name.to_string()))?)
+                match (pre::pre_spec(name), pre::refusal(name)) {
+                    (Some(spec), _) => Some(spec),
+                    (None, Some(why)) => return Err(TokenizerError::RefusedPre { name: name.to_string(), why }),
+                    (None, None) => return Err(TokenizerError::UnsupportedPre(name.to_string())),
+                }
             }
         };
 
