@@ -213,6 +213,35 @@ test("hostile chat templates (chatTemplate) fail with ChatTemplateError within 1
   assert.equal(r.finished, "length", "the engine serves after the refusals");
 });
 
+test("info.memory gives the memory plan; deviceMemoryMB below it refuses the load with ModelLoadError saying what it needs", { timeout: 10 * MINUTES }, async () => {
+  const r = await page.evaluate(
+    async ({ PKG, TINY }) => {
+      const flint = await import(PKG);
+      const engine = await flint.createEngine({ model: TINY, useCache: false, nCtx: 1024, maxSeqs: 2 });
+      const memory = engine.info.memory;
+      await engine.unload();
+      const mb = Math.floor(memory.total / 2 ** 20);
+      let refused = null;
+      try {
+        await (await flint.createEngine({ model: TINY, useCache: false, nCtx: 1024, maxSeqs: 2, deviceMemoryMB: Math.max(1, mb - 2) })).unload();
+      } catch (e) {
+        refused = { name: e.name, typed: e instanceof flint.ModelLoadError, message: e.message };
+      }
+      const fits = await flint.createEngine({ model: TINY, useCache: false, nCtx: 1024, maxSeqs: 2, deviceMemoryMB: mb + 2 });
+      await fits.unload();
+      return { memory, refused };
+    },
+    { PKG, TINY },
+  );
+  console.log(`memory plan in the browser: ${JSON.stringify(r)}`);
+  const m = r.memory;
+  assert.ok(m.weights > 0 && m.kv_cache > 0 && m.activations > 0 && m.logits > 0, JSON.stringify(m));
+  assert.equal(m.total, m.weights + m.kv_cache + m.activations + m.logits);
+  assert.ok(m.kv_positions >= 1024, JSON.stringify(m));
+  assert.ok(r.refused?.typed, JSON.stringify(r.refused));
+  assert.match(r.refused.message, /needs about .* MiB/);
+});
+
 test("the request-case table (tests/requests/cases.json): the same answers as flint serve, as error names and params", { timeout: 10 * MINUTES }, async () => {
   const table = JSON.parse(readFileSync(join(REPO, "tests/requests/cases.json"), "utf8"));
   const template = readFileSync(join(REPO, "tests/requests/template.jinja"), "utf8");

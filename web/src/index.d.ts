@@ -68,6 +68,11 @@ export interface EngineOptions {
   /** Keep URL models in the browser's cache (default true). */
   useCache?: boolean;
   /**
+   * The GPU's memory in MB (WebGPU reports none): a model whose memory plan (`info.memory`)
+   * does not fit is refused with `ModelLoadError` saying what it needs, before any weight is read.
+   */
+  deviceMemoryMB?: number;
+  /**
    * Check the GPU at load (default false): a short fixed input through the first layer and the
    * head on the GPU and on the CPU reference, compared tap by tap (NMSE at most 1e-5). A driver
    * that computes wrongly fails the load with a `SelfTestError` naming the adapter and the tap.
@@ -208,6 +213,8 @@ export interface EngineInfo {
   adapter: string;
   backend: string;
   has_chat_template: boolean;
+  /** What the model allocates on the GPU, in bytes (the KV cache for `nCtx` and `maxSeqs`). */
+  memory: { weights: number; kv_cache: number; kv_positions: number; activations: number; logits: number; total: number };
   /** The load-time self-test's result when `selfTest` asked for it, else null. */
   self_test: { adapter: string; taps: { name: string; nmse: number }[]; gpu_ms: number; cpu_ms: number } | null;
   file: string;

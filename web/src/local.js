@@ -54,7 +54,7 @@ export class LocalCore {
   #engine;
   info;
 
-  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel, draftPMin, useCache = true }) {
+  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel, draftPMin, deviceMemoryMB, useCache = true }) {
     if (typeof navigator === "undefined" || !navigator.gpu) {
       throw new WebGPUNotAvailableError("WebGPU is not available in this browser (navigator.gpu is missing)");
     }
@@ -84,6 +84,7 @@ export class LocalCore {
       if (speculative != null) opts.spec_type = speculative;
       if (draftMax != null) opts.draft_max = draftMax;
       if (draftPMin != null) opts.draft_p_min = draftPMin;
+      if (deviceMemoryMB != null) opts.device_mem_mb = deviceMemoryMB;
       const onCompile = (n) => report("compile", n, 0, `compiling GPU kernels: ${n}`);
       core.#engine = await loadEngine(reader, JSON.stringify(opts), onCompile, draftReader);
     } catch (e) {

@@ -15,6 +15,18 @@ pub struct InfoArgs {
     /// Also print every metadata key.
     #[arg(long)]
     metadata: bool,
+    /// The memory plan's context: tokens per sequence (0 = the model's training context).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = flint::DEFAULT_CTX)]
+    ctx_size: usize,
+    /// The memory plan's sequences at once (as `flint serve --parallel`).
+    #[arg(long, default_value_t = 1)]
+    parallel: usize,
+    /// The memory plan's KV pool in MB (as `--kv-budget-mb`).
+    #[arg(long = "kv-budget-mb", value_name = "MB")]
+    kv_budget_mb: Option<u64>,
+    /// The device's memory in MB: the plan is checked against it.
+    #[arg(long = "device-mem-mb", value_name = "MB")]
+    device_mem_mb: Option<u64>,
 }
 
 pub fn info(args: InfoArgs) -> Result<(), Failure> {
@@ -90,6 +102,20 @@ pub fn info(args: InfoArgs) -> Result<(), Failure> {
         tok.add_bos_default()
     );
     println!("chat template {}", if md.get("tokenizer.chat_template").is_some() { "yes" } else { "no" });
+    let opts = flint::LoadOptions { n_ctx: args.ctx_size, max_seqs: args.parallel, kv_budget_mb: args.kv_budget_mb, ..flint::LoadOptions::default() };
+    let plan = flint::memory_plan(&file, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+    let budget = args.device_mem_mb.map(|mb| mb.saturating_mul(1 << 20));
+    println!(
+        "memory plan   context {}, {} sequence(s)",
+        if args.ctx_size == 0 { cfg.n_ctx_train } else { args.ctx_size.min(cfg.n_ctx_train) },
+        args.parallel.max(1)
+    );
+    for line in plan.describe(budget).lines() {
+        println!("  {line}");
+    }
+    if budget.is_some_and(|b| plan.total() > b) {
+        return Err(Failure::usage(format!("the plan needs {:.1} MiB, more than --device-mem-mb gives", plan.total() as f64 / (1u64 << 20) as f64)));
+    }
     if args.metadata {
         for k in md.keys() {
             if let Some(v) = md.get(k) {

@@ -43,6 +43,9 @@ pub struct Costs {
     pub head: u64,
     /// What every part allocates whatever its layers: activations and the staging buffer.
     pub each: u64,
+    /// Of `layers`, the KV cache (all layers); of `head`, the logits and sampler rows.
+    pub kv: u64,
+    pub logits: u64,
 }
 
 impl Costs {
@@ -56,15 +59,25 @@ impl Costs {
             }
         }
         let per_position = (cfg.kv_dim() + cfg.v_dim()) as u64 * 4;
+        let mut kv = 0;
         for (il, w) in layers.iter_mut().enumerate() {
-            *w += layout.groups[layout.group_of(il)].n_blocks as u64 * layout.block_size as u64 * per_position;
+            let layer_kv = layout.groups[layout.group_of(il)].n_blocks as u64 * layout.block_size as u64 * per_position;
+            *w += layer_kv;
+            kv += layer_kv;
         }
         let output = if cfg.tied_output || file.tensor("output.weight").is_none() { bytes("token_embd.weight") } else { bytes("output.weight") };
-        // The logits and the sampler's working rows, each [max_outputs, n_vocab] f32.
-        let head = output + bytes("output_norm.weight") + 2 * limits.max_outputs as u64 * cfg.n_vocab as u64 * 4;
+        // The logits and the sampler's working rows, each [max_outputs, n_vocab] f32, and the
+        // output rows' hidden states.
+        let outputs = limits.max_outputs as u64;
+        let logits = 2 * outputs * cfg.n_vocab as u64 * 4 + outputs * cfg.n_embd as u64 * 4;
+        let head = output + bytes("output_norm.weight") + logits;
         let c = cfg;
+        let t = limits.max_tokens as u64;
         let row = 3 * c.n_embd + c.q_dim() + c.kv_dim() + c.v_dim() + c.n_head * c.head_dim_v + 2 * c.n_ff;
-        Costs { layers, embed: bytes("token_embd.weight"), head, each: limits.max_tokens as u64 * row as u64 * 4 }
+        // Attention's split partials, and a mixture of experts' router and expert rows.
+        let scratch = crate::ops::attention::Attention::scratch_bytes(&crate::model::graph::attention_desc(cfg, 0, None), limits.max_tokens as u32);
+        let moe = c.moe.map_or(0, |m| (t * m.n_expert as u64 + t * m.n_used as u64 * (2 * m.n_ff + c.n_embd) as u64) * 4);
+        Costs { layers, embed: bytes("token_embd.weight"), head, each: t * row as u64 * 4 + scratch + moe, kv, logits }
     }
 
     /// What layers `range` cost on a part that also embeds (`first`) or holds the head (`last`).
@@ -72,7 +85,8 @@ impl Costs {
         self.layers[range.clone()].iter().sum::<u64>() + self.each + if first { self.embed } else { 0 } + if last { self.head } else { 0 }
     }
 
-    fn total(&self) -> u64 {
+    /// What the whole model costs on one device.
+    pub fn total(&self) -> u64 {
         self.part(&(0..self.layers.len()), true, true)
     }
 }
@@ -297,7 +311,7 @@ mod tests {
 
     /// Ten layers of 10 bytes; embedding 5, head 7, 3 a part whatever its layers.
     fn costs() -> Costs {
-        Costs { layers: vec![10; 10], embed: 5, head: 7, each: 3 }
+        Costs { layers: vec![10; 10], embed: 5, head: 7, each: 3, kv: 0, logits: 0 }
     }
 
     fn ranges(parts: &[(usize, Range<usize>)]) -> Vec<Range<usize>> {

@@ -197,7 +197,7 @@ fn compile_progress() -> flint::CompileProgress {
 
 /// Loads a model from `source` (see the module docs) with options JSON
 /// `{"n_ctx": N, "max_seqs": N, "self_test": bool, "chat_template": "...", "spec_type":
-/// "none" | "ngram", "draft_max": N, "draft_p_min": P}`; resolves to a `WasmEngine` whose run loop is started.
+/// "none" | "ngram", "draft_max": N, "draft_p_min": P, "device_mem_mb": MB}`; resolves to a `WasmEngine` whose run loop is started.
 /// `on_compile(n, label)`, when a function, is called after each GPU kernel compile of the
 /// load. `draft_source`, unless null or undefined, is a draft model's reader (as `source`):
 /// its vocabulary must be the model's, else the load fails before any weight is read.
@@ -244,6 +244,13 @@ pub fn load_engine(source: JsValue, options: String, on_compile: JsValue, draft_
                 .ok_or_else(|| js_error("InvalidRequestError", format!("draftMax must be an integer in 1..=64, got {n}")))?;
             load.spec.draft_max = n as usize;
         }
+        if let Some(mb) = opts.get("device_mem_mb") {
+            let mb = mb
+                .as_u64()
+                .filter(|&mb| mb > 0)
+                .ok_or_else(|| js_error("InvalidRequestError", format!("deviceMemoryMB must be a positive integer, got {mb}")))?;
+            load.split.device_mem_mb = Some(vec![mb]);
+        }
         load.chat_template = opts.get("chat_template").and_then(|v| v.as_str()).map(str::to_string);
         let file = flint::GgufFile::from_source(Box::new(source)).await.map_err(|e| js_error("ModelLoadError", format!("malformed model file: {e}")))?;
         let loaded = if draft_source.is_null() || draft_source.is_undefined() {
@@ -270,6 +277,7 @@ pub fn load_engine(source: JsValue, options: String, on_compile: JsValue, draft_
             "adapter": engine.adapter_name(),
             "backend": engine.backend_name(),
             "has_chat_template": engine.has_chat_template(),
+            "memory": i.memory.json(),
             "self_test": i.self_test.as_ref().map(|r| json!({
                 "adapter": r.adapter,
                 "taps": r.taps.iter().map(|t| json!({"name": t.name, "nmse": t.nmse})).collect::<Vec<_>>(),

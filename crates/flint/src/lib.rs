@@ -10,6 +10,7 @@ mod draft;
 mod error;
 mod handle;
 mod maker;
+mod memory;
 pub mod openai;
 mod options;
 mod request;
@@ -45,6 +46,8 @@ pub use flint_gpu::pipeline::CompileEvent;
 pub use flint_gpu::split::SplitError;
 pub use flint_gpu::GpuError;
 pub use handle::{Canceller, RequestHandle};
+pub use maker::memory_plan;
+pub use memory::MemoryPlan;
 pub use options::{BackendKind, CompileProgress, LoadOptions, ModelPart, SplitOptions, DEFAULT_CTX, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_SEQS};
 pub use request::{Constrained, Input, Request, MAX_N};
 pub use runner::{EventResult, OpTimes};
@@ -57,7 +60,7 @@ use flint_core::sched::{SchedConfig, Scheduler};
 use flint_gpu::GpuContext;
 #[cfg(not(target_arch = "wasm32"))]
 use maker::draft_error;
-use maker::{file_text, kv_bytes_per_pos, open_draft, weight_bytes, BackendMaker, Made};
+use maker::{backend_options, file_text, kv_bytes_per_pos, open_draft, weight_bytes, BackendMaker, Made};
 use runner::{Command, Runner};
 
 /// What the engine tells about its model, shared by every handle.
@@ -83,6 +86,8 @@ pub struct EngineInfo {
     pub weight_bytes: u64,
     /// KV bytes per position (every layer, K and V).
     pub kv_bytes_per_position: u64,
+    /// What the model allocates, by kind (on the CPU backend: in host memory).
+    pub memory: MemoryPlan,
     /// The load-time self-test's result, when it ran.
     pub self_test: Option<SelfTestReport>,
     /// The speculation settings it was loaded with.
@@ -95,6 +100,16 @@ pub struct EngineInfo {
 }
 
 impl EngineInfo {
+    /// Bytes wgpu's allocator holds on this engine's devices now, where the backend reports
+    /// it (Vulkan, DX12): the check on [`EngineInfo::memory`]. Devices are shared by the
+    /// models of a process, so this counts every model on them.
+    pub fn allocated_bytes(&self) -> Option<u64> {
+        if self.gpus.is_empty() {
+            return None;
+        }
+        self.gpus.iter().map(|g| g.device.generate_allocator_report().map(|r| r.total_allocated_bytes)).sum()
+    }
+
     /// The model's constraint compiler (its tokenizer as llguidance's), built once.
     pub fn constrainer(&self) -> Result<Arc<Constrainer>, ConstraintError> {
         self.constrainer.get_or_init(|| Constrainer::new(self.tokenizer.clone()).map(Arc::new)).clone()
@@ -182,14 +197,7 @@ impl Engine {
             Some(c) => t.with_clock(c),
             None => t,
         });
-        let n_ctx = if opts.n_ctx == 0 { config.n_ctx_train } else { opts.n_ctx }.clamp(1, config.n_ctx_train);
         let kv_bytes_per_position = kv_bytes_per_pos(&config);
-        let kv_budget_bytes = match (opts.kv_budget_mb, opts.kv_budget_positions) {
-            (Some(mb), _) => Some(mb.saturating_mul(1 << 20)),
-            (None, Some(p)) => Some((p as u64).saturating_mul(kv_bytes_per_position)),
-            (None, None) => None,
-        };
-        let max_seqs = opts.max_seqs.max(1);
         let mut spec = opts.spec;
         spec.validate()?;
         // A draft model's file and vocabulary are checked before any weight is loaded.
@@ -199,10 +207,9 @@ impl Engine {
             None if opts.draft_model.is_some() => return Err(EngineError::Draft { model, source: DraftError::PathNotOpened }),
             None => None,
         };
-        // An output row per drafted token a step may verify.
+        let bopts = backend_options(&config, opts, &spec);
+        let BackendOptions { n_ctx, max_seqs, kv_budget_bytes, .. } = bopts;
         let draft_rows = spec.draft_rows(max_seqs);
-        let max_outputs = max_seqs + draft_rows;
-        let bopts = BackendOptions { n_ctx, max_seqs, max_batch_tokens: opts.max_batch_tokens.max(1), max_outputs, kv_budget_bytes };
         let file = Arc::new(file);
         let clock = opts.clock.unwrap_or(default_clock);
         let maker = BackendMaker { file: file.clone(), config: config.clone(), bopts: bopts.clone(), opts: opts.clone(), clock };
@@ -229,6 +236,7 @@ impl Engine {
             None => None,
         };
         let adapter_name = if gpus.is_empty() { "cpu".to_string() } else { gpus.iter().map(|g| g.adapter_name()).collect::<Vec<_>>().join(" + ") };
+        let memory = MemoryPlan::of(&file, &config, &bopts, backend.kv_layout());
         let mut sched = Scheduler::new(sched_cfg, KvCache::new(backend.kv_layout().clone()))?;
         sched.set_draft_rows(draft_rows);
         let info = EngineInfo {
@@ -243,6 +251,7 @@ impl Engine {
             name: file_text(&file, "general.name"),
             weight_bytes: weight_bytes(&file, &config),
             kv_bytes_per_position,
+            memory,
             config,
             self_test,
             gpus: gpus.clone(),

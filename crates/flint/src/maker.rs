@@ -134,6 +134,31 @@ pub(crate) fn draft_error(path: &std::path::Path, e: GgufError) -> EngineError {
     EngineError::Draft { model: path.display().to_string(), source: DraftError::Gguf(e) }
 }
 
+/// The backend options a load with `opts` gives a model of `config` speculating as `spec`.
+pub(crate) fn backend_options(config: &ModelConfig, opts: &LoadOptions, spec: &SpecConfig) -> BackendOptions {
+    let n_ctx = if opts.n_ctx == 0 { config.n_ctx_train } else { opts.n_ctx }.clamp(1, config.n_ctx_train);
+    let kv_budget_bytes = match (opts.kv_budget_mb, opts.kv_budget_positions) {
+        (Some(mb), _) => Some(mb.saturating_mul(1 << 20)),
+        (None, Some(p)) => Some((p as u64).saturating_mul(kv_bytes_per_pos(config))),
+        (None, None) => None,
+    };
+    let max_seqs = opts.max_seqs.max(1);
+    // An output row per drafted token a step may verify.
+    let max_outputs = max_seqs + spec.draft_rows(max_seqs);
+    BackendOptions { n_ctx, max_seqs, max_batch_tokens: opts.max_batch_tokens.max(1), max_outputs, kv_budget_bytes }
+}
+
+/// What `file` would allocate loaded with `opts`, from its header alone (`flint info`): the
+/// KV pool laid out for buffers of at most `--max-binding-mb` (default: unbounded), a draft
+/// model's memory not included.
+pub fn memory_plan(file: &GgufFile, opts: &LoadOptions) -> Result<crate::MemoryPlan, EngineError> {
+    let config = ModelConfig::from_gguf(file)?;
+    let bopts = backend_options(&config, opts, &opts.spec);
+    let max_binding = opts.max_binding_mb.map_or(u64::MAX, |mb| mb.saturating_mul(1 << 20));
+    let layout = flint_gpu::model::plan_kv(&config, &bopts, max_binding)?;
+    Ok(crate::MemoryPlan::of(file, &config, &bopts, &layout))
+}
+
 /// KV bytes per position: every layer's K and V, f32.
 pub(crate) fn kv_bytes_per_pos(cfg: &ModelConfig) -> u64 {
     (cfg.n_layer * (cfg.kv_dim() + cfg.v_dim()) * 4) as u64

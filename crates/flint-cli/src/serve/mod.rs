@@ -286,6 +286,8 @@ async fn run(args: ServeArgs, path: PathBuf, opts: LoadOptions, app: Shared) -> 
         tokio::task::spawn_blocking(move || match Engine::load_path(&path, &opts) {
             Ok(engine) => {
                 eprintln!("loaded {} on {} ({})", app.model_id, engine.backend_name(), engine.adapter_name());
+                let budget = opts.split.device_mem_mb.as_ref().map(|mb| mb.iter().map(|m| m.saturating_mul(1 << 20)).sum());
+                eprintln!("memory plan:\n{}", engine.info().memory.describe(budget));
                 if let Some(report) = &engine.info().self_test {
                     eprintln!("{}", report.summary());
                 }
