@@ -242,6 +242,41 @@ test("info.memory gives the memory plan; deviceMemoryMB below it refuses the loa
   assert.match(r.refused.message, /needs about .* MiB/);
 });
 
+test("a model the browser cache cannot hold (over the quota, or Cache.put refusing it) is read by HTTP ranges instead, saying so", { timeout: 10 * MINUTES }, async () => {
+  const r = await page.evaluate(
+    async ({ PKG, TINY }) => {
+      const flint = await import(PKG);
+      const greedy = { prompt: "Once upon a time", max_tokens: 4, temperature: 0 };
+      const run = async (opts) => {
+        const texts = [];
+        const engine = await flint.createEngine({ model: TINY, initProgressCallback: (p) => texts.push(p.text), ...opts });
+        const out = (await engine.completions.create(greedy)).choices[0].text;
+        await engine.unload();
+        return { out, texts, cached: await flint.hasModelInCache(TINY) };
+      };
+      const ranges = await run({ useCache: false });
+      await flint.deleteModelFromCache(TINY);
+      // Storage left below the model's size: not downloaded into the cache at all.
+      const estimate = navigator.storage.estimate;
+      navigator.storage.estimate = async () => ({ quota: 1000, usage: 0 });
+      const quota = await run({}).finally(() => (navigator.storage.estimate = estimate));
+      // The cache refusing the body (as Chromium does past its limits).
+      const put = Cache.prototype.put;
+      Cache.prototype.put = () => Promise.reject(new TypeError("Cache.put() encountered a network error"));
+      const refused = await run({}).finally(() => (Cache.prototype.put = put));
+      return { ranges, quota, refused };
+    },
+    { PKG, TINY },
+  );
+  console.log(`cache fallbacks: ${JSON.stringify({ quota: r.quota.texts.filter((t) => /not caching/.test(t)), refused: r.refused.texts.filter((t) => /not caching/.test(t)) })}`);
+  for (const [which, got] of [["quota", r.quota], ["refused", r.refused]]) {
+    assert.equal(got.out, r.ranges.out, which);
+    assert.equal(got.cached, false, which);
+  }
+  assert.ok(r.quota.texts.some((t) => /not caching .* larger than the browser's storage left .* reading it by HTTP ranges/.test(t)), JSON.stringify(r.quota.texts));
+  assert.ok(r.refused.texts.some((t) => /not caching .* storing it in the browser cache failed .*network error.* HTTP ranges/.test(t)), JSON.stringify(r.refused.texts));
+});
+
 test("the request-case table (tests/requests/cases.json): the same answers as flint serve, as error names and params", { timeout: 10 * MINUTES }, async () => {
   const table = JSON.parse(readFileSync(join(REPO, "tests/requests/cases.json"), "utf8"));
   const template = readFileSync(join(REPO, "tests/requests/template.jinja"), "utf8");

@@ -44,15 +44,25 @@ export async function deleteModelFromCache(url) {
 }
 
 /**
- * Downloads `url` into the cache, reporting (loaded, total) as bytes arrive, and returns
- * the cached Blob. Without the Cache API it returns null and the caller reads by ranges.
+ * Downloads `url` into the cache, reporting (loaded, total) as bytes arrive, and returns the
+ * cached Blob. It returns null, and the caller reads the model by HTTP ranges instead, where
+ * there is no Cache API, where the model is larger than the storage the browser has left for
+ * this origin (`navigator.storage.estimate()`), or where storing it fails (Chromium refuses
+ * bodies past its limits with a "network error"); `onSkip(reason)` says why.
  */
-export async function downloadToCache(url, onProgress) {
+export async function downloadToCache(url, onProgress, onSkip = () => {}) {
   if (!cacheAvailable()) return null;
   const res = await fetch(url);
   if (!res.ok || !res.body) throw new ModelLoadError(`${url}: HTTP ${res.status}`);
   const total = Number(res.headers.get("content-length")) || 0;
+  const room = await storageLeft();
+  if (total && room != null && total > room) {
+    await res.body.cancel();
+    onSkip(`the model (${mb(total)} MB) is larger than the browser's storage left for this site (${mb(room)} MB)`);
+    return null;
+  }
   let loaded = 0;
+  let cut = null;
   const counted = res.body.pipeThrough(
     new TransformStream({
       transform(chunk, ctl) {
@@ -61,13 +71,23 @@ export async function downloadToCache(url, onProgress) {
         ctl.enqueue(chunk);
       },
       flush() {
-        if (total && loaded !== total) throw new ModelLoadError(`${url}: download ended at ${loaded} of ${total} bytes`);
+        if (total && loaded !== total) {
+          cut = new ModelLoadError(`${url}: download ended at ${loaded} of ${total} bytes`);
+          throw cut;
+        }
       },
     }),
   );
   const cache = await caches.open(CACHE_NAME);
   const stored = new Response(counted, { headers: { "content-type": "application/octet-stream", [SIZE_HEADER]: String(total) } });
-  await cache.put(key(url), stored);
+  try {
+    await cache.put(key(url), stored);
+  } catch (e) {
+    if (cut) throw cut;
+    await cache.delete(key(url)).catch(() => {});
+    onSkip(`storing it in the browser cache failed (${e?.message ?? e})`);
+    return null;
+  }
   if (!total) {
     // Without a Content-Length the size is known only now: record it.
     const blob = await (await cache.match(key(url))).blob();
@@ -76,4 +96,18 @@ export async function downloadToCache(url, onProgress) {
   const blob = await cachedModel(url);
   if (!blob) throw new ModelLoadError(`${url}: the cached copy is incomplete`);
   return blob;
+}
+
+/** Bytes of storage this origin may still use, when the browser says. */
+async function storageLeft() {
+  try {
+    const { quota, usage } = (await navigator.storage?.estimate?.()) ?? {};
+    return Number.isFinite(quota) && Number.isFinite(usage) ? Math.max(0, quota - usage) : null;
+  } catch {
+    return null;
+  }
+}
+
+function mb(bytes) {
+  return (bytes / 1e6).toFixed(0);
 }

@@ -42,8 +42,10 @@ async function openModel(model, report, useCache) {
       report("cache", 0, cached.size, `found ${name} in the browser cache (${MB(cached.size)} MB)`);
       return { source: cached, name };
     }
-    const blob = await downloadToCache(url, (loaded, total) =>
-      report("download", loaded, total, `downloading ${name}: ${MB(loaded)} of ${MB(total)} MB`),
+    const blob = await downloadToCache(
+      url,
+      (loaded, total) => report("download", loaded, total, `downloading ${name}: ${MB(loaded)} of ${MB(total)} MB`),
+      (why) => report("cache", 0, 0, `not caching ${name}: ${why}; reading it by HTTP ranges instead`),
     );
     if (blob) return { source: blob, name };
   }
