@@ -417,18 +417,23 @@ fn iq4nl_values(n: vec4<u32>) -> vec4<f32> {
     return vec4<f32>(v);
 }
 
-#ifdef Q_IQ4_NL
-// Block (18 B): d f16, qs[16]; y = d * kvalues[q], low nibbles are elements 0..16.
-fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
-    let base = row_base + c * BLOCK_BYTES;
-    let d = load_f16_at(base);
-    let qs = load_4_words_at(base + 2u);
+// 32 elements from 16 bytes of IQ4 nibbles scaled by `d`: low nibbles are elements 0..16.
+fn iq4_chunk(d: f32, qs: array<u32, 4>) -> array<vec4<f32>, 8> {
     var out: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {
         out[k] = d * iq4nl_values(nibbles_lo(qs[k]));
         out[k + 4u] = d * iq4nl_values(nibbles_hi(qs[k]));
     }
     return out;
+}
+
+#ifdef Q_IQ4_NL
+// Block (18 B): d f16, qs[16]; y = d * kvalues[q], low nibbles are elements 0..16.
+fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
+    let base = row_base + c * BLOCK_BYTES;
+    let d = load_f16_at(base);
+    let qs = load_4_words_at(base + 2u);
+    return iq4_chunk(d, qs);
 }
 #endif
 
@@ -443,11 +448,6 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let ls = ((load_u32_at(base + 4u) >> (4u * j)) & 15u) | (((head >> (16u + 2u * j)) & 3u) << 4u);
     let dl = f16_to_f32(vec4<u32>(head & 0xffffu)).x * f32(i32(ls) - 32);
     let qs = load_4_words_at(base + 8u + 16u * j);
-    var out: array<vec4<f32>, 8>;
-    for (var k = 0u; k < 4u; k++) {
-        out[k] = dl * iq4nl_values(nibbles_lo(qs[k]));
-        out[k + 4u] = dl * iq4nl_values(nibbles_hi(qs[k]));
-    }
-    return out;
+    return iq4_chunk(dl, qs);
 }
 #endif

@@ -387,16 +387,21 @@ impl QuantBlock<QK_K> for BlockQ3K {
     }
 }
 
+/// 32 values from 16 bytes of IQ4 nibbles scaled by `d` (IQ4_NL's block, IQ4_XS's sub-block):
+/// low nibbles are elements 0..16.
+fn iq4_values(d: f32, qs: &[u8], y: &mut [f32]) {
+    let (lo, hi) = y.split_at_mut(QK / 2);
+    for ((lo, hi), &q) in lo.iter_mut().zip(hi).zip(qs) {
+        *lo = d * KVALUES_IQ4NL[(q & 0xf) as usize] as f32;
+        *hi = d * KVALUES_IQ4NL[(q >> 4) as usize] as f32;
+    }
+}
+
 impl QuantBlock<QK> for BlockIQ4NL {
     const TYPE: QuantType = QuantType::IQ4NL;
     #[inline]
     fn dequantize(&self, y: &mut [f32; QK]) {
-        let d = f16_to_f32(self.d);
-        let (lo, hi) = halves(y);
-        for ((lo, hi), &q) in lo.iter_mut().zip(hi).zip(&self.qs) {
-            *lo = d * KVALUES_IQ4NL[(q & 0xf) as usize] as f32;
-            *hi = d * KVALUES_IQ4NL[(q >> 4) as usize] as f32;
-        }
+        iq4_values(f16_to_f32(self.d), &self.qs, y);
     }
 }
 
@@ -409,11 +414,7 @@ impl QuantBlock<QK_K> for BlockIQ4XS {
             let lo = (self.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf;
             let hi = ((self.scales_h >> (2 * ib)) & 3) as u8;
             let dl = d * ((lo | (hi << 4)) as i32 - 32) as f32;
-            let (ylo, yhi) = y.split_at_mut(QK / 2);
-            for ((ylo, yhi), &q) in ylo.iter_mut().zip(yhi).zip(qs) {
-                *ylo = dl * KVALUES_IQ4NL[(q & 0xf) as usize] as f32;
-                *yhi = dl * KVALUES_IQ4NL[(q >> 4) as usize] as f32;
-            }
+            iq4_values(dl, qs, y);
         }
     }
 }
