@@ -7,6 +7,7 @@ use flint_core::arch::ModelConfig;
 use flint_core::backend::{BackendOptions, StepLimits};
 use flint_core::gguf::GgufFile;
 use flint_core::kv::KvLayout;
+use flint_gpu::model::mib;
 use flint_gpu::split::Costs;
 
 /// Bytes a model allocates on its device(s), by kind.
@@ -44,7 +45,6 @@ impl MemoryPlan {
 
     /// The plan as lines of text; `budget`: the device's memory, when known.
     pub fn describe(&self, budget: Option<u64>) -> String {
-        let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
         let total = match budget {
             Some(b) => format!("{} of {} given", mib(self.total()), mib(b)),
             None => format!("{} (unchecked: wgpu reports no memory size; --device-mem-mb checks it)", mib(self.total())),

@@ -255,6 +255,6 @@ pub fn plan_kv(cfg: &ModelConfig, opts: &BackendOptions, max_binding: u64) -> Re
 }
 
 /// `123.4 MiB`.
-pub(crate) fn mib(bytes: u64) -> String {
+pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
