@@ -42,12 +42,32 @@ const NEG_BIG: f32 = -3.0e38;
 @group(0) @binding(3) var<storage, read> tok_seq: array<u32>;           // [n_tok]
 @group(0) @binding(4) var<storage, read> block_table: array<u32>;       // [n_seq, max_blocks]
 @group(0) @binding(5) var<storage, read> q: array<vec4<f32>>;           // [n_tok, n_head * head_dim] f32
-@group(0) @binding(6) var<storage, read> k_cache: array<vec4<f32>>;     // [n_slots, kv_dim] f32
+#ifdef K_F16
+@group(0) @binding(6) var<storage, read> k_cache: array<vec2<u32>>;     // [n_slots, kv_dim / 4] 4 f16
+#else
+#ifdef K_Q8
+@group(0) @binding(6) var<storage, read> k_cache: array<u32>;           // [n_slots, kv_dim / 32 * 9] q8_0
+#else
+@group(0) @binding(6) var<storage, read> k_cache: array<vec4<f32>>;     // [n_slots, kv_dim / 4] f32
+#endif
+#endif
+#ifdef V_F16
+#ifdef HEAD_DIM
+@group(0) @binding(7) var<storage, read> v_cache: array<vec2<u32>>;     // [n_slots, v_dim / 4] 4 f16
+#else
+@group(0) @binding(7) var<storage, read> v_cache: array<u32>;           // [n_slots, v_dim / 2] 2 f16
+#endif
+#else
+#ifdef V_Q8
+@group(0) @binding(7) var<storage, read> v_cache: array<u32>;           // [n_slots, v_dim / 32 * 9] q8_0
+#else
 #ifdef HEAD_DIM
 // The serial kernel reads V rows as vec4 (its HEAD_DIM_V and so v_dim are multiples of 4).
 @group(0) @binding(7) var<storage, read> v_cache: array<vec4<f32>>;     // [n_slots, v_dim / 4] vec4
 #else
 @group(0) @binding(7) var<storage, read> v_cache: array<f32>;           // [n_slots, v_dim] f32
+#endif
+#endif
 #endif
 @group(0) @binding(8) var<storage, read_write> out: array<f32>;         // [n_tok, n_head * head_dim_v] f32
 // Split partials: [part_cap, head_dim_v] unnormalized outputs, then [part_cap] (max, sum)
@@ -73,6 +93,93 @@ fn load_q(q4: u32, i: u32, pos: u32) -> vec4<f32> {
     return v;
 #endif
 }
+
+// The caches' element types (kv_write.wgsl stores them; flint_core::kv::KvType): f32; f16
+// (K_F16 / V_F16), two per word; q8_0 (K_Q8 / V_Q8), per 32 elements a word with the
+// scale's f32 bits and 8 words of signed bytes. k_head / v_head give where kv head kvh of
+// a slot starts, in the units k4 / v4 / v1 index from there.
+
+// Whether H[i][j] of a Walsh-Hadamard matrix is negative.
+fn hadamard_neg(i: u32, j: u32) -> bool {
+    return (countOneBits(i & j) & 1u) == 1u;
+}
+
+// Four signed bytes of a word as floats.
+fn q8_4(w: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<i32>(i32(w << 24u), i32(w << 16u), i32(w << 8u), i32(w)) >> vec4<u32>(24u));
+}
+
+fn k_head(slot: u32, kvh: u32) -> u32 {
+#ifdef K_Q8
+    return slot * (params.kv_dim / 32u * 9u) + kvh * (params.head_dim / 32u * 9u);
+#else
+    return slot * (params.kv_dim / 4u) + kvh * (params.head_dim / 4u);
+#endif
+}
+
+// Elements 4i..4i+3 of the K head at `base`.
+fn k4(base: u32, i: u32) -> vec4<f32> {
+#ifdef K_F16
+    let w = k_cache[base + i];
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+#else
+#ifdef K_Q8
+    let b = base + (i / 8u) * 9u;
+    return q8_4(k_cache[b + 1u + i % 8u]) * bitcast<f32>(k_cache[b]);
+#else
+    return k_cache[base + i];
+#endif
+#endif
+}
+
+fn v_head(slot: u32, kvh: u32) -> u32 {
+#ifdef V_Q8
+    return slot * (params.v_dim / 32u * 9u) + kvh * (params.head_dim_v / 32u * 9u);
+#else
+#ifdef HEAD_DIM
+    return (slot * params.v_dim + kvh * params.head_dim_v) / 4u;
+#else
+#ifdef V_F16
+    return (slot * params.v_dim + kvh * params.head_dim_v) / 2u;
+#else
+    return slot * params.v_dim + kvh * params.head_dim_v;
+#endif
+#endif
+#endif
+}
+
+#ifdef HEAD_DIM
+// Elements 4i..4i+3 of the V head at `base` (the serial kernel).
+fn v4(base: u32, i: u32) -> vec4<f32> {
+#ifdef V_F16
+    let w = v_cache[base + i];
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+#else
+#ifdef V_Q8
+    let b = base + (i / 8u) * 9u;
+    return q8_4(v_cache[b + 1u + i % 8u]) * bitcast<f32>(v_cache[b]);
+#else
+    return v_cache[base + i];
+#endif
+#endif
+}
+#else
+// Element d of the V head at `base`.
+fn v1(base: u32, d: u32) -> f32 {
+#ifdef V_F16
+    let h = unpack2x16float(v_cache[base + d / 2u]);
+    return select(h.x, h.y, (d & 1u) == 1u);
+#else
+#ifdef V_Q8
+    let b = base + (d / 32u) * 9u;
+    let w = v_cache[b + 1u + (d % 32u) / 4u];
+    return f32(i32(w << (24u - 8u * (d % 4u))) >> 24u) * bitcast<f32>(v_cache[b]);
+#else
+    return v_cache[base + d];
+#endif
+#endif
+}
+#endif
 
 var<workgroup> q_sh: array<vec4<f32>, MAX_HEAD_DIM / 4u>;
 var<workgroup> red: array<f32, WG>;
@@ -174,15 +281,29 @@ fn split(
         q_sh[i] = load_q((t * params.n_head + h) * hd4, i, p) * params.scale;
     }
     workgroupBarrier();
+#ifdef K_ROT
+    // The keys were stored rotated by H (kv_write.wgsl): q <- H q, in groups of K_ROT.
+    var qr = 0.0;
+    if (tid < params.head_dim) {
+        let g0 = tid - tid % K_ROT;
+        for (var j = 0u; j < K_ROT; j++) {
+            let x = q_sh[(g0 + j) / 4u][(g0 + j) % 4u];
+            qr += select(x, -x, hadamard_neg(tid - g0, j));
+        }
+        qr *= 1.0 / sqrt(f32(K_ROT));
+    }
+    workgroupBarrier();
+    if (tid < params.head_dim) {
+        q_sh[tid / 4u][tid % 4u] = qr;
+    }
+    workgroupBarrier();
+#endif
 
     // V accumulation: invocation tid owns element d of the output for every n_grp-th position.
     let dv = params.head_dim_v;
     let n_grp = WG / dv;
     let d = tid % dv;
     let g = tid / dv;
-    let k_off = kvh * hd4;
-    let kv_dim4 = params.kv_dim / 4u;
-    let v_off = kvh * dv + d;
 
     var m = NEG_BIG;
     var l = 0.0;
@@ -193,10 +314,10 @@ fn split(
         var slot = 0u;
         if (j < hi) {
             slot = kv_slot(seq, j);
-            let row = slot * kv_dim4 + k_off;
+            let row = k_head(slot, kvh);
             var dot4 = vec4<f32>(0.0);
             for (var i = 0u; i < hd4; i++) {
-                dot4 = fma(q_sh[i], k_cache[row + i], dot4);
+                dot4 = fma(q_sh[i], k4(row, i), dot4);
             }
             sc = cap_score(dot4.x + dot4.y + dot4.z + dot4.w);
         }
@@ -215,7 +336,7 @@ fn split(
         let n_valid = min(WG, hi - base);
         if (g < n_grp) {
             for (var jj = g; jj < n_valid; jj += n_grp) {
-                acc = fma(p_sh[jj], v_cache[slot_sh[jj] * params.v_dim + v_off], acc);
+                acc = fma(p_sh[jj], v1(v_head(slot_sh[jj], kvh), d), acc);
             }
         }
         workgroupBarrier();
@@ -223,11 +344,28 @@ fn split(
 
     red[tid] = acc;
     workgroupBarrier();
+    var o = 0.0;
     if (tid < dv) {
-        var o = 0.0;
         for (var gg = 0u; gg < n_grp; gg++) {
             o += red[gg * dv + tid];
         }
+    }
+#ifdef V_ROT
+    // The values were stored rotated by H: the sums are rotated back (H = H^-1), in groups
+    // of V_ROT; partials are too (the combine pass is linear in them).
+    p_sh[tid] = o;
+    workgroupBarrier();
+    if (tid < dv) {
+        let g0 = tid - tid % V_ROT;
+        var r = 0.0;
+        for (var j = 0u; j < V_ROT; j++) {
+            let x = p_sh[g0 + j];
+            r += select(x, -x, hadamard_neg(tid - g0, j));
+        }
+        o = r * (1.0 / sqrt(f32(V_ROT)));
+    }
+#endif
+    if (tid < dv) {
         if (n_split == 1u) {
             out[(t * params.n_head + h) * dv + tid] = o / l;
         } else {
@@ -297,6 +435,26 @@ fn combine(
 const HD4: u32 = HEAD_DIM / 4u;
 const HDV4: u32 = HEAD_DIM_V / 4u;
 
+// a <- H a in each group of n (a power of two dividing HEAD_DIM), H orthonormal: butterflies
+// (Sylvester's order, the H of hadamard_neg), then 1 / sqrt(n).
+fn fwht(a: ptr<function, array<f32, HEAD_DIM>>, n: u32) {
+    for (var g = 0u; g < HEAD_DIM; g += n) {
+        for (var len = 1u; len < n; len *= 2u) {
+            for (var i = 0u; i < n / 2u; i++) {
+                let lo = g + (i / len) * 2u * len + i % len;
+                let x = (*a)[lo];
+                let y = (*a)[lo + len];
+                (*a)[lo] = x + y;
+                (*a)[lo + len] = x - y;
+            }
+        }
+    }
+    let s = 1.0 / sqrt(f32(n));
+    for (var d = 0u; d < HEAD_DIM; d++) {
+        (*a)[d] *= s;
+    }
+}
+
 @compute @workgroup_size(WG_ROWS)
 fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = wg.x * WG_ROWS + lid;
@@ -322,15 +480,26 @@ fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var k = 0u; k < HD4; k++) {
         qv[k] = load_q(q0, k, p) * params.scale;
     }
+#ifdef K_ROT
+    // The keys were stored rotated by H: q <- H q (a fast Walsh-Hadamard transform per
+    // group of K_ROT; a direct product would pass llvmpipe's loop bound at HEAD_DIM 256).
+    var qf: array<f32, HEAD_DIM>;
+    for (var d = 0u; d < HEAD_DIM; d++) {
+        qf[d] = qv[d / 4u][d % 4u];
+    }
+    fwht(&qf, K_ROT);
+    for (var d = 0u; d < HEAD_DIM; d++) {
+        qv[d / 4u][d % 4u] = qf[d];
+    }
+#endif
     var acc: array<vec4<f32>, HDV4>;
     var m = NEG_BIG;
     var l = 0.0;
-    let kv_dim4 = params.kv_dim / 4u;
     for (var j = lo; j < hi; j++) {
         let slot = kv_slot(seq, j);
-        let krow = slot * kv_dim4 + kvh * HD4;
+        let krow = k_head(slot, kvh);
         var d4 = vec4<f32>(0.0);
-        // d4 = fma(qv[k], k_cache[krow + k], d4) for each k < HD4.
+        // d4 = fma(qv[k], k4(krow, k), d4) for each k < HD4.
         ROWS_DOT
         let sc = cap_score(d4.x + d4.y + d4.z + d4.w);
         let m_new = max(m, sc);
@@ -338,12 +507,23 @@ fn rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let pj = exp(sc - m_new);
         l = l * alpha + pj;
         m = m_new;
-        let vrow = (slot * params.v_dim + kvh * HEAD_DIM_V) / 4u;
-        // acc[k] = fma(vec4(pj), v_cache[vrow + k], acc[k] * alpha) for each k < HDV4: one
+        let vrow = v_head(slot, kvh);
+        // acc[k] = fma(vec4(pj), v4(vrow, k), acc[k] * alpha) for each k < HDV4: one
         // 16-byte load per 4 values (where loads are issued lane by lane, they bound the loop).
         ROWS_ACC
     }
 
+#ifdef V_ROT
+    // The values were stored rotated by H: the sums are rotated back.
+    var af: array<f32, HEAD_DIM>;
+    for (var d = 0u; d < HEAD_DIM; d++) {
+        af[d] = acc[d / 4u][d % 4u];
+    }
+    fwht(&af, V_ROT);
+    for (var d = 0u; d < HEAD_DIM; d++) {
+        acc[d / 4u][d % 4u] = af[d];
+    }
+#endif
     let row = t * params.n_head + h;
     if (n_split == 1u) {
         let o = row * HEAD_DIM_V;

@@ -31,7 +31,7 @@ fn sin_cos(theta: f32) -> vec2<f32> {
 struct RopeParams {
     n_pairs: u32, // rope_dim / 2
     freq_scale: f32,
-    _pad0: u32,
+    mscale: f32, // multiplies cos and sin (YaRN, LongRoPE)
     _pad1: u32,
 }
 
@@ -60,7 +60,7 @@ fn rope_rotate(d: u32, xd: f32, xp: f32, pos: u32) -> f32 {
     let first = (d & 1u) == 0u;
     let i = d >> 1u;
 #endif
-    let sc = sin_cos(f32(pos) * rope.freq_scale * inv_freq[i]);
+    let sc = sin_cos(f32(pos) * rope.freq_scale * inv_freq[i]) * rope.mscale;
     if (first) {
         return xd * sc.y - xp * sc.x;
     }

@@ -213,7 +213,7 @@ test("hostile chat templates (chatTemplate) fail with ChatTemplateError within 1
   assert.equal(r.finished, "length", "the engine serves after the refusals");
 });
 
-test("info.memory gives the memory plan; deviceMemoryMB below it refuses the load with ModelLoadError saying what it needs", { timeout: 10 * MINUTES }, async () => {
+test("info.memory gives the memory plan; deviceMemoryMB below it refuses the load with ModelLoadError saying what it needs; cacheTypeK/V store the KV cache smaller", { timeout: 10 * MINUTES }, async () => {
   const r = await page.evaluate(
     async ({ PKG, TINY }) => {
       const flint = await import(PKG);
@@ -228,8 +228,21 @@ test("info.memory gives the memory plan; deviceMemoryMB below it refuses the loa
         refused = { name: e.name, typed: e instanceof flint.ModelLoadError, message: e.message };
       }
       const fits = await flint.createEngine({ model: TINY, useCache: false, nCtx: 1024, maxSeqs: 2, deviceMemoryMB: mb + 2 });
+      const greedy = { prompt: "Once upon a time", max_tokens: 4, temperature: 0 };
+      const f32Text = (await fits.completions.create(greedy)).choices[0].text;
       await fits.unload();
-      return { memory, refused };
+      // Smaller KV caches: q8_0 keys (rotated, packed bytes), f16 values (pack2x16float).
+      const small = await flint.createEngine({ model: TINY, useCache: false, nCtx: 1024, maxSeqs: 2, cacheTypeK: "q8_0", cacheTypeV: "f16" });
+      const smallMemory = small.info.memory;
+      const smallText = (await small.completions.create(greedy)).choices[0].text;
+      await small.unload();
+      let badType = null;
+      try {
+        await (await flint.createEngine({ model: TINY, useCache: false, cacheTypeK: "q4_0" })).unload();
+      } catch (e) {
+        badType = { name: e.name, message: e.message };
+      }
+      return { memory, refused, f32Text, smallMemory, smallText, badType };
     },
     { PKG, TINY },
   );
@@ -240,6 +253,15 @@ test("info.memory gives the memory plan; deviceMemoryMB below it refuses the loa
   assert.ok(m.kv_positions >= 1024, JSON.stringify(m));
   assert.ok(r.refused?.typed, JSON.stringify(r.refused));
   assert.match(r.refused.message, /needs about .* MiB/);
+  const s = r.smallMemory;
+  assert.equal(s.cache_type_k, "q8_0");
+  assert.equal(s.cache_type_v, "f16");
+  assert.equal(m.cache_type_k, "f32");
+  // Per position: K at 9/32 of f32's bytes, V at half: (9/32 + 1/2) / 2 of f32's when K and V rows are as wide.
+  assert.ok(s.kv_cache < m.kv_cache * 0.8 && s.kv_cache > m.kv_cache * 0.2, JSON.stringify({ s, m }));
+  assert.equal(r.smallText, r.f32Text, "4 greedy tokens with q8_0 keys and f16 values equal f32's");
+  assert.equal(r.badType?.name, "InvalidRequestError", JSON.stringify(r.badType));
+  assert.match(r.badType.message, /cacheTypeK: unknown KV cache type "q4_0"/);
 });
 
 test("a model the browser cache cannot hold (over the quota, or Cache.put refusing it) is read by HTTP ranges instead, saying so", { timeout: 10 * MINUTES }, async () => {

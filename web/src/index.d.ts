@@ -73,6 +73,13 @@ export interface EngineOptions {
    */
   deviceMemoryMB?: number;
   /**
+   * How the KV cache stores keys and values (llama.cpp's `-ctk` / `-ctv`; default "f32"):
+   * "f16" takes half the memory, "q8_0" 9/32 of it (keys and values rotated by a Hadamard
+   * matrix before rounding, as llama.cpp does). Stored packed, so no `shader-f16` is needed.
+   */
+  cacheTypeK?: "f32" | "f16" | "q8_0";
+  cacheTypeV?: "f32" | "f16" | "q8_0";
+  /**
    * Check the GPU at load (default false): a short fixed input through the first layer and the
    * head on the GPU and on the CPU reference, compared tap by tap (NMSE at most 1e-5). A driver
    * that computes wrongly fails the load with a `SelfTestError` naming the adapter and the tap.
@@ -214,7 +221,16 @@ export interface EngineInfo {
   backend: string;
   has_chat_template: boolean;
   /** What the model allocates on the GPU, in bytes (the KV cache for `nCtx` and `maxSeqs`). */
-  memory: { weights: number; kv_cache: number; kv_positions: number; activations: number; logits: number; total: number };
+  memory: {
+    weights: number;
+    kv_cache: number;
+    kv_positions: number;
+    cache_type_k: "f32" | "f16" | "q8_0";
+    cache_type_v: "f32" | "f16" | "q8_0";
+    activations: number;
+    logits: number;
+    total: number;
+  };
   /** The load-time self-test's result when `selfTest` asked for it, else null. */
   self_test: { adapter: string; taps: { name: string; nmse: number }[]; gpu_ms: number; cpu_ms: number } | null;
   file: string;

@@ -56,7 +56,7 @@ export class LocalCore {
   #engine;
   info;
 
-  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel, draftPMin, deviceMemoryMB, useCache = true }) {
+  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel, draftPMin, deviceMemoryMB, cacheTypeK, cacheTypeV, useCache = true }) {
     if (typeof navigator === "undefined" || !navigator.gpu) {
       throw new WebGPUNotAvailableError("WebGPU is not available in this browser (navigator.gpu is missing)");
     }
@@ -87,6 +87,8 @@ export class LocalCore {
       if (draftMax != null) opts.draft_max = draftMax;
       if (draftPMin != null) opts.draft_p_min = draftPMin;
       if (deviceMemoryMB != null) opts.device_mem_mb = deviceMemoryMB;
+      if (cacheTypeK != null) opts.cache_type_k = cacheTypeK;
+      if (cacheTypeV != null) opts.cache_type_v = cacheTypeV;
       const onCompile = (n) => report("compile", n, 0, `compiling GPU kernels: ${n}`);
       core.#engine = await loadEngine(reader, JSON.stringify(opts), onCompile, draftReader);
     } catch (e) {

@@ -80,6 +80,19 @@ pub struct DeviceArgs {
     /// devices; one too large for all of them together is refused, saying what it needs.
     #[arg(long = "device-mem-mb", value_name = "MB,MB,...", value_delimiter = ',')]
     pub device_mem_mb: Option<Vec<u64>>,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+}
+
+/// How the KV cache stores keys and values (llama.cpp's -ctk / -ctv).
+#[derive(Args, Clone, Default)]
+pub struct CacheArgs {
+    /// How keys are stored: f32, f16 (half the memory) or q8_0 (9/32 of f32's); also -ctk.
+    #[arg(long = "cache-type-k", value_name = "TYPE", default_value = "f32")]
+    pub cache_type_k: flint::KvType,
+    /// How values are stored: f32, f16 or q8_0; also -ctv.
+    #[arg(long = "cache-type-v", value_name = "TYPE", default_value = "f32")]
+    pub cache_type_v: flint::KvType,
 }
 
 impl DeviceArgs {
@@ -322,6 +335,8 @@ pub fn load_options(backend: BackendArg, device: &DeviceArgs, spec: Option<&Spec
         device: device.device()?,
         split: device.split()?,
         compile_observer: Some(crate::progress::compile_line()),
+        cache_k: device.cache.cache_type_k,
+        cache_v: device.cache.cache_type_v,
         ..LoadOptions::default()
     };
     if let Some(spec) = spec {

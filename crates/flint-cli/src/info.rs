@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use clap::Args;
+use flint::ScalingKind;
 use flint::{GgufFile, ModelConfig, Tokenizer};
 
 use crate::Failure;
@@ -27,6 +28,8 @@ pub struct InfoArgs {
     /// The device's memory in MB: the plan is checked against it.
     #[arg(long = "device-mem-mb", value_name = "MB")]
     device_mem_mb: Option<u64>,
+    #[command(flatten)]
+    cache: crate::args::CacheArgs,
 }
 
 pub fn info(args: InfoArgs) -> Result<(), Failure> {
@@ -56,7 +59,13 @@ pub fn info(args: InfoArgs) -> Result<(), Failure> {
     println!("attention     {}", attn.join(", "));
     println!("context       {} (trained)", cfg.n_ctx_train);
     println!("rms eps       {}", cfg.rms_eps);
-    let factors = if cfg.rope_freqs { ", per-dimension frequency factors (rope_freqs.weight)" } else { "" };
+    let mscale = cfg.rope_scaling.mscale;
+    let factors = match cfg.rope_scaling.kind {
+        _ if cfg.rope_freqs => ", per-dimension frequency factors (rope_freqs.weight)".to_string(),
+        ScalingKind::Yarn { factor, orig_ctx } => format!(", YaRN: factor {factor} from {orig_ctx} positions, cos/sin × {mscale}"),
+        ScalingKind::LongRope { orig_ctx } => format!(", LongRoPE: long factors past {orig_ctx} positions, cos/sin × {mscale}"),
+        ScalingKind::None => String::new(),
+    };
     println!("rope          {:?}, {} dims{factors}", cfg.rope_style, cfg.rope_dim);
     // Each kind of layer once, with how many layers are of it and the first few of them.
     let mut kinds: Vec<(String, Vec<usize>)> = Vec::new();
@@ -102,7 +111,14 @@ pub fn info(args: InfoArgs) -> Result<(), Failure> {
         tok.add_bos_default()
     );
     println!("chat template {}", if md.get("tokenizer.chat_template").is_some() { "yes" } else { "no" });
-    let opts = flint::LoadOptions { n_ctx: args.ctx_size, max_seqs: args.parallel, kv_budget_mb: args.kv_budget_mb, ..flint::LoadOptions::default() };
+    let opts = flint::LoadOptions {
+        n_ctx: args.ctx_size,
+        max_seqs: args.parallel,
+        kv_budget_mb: args.kv_budget_mb,
+        cache_k: args.cache.cache_type_k,
+        cache_v: args.cache.cache_type_v,
+        ..flint::LoadOptions::default()
+    };
     let plan = flint::memory_plan(&file, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
     let budget = args.device_mem_mb.map(|mb| mb.saturating_mul(1 << 20));
     println!(

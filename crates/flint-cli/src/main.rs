@@ -111,13 +111,15 @@ fn private_runtime_dir() {}
 /// llama.cpp's multi-letter short flags, which clap cannot declare (it would read `-md` as
 /// `-m d`), as their long forms; and `flint --list-devices` as `flint devices`.
 fn llama_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const LONG: [(&str, &str); 6] = [
+    const LONG: [(&str, &str); 8] = [
         ("-md", "--model-draft"),
         ("-dev", "--device"),
         ("-sm", "--split-mode"),
         ("-ts", "--tensor-split"),
         ("-sp", "--special"),
         ("-jf", "--json-schema-file"),
+        ("-ctk", "--cache-type-k"),
+        ("-ctv", "--cache-type-v"),
     ];
     args.enumerate()
         .map(|(i, a)| match LONG.iter().find(|(short, _)| a == *short) {

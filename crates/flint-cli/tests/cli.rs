@@ -472,11 +472,11 @@ fn malformed_family_files_exit_2() {
         heads[at..at + 4].copy_from_slice(&3u32.to_le_bytes());
         assert_usage_error(&["run", "-m", &write("heads", &heads), "--backend", "cpu", "hi"], "not a multiple");
         if family == "phi3" {
-            // A long-context Phi-3's LongRoPE factors (a tensor renamed to one, same length).
+            // LongRoPE's long factors of the wrong shape (a matrix renamed to them, same length).
             let mut long = good.clone();
             let at = after_gguf_string(&long, "blk.0.attn_output.weight") - 24;
             long[at..at + 24].copy_from_slice(b"rope_factors_long.weight");
-            assert_usage_error(&["run", "-m", &write("longrope", &long), "--backend", "cpu", "hi"], "LongRoPE");
+            assert_usage_error(&["run", "-m", &write("longrope", &long), "--backend", "cpu", "hi"], "\"rope_factors_long.weight\" has shape");
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();

@@ -12,7 +12,7 @@ use thiserror::Error;
 
 use crate::arch::{ArchError, ModelConfig};
 use crate::gguf::GgufError;
-use crate::kv::{GroupCopy, KvCache, KvError, KvLayout, PoolRequest, KV_BLOCK_SIZE, NO_BLOCK, WINDOW_SLACK};
+use crate::kv::{GroupCopy, KvCache, KvError, KvLayout, KvType, PoolRequest, KV_BLOCK_SIZE, NO_BLOCK, WINDOW_SLACK};
 use crate::sampling::{Sampled, Sampler};
 use crate::selftest::{Probe, Tap};
 
@@ -72,6 +72,9 @@ pub struct BackendOptions {
     pub max_outputs: usize,
     /// Bytes for the KV pool, every group together; None = one context plus a quarter.
     pub kv_budget_bytes: Option<u64>,
+    /// How K and V elements are stored (`--cache-type-k`, `--cache-type-v`).
+    pub cache_k: KvType,
+    pub cache_v: KvType,
 }
 
 impl BackendOptions {
@@ -85,6 +88,8 @@ impl BackendOptions {
             max_buffer_bytes,
             block_size: KV_BLOCK_SIZE,
             slack: WINDOW_SLACK,
+            k_type: self.cache_k,
+            v_type: self.cache_v,
         }
     }
 }

@@ -15,12 +15,14 @@
 pub mod cache;
 pub mod layout;
 pub mod prefix;
+pub mod types;
 
 use thiserror::Error;
 
 pub use cache::{KvCache, SeqId};
 pub use layout::{KvGroupSpec, KvLayout, PoolRequest, KV_BLOCK_SIZE, WINDOW_SLACK};
 pub use prefix::PrefixIndex;
+pub use types::KvType;
 
 /// A table entry for a block a sliding-window sequence no longer holds (it fell out of the
 /// window); kernels never read it.
@@ -36,6 +38,8 @@ pub enum KvError {
     Invalid(&'static str),
     #[error("the KV budget of {budget_bytes} bytes cannot hold one context of {n_ctx} tokens: {needed_bytes} bytes are needed (raise the budget or lower the context size)")]
     ContextTooLarge { budget_bytes: u64, needed_bytes: u64, n_ctx: usize },
+    #[error("{0}")]
+    Type(String),
     #[error("cannot roll back to {len} positions: a sliding-window group no longer holds them")]
     RollbackTooFar { len: usize },
 }

@@ -58,7 +58,7 @@ impl Costs {
                 layers[l] += t.n_bytes;
             }
         }
-        let per_position = (cfg.kv_dim() + cfg.v_dim()) as u64 * 4;
+        let per_position = flint_core::kv::layout::row_bytes(cfg, layout.k_type, layout.v_type);
         let mut kv = 0;
         for (il, w) in layers.iter_mut().enumerate() {
             let layer_kv = layout.groups[layout.group_of(il)].n_blocks as u64 * layout.block_size as u64 * per_position;

@@ -3,10 +3,11 @@
 //! sentinels; and batch invariance: a token's output is bit-identical whatever shares its step.
 
 use flint_core::arch::RopeStyle;
-use flint_core::reference::ops::rope;
-use flint_gpu::buffer::{read_f32, storage, storage_init};
+use flint_core::kv::KvType;
+use flint_core::reference::ops::rope_scaled;
+use flint_gpu::buffer::{read_f32, read_u32, storage, storage_init};
 use flint_gpu::ops::attention::{Attention, AttentionDesc, MAX_SPLITS, ROWS_TARGET_INVOCATIONS, SPLIT_MIN_POSITIONS, SPLIT_TARGET_GROUPS};
-use flint_gpu::ops::kv_write::{encode_block_copy, KvWrite};
+use flint_gpu::ops::kv_write::{decode_rows, encode_block_copy, encode_rows, KvWrite};
 use flint_gpu::ops::rope::RopeSpec;
 use flint_gpu::ops::Batch;
 use flint_gpu::pipeline::PipelineCache;
@@ -44,7 +45,43 @@ struct Case {
 }
 
 fn desc(n_head: u32, n_head_kv: u32, hd: u32, window: Option<u32>) -> AttentionDesc {
-    AttentionDesc { n_head, n_head_kv, head_dim: hd, head_dim_v: hd, scale: 1.0 / (hd as f32).sqrt(), window, rope: None, softcap: None }
+    let scale = 1.0 / (hd as f32).sqrt();
+    AttentionDesc { n_head, n_head_kv, head_dim: hd, head_dim_v: hd, scale, window, rope: None, softcap: None, k_type: KvType::F32, v_type: KvType::F32 }
+}
+
+/// The tolerance of a case: f32 caches compute what the f64 reference does up to f32
+/// rounding; f16 and q8_0 caches are compared with a reference over the rounded rows, and a
+/// rotated element may land on the other side of a rounding boundary.
+fn tolerance(d: &AttentionDesc) -> f64 {
+    if (d.k_type, d.v_type) == (KvType::F32, KvType::F32) {
+        NMSE_F32
+    } else {
+        1e-6
+    }
+}
+
+/// Checks one cache after kv_write: slots the step did not write keep their words, the
+/// written rows read back as `want` stored as `ty` (exactly where `exact`).
+#[allow(clippy::too_many_arguments)]
+fn check_cache(what: &str, ty: KvType, got: &[u32], init: &[u32], want: &[f32], dim: usize, head_dim: usize, written: &[usize], exact: bool, tol: f64) {
+    let words = ty.row_bytes(dim) as usize / 4;
+    let is_k = what.starts_with('k');
+    let (mut g, mut w) = (Vec::new(), Vec::new());
+    for slot in 0..got.len() / words {
+        let r = slot * words..(slot + 1) * words;
+        if written.contains(&slot) {
+            g.extend(decode_rows(ty, &got[r]));
+            w.extend(decode_rows(ty, &encode_rows(ty, &want[slot * dim..][..dim], head_dim, is_k)));
+        } else {
+            assert!(got[r.clone()] == init[r], "{what}: slot {slot} written outside the step's slots");
+        }
+    }
+    if exact {
+        assert!(g == w, "{what} differs after kv_write");
+    } else {
+        let e = nmse(&g, &w);
+        assert!(e <= tol, "{what} after kv_write: nmse {e:e}");
+    }
 }
 
 fn shuffle<T>(v: &mut [T], rng: &mut TestRng) {
@@ -141,7 +178,7 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
     if let Some(r) = &d.rope {
         let rot = |row: &mut [f32], hd: usize, p: usize| {
             for head in row.chunks_mut(hd) {
-                rope(head, p, &flint_core::arch::rope_inv_freq(r.rope_dim as usize, r.base, r.freq_factors.as_deref()), r.freq_scale, r.style);
+                rope_scaled(head, p, &flint_core::arch::rope_inv_freq(r.rope_dim as usize, r.base, r.freq_factors.as_deref()), r.freq_scale, r.style, r.mscale);
             }
         };
         for (t, &(s, p)) in toks.iter().enumerate() {
@@ -159,7 +196,9 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
 
     let buf = |label: &str, data: &[f32]| storage_init(ctx, label, bytemuck::cast_slice(data)).unwrap();
     let (q_buf, k_buf, v_buf) = (buf("q", &q), buf("k", &k_step), buf("v", &v_step));
-    let (kc_buf, vc_buf) = (buf("k_cache", &k_cache), buf("v_cache", &v_cache));
+    let (kc_init, vc_init) = (encode_rows(d.k_type, &k_cache, d.head_dim as usize, true), encode_rows(d.v_type, &v_cache, d.head_dim_v as usize, false));
+    let words = |label: &str, data: &[u32]| storage_init(ctx, label, bytemuck::cast_slice(data)).unwrap();
+    let (kc_buf, vc_buf) = (words("k_cache", &kc_init), words("v_cache", &vc_init));
     let out_buf = buf("out", &vec![SENTINEL; max_tokens as usize * out_dim]);
 
     let cache = pipelines();
@@ -183,23 +222,27 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
     });
 
     let out = read_f32(ctx, &out_buf, 0, max_tokens as usize * out_dim).await.unwrap();
-    let kc = read_f32(ctx, &kc_buf, 0, k_cache.len()).await.unwrap();
-    let vc = read_f32(ctx, &vc_buf, 0, v_cache.len()).await.unwrap();
+    let kc = read_u32(ctx, &kc_buf, 0, kc_init.len()).await.unwrap();
+    let vc = read_u32(ctx, &vc_buf, 0, vc_init.len()).await.unwrap();
     ctx.check().unwrap();
 
-    // The caches now hold every history row in its slot and SENTINEL elsewhere, bit for bit.
+    // The caches now hold every history row in its slot, stored as their types, and their
+    // first words elsewhere. Rotated K rows: the same f32 operations as the reference, up to
+    // sin/cos rounding; V rows are copied (and rounded as the CPU rounds).
+    let tol = tolerance(d);
     for (t, &(s, p)) in toks.iter().enumerate() {
         k_cache[slot(s, p) * kv_dim..][..kv_dim].copy_from_slice(&hist[s].0[p]);
         v_cache[slot(s, p) * v_dim..][..v_dim].copy_from_slice(&v_step[t * v_dim..][..v_dim]);
     }
-    if d.rope.is_some() {
-        // Rotated K rows: the same f32 operations as the reference, up to sin/cos rounding.
-        let e = nmse(&kc, &k_cache);
-        assert!(e <= NMSE_F32, "k_cache after kv_write with RoPE: nmse {e:e}");
-    } else {
-        assert!(kc == k_cache, "k_cache differs after kv_write");
+    let written: Vec<usize> = toks.iter().map(|&(s, p)| slot(s, p)).collect();
+    let (hd, hdv) = (d.head_dim as usize, d.head_dim_v as usize);
+    check_cache("k_cache", d.k_type, &kc, &kc_init, &k_cache, kv_dim, hd, &written, d.rope.is_none() && d.k_type == KvType::F32, tol);
+    check_cache("v_cache", d.v_type, &vc, &vc_init, &v_cache, v_dim, hdv, &written, d.v_type != KvType::Q8_0, tol);
+    // The reference attends over the rows as the caches hold them.
+    for (k, v) in hist.iter_mut() {
+        k.iter_mut().for_each(|r| d.k_type.read_back(r, hd, true));
+        v.iter_mut().for_each(|r| d.v_type.read_back(r, hdv, false));
     }
-    assert!(vc == v_cache, "v_cache differs after kv_write");
 
     let (got, tail) = out.split_at(n_tok as usize * out_dim);
     assert_untouched(tail, &format!("attention wrote past its {n_tok} tokens"));
@@ -215,7 +258,8 @@ async fn check(ctx: &GpuContext, c: Case) {
         let (e, serial) = run_case(ctx, &c, force_split).await;
         let kernel = if serial { "rows" } else { "split" };
         eprintln!("{:?} seqs {:?} bs {} split {:?} {kernel}: nmse {e:.3e} in {:.2?}", c.desc, c.seqs, c.block_size, c.split, t0.elapsed());
-        assert!(e <= NMSE_F32, "{kernel}: nmse {e:e} > {NMSE_F32:e}");
+        let tol = tolerance(&c.desc);
+        assert!(e <= tol, "{kernel}: nmse {e:e} > {tol:e}");
         if !serial && !force_split {
             break;
         }
@@ -239,11 +283,11 @@ fn fused_rope() -> Vec<Case> {
     let mut cases: Vec<Case> = styles
         .into_iter()
         .map(|(style, rope_dim, seqs)| {
-            let rope = Some(RopeSpec { rope_dim, style, base: 10000.0, freq_scale: 0.5, freq_factors: None });
+            let rope = Some(RopeSpec { rope_dim, style, base: 10000.0, freq_scale: 0.5, mscale: 1.0, freq_factors: None });
             Case { desc: AttentionDesc { rope, ..desc(14, 2, 64, None) }, block_size: 16, seqs, split: Split::Auto, shuffle_tokens: true, seed: 11 }
         })
         .collect();
-    let rope = Some(RopeSpec { rope_dim: 256, style: RopeStyle::Neox, base: 1e6, freq_scale: 1.0, freq_factors: None });
+    let rope = Some(RopeSpec { rope_dim: 256, style: RopeStyle::Neox, base: 1e6, freq_scale: 1.0, mscale: 1.0, freq_factors: None });
     cases.push(Case {
         desc: AttentionDesc { rope, ..desc(4, 1, 256, Some(50)) },
         block_size: 16,
@@ -252,9 +296,10 @@ fn fused_rope() -> Vec<Case> {
         shuffle_tokens: false,
         seed: 12,
     });
-    // Llama 3's per-dimension frequency factors (rope_freqs.weight), 1 to 17, on q and K.
+    // Per-pair frequency divisors (Llama 3's rope_freqs.weight, LongRoPE's, YaRN's), 1 to 17, and a
+    // magnitude (LongRoPE's attention factor), on q and K.
     let factors: Vec<f32> = TestRng::new(31).vec(32).iter().map(|x| 1.0 + 16.0 * x.abs()).collect();
-    let rope = Some(RopeSpec { rope_dim: 64, style: RopeStyle::Normal, base: 5e5, freq_scale: 1.0, freq_factors: Some(factors.into()) });
+    let rope = Some(RopeSpec { rope_dim: 64, style: RopeStyle::Normal, base: 5e5, freq_scale: 1.0, mscale: 1.1547, freq_factors: Some(factors.into()) });
     cases.push(Case {
         desc: AttentionDesc { rope, ..desc(8, 2, 64, None) },
         block_size: 16,
@@ -266,7 +311,44 @@ fn fused_rope() -> Vec<Case> {
     cases
 }
 
+/// f16 and q8_0 caches, separately for K and V: kv_write stores the rows (K rotated) as the
+/// CPU rounds them and both kernels read them back, over prefill, decode, several splits and a
+/// window.
+fn typed_caches() -> Vec<Case> {
+    let pairs = [(KvType::F16, KvType::F16), (KvType::Q8_0, KvType::Q8_0), (KvType::F16, KvType::Q8_0), (KvType::Q8_0, KvType::F32)];
+    let mut cases = Vec::new();
+    for (i, (k_type, v_type)) in pairs.into_iter().enumerate() {
+        let rope = Some(RopeSpec { rope_dim: 64, style: RopeStyle::Neox, base: 10000.0, freq_scale: 1.0, mscale: 1.0, freq_factors: None });
+        cases.push(Case {
+            desc: AttentionDesc { rope, k_type, v_type, ..desc(14, 2, 64, None) },
+            block_size: 16,
+            seqs: &[(45, 1), (0, 9), (130, 3)],
+            split: Split::Auto,
+            shuffle_tokens: true,
+            seed: 40 + i as u64,
+        });
+    }
+    cases.push(Case {
+        desc: AttentionDesc { k_type: KvType::Q8_0, v_type: KvType::F16, ..desc(4, 1, 256, Some(100)) },
+        block_size: 16,
+        seqs: &[(350, 1), (3, 2)],
+        split: Split::Kv,
+        shuffle_tokens: false,
+        seed: 45,
+    });
+    cases.push(Case {
+        desc: AttentionDesc { k_type: KvType::F16, v_type: KvType::F16, ..desc(4, 2, 32, None) },
+        block_size: 7,
+        seqs: &[(300, 1), (20, 4)],
+        split: Split::Fixed(3),
+        shuffle_tokens: true,
+        seed: 46,
+    });
+    cases
+}
+
 flint_gpu::op_tests! { check;
+    f16_and_q8_0_caches => typed_caches(),
     decode_one_sequence_gqa_hd64 => [Case { desc: desc(14, 2, 64, None), block_size: 16, seqs: &[(45, 1)], split: Split::Auto, shuffle_tokens: false, seed: 1 }],
     // A fresh prefill, a decode and a continued (chunked) prefill in one batch, interleaved.
     three_sequences_prefill_decode_and_chunk => [Case {

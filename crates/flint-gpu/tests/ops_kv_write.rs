@@ -5,7 +5,7 @@
 
 use flint_core::arch::rope_inv_freq;
 use flint_core::arch::RopeStyle;
-use flint_core::reference::ops::rope;
+use flint_core::reference::ops::rope_scaled;
 use flint_gpu::buffer::{read_f32, storage, storage_init};
 use flint_gpu::ops::attention::AttentionDesc;
 use flint_gpu::ops::kv_write::{encode_block_copy, KvWrite};
@@ -15,7 +15,8 @@ use flint_gpu::testing::{nmse, pipelines, submit, Sentinel, TestRng, NMSE_F32, S
 use flint_gpu::GpuContext;
 
 fn desc(rope: Option<RopeSpec>) -> AttentionDesc {
-    AttentionDesc { n_head: 4, n_head_kv: 2, head_dim: 64, head_dim_v: 32, scale: 0.125, window: None, rope, softcap: None }
+    let f32 = flint_core::kv::KvType::F32;
+    AttentionDesc { n_head: 4, n_head_kv: 2, head_dim: 64, head_dim_v: 32, scale: 0.125, window: None, rope, softcap: None, k_type: f32, v_type: f32 }
 }
 
 /// The rotation K takes on its way into the cache (None: copied), and the data's seed.
@@ -60,7 +61,7 @@ async fn run(ctx: &GpuContext, Case { rope: rope_spec, seed }: Case) {
         let mut row = k[t * kv_dim..][..kv_dim].to_vec();
         if let Some(r) = &rope_spec {
             for head in row.chunks_mut(hd) {
-                rope(head, p, &rope_inv_freq(r.rope_dim as usize, r.base, r.freq_factors.as_deref()), r.freq_scale, r.style);
+                rope_scaled(head, p, &rope_inv_freq(r.rope_dim as usize, r.base, r.freq_factors.as_deref()), r.freq_scale, r.style, r.mscale);
             }
         }
         want_k[slot * kv_dim..][..kv_dim].copy_from_slice(&row);
@@ -80,21 +81,22 @@ async fn run(ctx: &GpuContext, Case { rope: rope_spec, seed }: Case) {
 flint_gpu::op_tests! { run;
     kv_write_copies_k_without_rope => [Case { rope: None, seed: 50 }],
     kv_write_rotates_k_neox => [Case {
-        rope: Some(RopeSpec { rope_dim: 64, style: RopeStyle::Neox, base: 10000.0, freq_scale: 1.0, freq_factors: None }),
+        rope: Some(RopeSpec { rope_dim: 64, style: RopeStyle::Neox, base: 10000.0, freq_scale: 1.0, mscale: 1.0, freq_factors: None }),
         seed: 51,
     }],
     kv_write_rotates_k_normal_partial_scaled => [Case {
-        rope: Some(RopeSpec { rope_dim: 32, style: RopeStyle::Normal, base: 1e6, freq_scale: 0.25, freq_factors: None }),
+        rope: Some(RopeSpec { rope_dim: 32, style: RopeStyle::Normal, base: 1e6, freq_scale: 0.25, mscale: 1.0, freq_factors: None }),
         seed: 52,
     }],
-    // Llama 3 scaling: per-pair divisors (rope_freqs.weight), seeded.
-    kv_write_rotates_k_llama3_freq_factors => [Case {
+    // Per-pair divisors (Llama 3's rope_freqs.weight, LongRoPE's, YaRN's), seeded, and a
+    // magnitude (YaRN's and LongRoPE's attention factor).
+    kv_write_rotates_k_freq_factors_and_mscale => [Case {
         rope: Some(RopeSpec {
             rope_dim: 64,
             style: RopeStyle::Normal,
             base: 5e5,
             freq_scale: 1.0,
-            freq_factors: Some(TestRng::new(9).vec(32).iter().map(|x| 1.0 + 16.0 * x.abs()).collect()),
+            mscale: 1.1386, freq_factors: Some(TestRng::new(9).vec(32).iter().map(|x| 1.0 + 16.0 * x.abs()).collect()),
         }),
         seed: 53,
     }],

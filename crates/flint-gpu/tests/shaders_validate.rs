@@ -7,7 +7,9 @@ use flint_gpu::Caps;
 
 fn validate(label: &str, source: &str, caps: &Caps) {
     let module = naga::front::wgsl::parse_str(source).unwrap_or_else(|e| panic!("{label}: {}", e.emit_to_string(source)));
-    let mut flags = naga::valid::Capabilities::empty();
+    // pack2x16float / unpack2x16float (f16 KV caches) are core WGSL; wgpu grants naga this
+    // capability on every backend but GLES without the half-float packing extension.
+    let mut flags = naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
     if caps.shader_f16 {
         flags |= naga::valid::Capabilities::SHADER_FLOAT16;
     }

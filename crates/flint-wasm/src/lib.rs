@@ -197,7 +197,9 @@ fn compile_progress() -> flint::CompileProgress {
 
 /// Loads a model from `source` (see the module docs) with options JSON
 /// `{"n_ctx": N, "max_seqs": N, "self_test": bool, "chat_template": "...", "spec_type":
-/// "none" | "ngram", "draft_max": N, "draft_p_min": P, "device_mem_mb": MB}`; resolves to a `WasmEngine` whose run loop is started.
+/// "none" | "ngram", "draft_max": N, "draft_p_min": P, "device_mem_mb": MB, "cache_type_k":
+/// "f32" | "f16" | "q8_0", "cache_type_v": ...}`; resolves to a `WasmEngine` whose run loop is
+/// started.
 /// `on_compile(n, label)`, when a function, is called after each GPU kernel compile of the
 /// load. `draft_source`, unless null or undefined, is a draft model's reader (as `source`):
 /// its vocabulary must be the model's, else the load fails before any weight is read.
@@ -250,6 +252,15 @@ pub fn load_engine(source: JsValue, options: String, on_compile: JsValue, draft_
                 .filter(|&mb| mb > 0)
                 .ok_or_else(|| js_error("InvalidRequestError", format!("deviceMemoryMB must be a positive integer, got {mb}")))?;
             load.split.device_mem_mb = Some(vec![mb]);
+        }
+        for (key, name, slot) in [("cache_type_k", "cacheTypeK", &mut load.cache_k), ("cache_type_v", "cacheTypeV", &mut load.cache_v)] {
+            if let Some(t) = opts.get(key) {
+                *slot = t
+                    .as_str()
+                    .ok_or_else(|| format!("{t} is not a string"))
+                    .and_then(|t| t.parse::<flint::KvType>())
+                    .map_err(|e| js_error("InvalidRequestError", format!("{name}: {e}")))?;
+            }
         }
         load.chat_template = opts.get("chat_template").and_then(|v| v.as_str()).map(str::to_string);
         let file = flint::GgufFile::from_source(Box::new(source)).await.map_err(|e| js_error("ModelLoadError", format!("malformed model file: {e}")))?;

@@ -25,13 +25,13 @@ use futures::channel::{mpsc, oneshot};
 
 pub use bench::{BenchRun, SpecRun, StreamRun};
 pub use error::{DraftError, EngineError};
-pub use flint_core::arch::{ArchError, ModelConfig};
+pub use flint_core::arch::{ArchError, ModelConfig, ScalingKind};
 pub use flint_core::backend::BackendError;
 pub use flint_core::chat::{ChatError, ChatTemplate, KEY_CHAT_TEMPLATE};
 pub use flint_core::constrain::{Constrainer, ConstraintError, Grammar};
 pub use flint_core::generate::{Event, FinishReason, GenerateError, GenerateParams, Summary, TokenLogprobs};
 pub use flint_core::gguf::{GgufError, GgufFile};
-pub use flint_core::kv::KvError;
+pub use flint_core::kv::{KvError, KvType};
 pub use flint_core::sampling::{SamplingError, SamplingParams};
 pub use flint_core::sched::{BlockCounts, Histogram, SchedError, SchedStats};
 pub use flint_core::selftest::{SelfTestError, TapReport};
@@ -197,7 +197,7 @@ impl Engine {
             Some(c) => t.with_clock(c),
             None => t,
         });
-        let kv_bytes_per_position = kv_bytes_per_pos(&config);
+        let kv_bytes_per_position = kv_bytes_per_pos(&config, opts);
         let mut spec = opts.spec;
         spec.validate()?;
         // A draft model's file and vocabulary are checked before any weight is loaded.
@@ -218,7 +218,7 @@ impl Engine {
         let draft = match draft_file {
             Some((draft_file, draft_config)) => {
                 // Its KV pool holds as many positions as the target's.
-                let kv_budget_bytes = kv_budget_bytes.map(|b| b / kv_bytes_per_position.max(1) * kv_bytes_per_pos(&draft_config));
+                let kv_budget_bytes = kv_budget_bytes.map(|b| b / kv_bytes_per_position.max(1) * kv_bytes_per_pos(&draft_config, opts));
                 let bopts = BackendOptions { max_outputs: max_seqs, kv_budget_bytes, ..bopts.clone() };
                 // On the first device named, whole.
                 let device = opts.device.as_ref().and_then(|d| d.split(',').next()).map(|d| d.trim().to_string());

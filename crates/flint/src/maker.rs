@@ -57,7 +57,7 @@ impl BackendMaker {
         let self_test = match (opts.self_test, gpus.is_empty()) {
             (true, false) => {
                 let adapter = gpus.iter().map(|g| g.adapter_name()).collect::<Vec<_>>().join(" + ");
-                Some(selftest::run(backend.as_mut(), file.clone(), config, &adapter, self.clock).await?)
+                Some(selftest::run(backend.as_mut(), file.clone(), config, &self.bopts, &adapter, self.clock).await?)
             }
             _ => None,
         };
@@ -139,13 +139,21 @@ pub(crate) fn backend_options(config: &ModelConfig, opts: &LoadOptions, spec: &S
     let n_ctx = if opts.n_ctx == 0 { config.n_ctx_train } else { opts.n_ctx }.clamp(1, config.n_ctx_train);
     let kv_budget_bytes = match (opts.kv_budget_mb, opts.kv_budget_positions) {
         (Some(mb), _) => Some(mb.saturating_mul(1 << 20)),
-        (None, Some(p)) => Some((p as u64).saturating_mul(kv_bytes_per_pos(config))),
+        (None, Some(p)) => Some((p as u64).saturating_mul(kv_bytes_per_pos(config, opts))),
         (None, None) => None,
     };
     let max_seqs = opts.max_seqs.max(1);
     // An output row per drafted token a step may verify.
     let max_outputs = max_seqs + spec.draft_rows(max_seqs);
-    BackendOptions { n_ctx, max_seqs, max_batch_tokens: opts.max_batch_tokens.max(1), max_outputs, kv_budget_bytes }
+    BackendOptions {
+        n_ctx,
+        max_seqs,
+        max_batch_tokens: opts.max_batch_tokens.max(1),
+        max_outputs,
+        kv_budget_bytes,
+        cache_k: opts.cache_k,
+        cache_v: opts.cache_v,
+    }
 }
 
 /// What `file` would allocate loaded with `opts`, from its header alone (`flint info`): the
@@ -159,9 +167,9 @@ pub fn memory_plan(file: &GgufFile, opts: &LoadOptions) -> Result<crate::MemoryP
     Ok(crate::MemoryPlan::of(file, &config, &bopts, &layout))
 }
 
-/// KV bytes per position: every layer's K and V, f32.
-pub(crate) fn kv_bytes_per_pos(cfg: &ModelConfig) -> u64 {
-    (cfg.n_layer * (cfg.kv_dim() + cfg.v_dim()) * 4) as u64
+/// KV bytes per position: every layer's K and V, stored as `opts` says.
+pub(crate) fn kv_bytes_per_pos(cfg: &ModelConfig, opts: &LoadOptions) -> u64 {
+    cfg.n_layer as u64 * flint_core::kv::layout::row_bytes(cfg, opts.cache_k, opts.cache_v)
 }
 
 pub(crate) fn weight_bytes(file: &GgufFile, cfg: &ModelConfig) -> u64 {

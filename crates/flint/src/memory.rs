@@ -6,7 +6,7 @@
 use flint_core::arch::ModelConfig;
 use flint_core::backend::{BackendOptions, StepLimits};
 use flint_core::gguf::GgufFile;
-use flint_core::kv::KvLayout;
+use flint_core::kv::{KvLayout, KvType};
 use flint_gpu::model::mib;
 use flint_gpu::split::Costs;
 
@@ -18,6 +18,9 @@ pub struct MemoryPlan {
     /// The KV cache: every layer's K and V for `kv_positions` positions.
     pub kv_cache: u64,
     pub kv_positions: u64,
+    /// How K and V are stored.
+    pub cache_k: KvType,
+    pub cache_v: KvType,
     /// A step's activations at its largest (`max_batch_tokens` tokens).
     pub activations: u64,
     /// The logits and the sampler's rows, one per output row a step may draw.
@@ -34,6 +37,8 @@ impl MemoryPlan {
             weights: file.tensors.iter().map(|t| t.n_bytes).sum(),
             kv_cache: costs.kv,
             kv_positions: layout.groups.iter().map(|g| g.n_blocks as u64 * layout.block_size as u64).max().unwrap_or(0),
+            cache_k: layout.k_type,
+            cache_v: layout.v_type,
             activations: costs.each,
             logits: costs.logits,
         }
@@ -50,10 +55,12 @@ impl MemoryPlan {
             None => format!("{} (unchecked: wgpu reports no memory size; --device-mem-mb checks it)", mib(self.total())),
         };
         format!(
-            "weights       {}\nKV cache      {} ({} positions)\nactivations   {}\nlogits        {}\ntotal         {total}",
+            "weights       {}\nKV cache      {} ({} positions, K {}, V {})\nactivations   {}\nlogits        {}\ntotal         {total}",
             mib(self.weights),
             mib(self.kv_cache),
             self.kv_positions,
+            self.cache_k,
+            self.cache_v,
             mib(self.activations),
             mib(self.logits),
         )
@@ -65,6 +72,8 @@ impl MemoryPlan {
             "weights": self.weights,
             "kv_cache": self.kv_cache,
             "kv_positions": self.kv_positions,
+            "cache_type_k": self.cache_k.name(),
+            "cache_type_v": self.cache_v.name(),
             "activations": self.activations,
             "logits": self.logits,
             "total": self.total(),

@@ -2,6 +2,7 @@
 //! limits, templates, clocks, the self-test and speculation.
 
 use flint_core::generate::Clock;
+use flint_core::kv::KvType;
 
 use crate::{SpecConfig, DRAFT_P_MIN};
 
@@ -46,6 +47,10 @@ pub struct LoadOptions {
     /// KV memory as a number of positions of every layer (an alternative to `kv_budget_mb`,
     /// which wins when both are set).
     pub kv_budget_positions: Option<usize>,
+    /// How K and V are stored (`-ctk`, `-ctv`: f32, f16, q8_0): f16 halves the KV memory,
+    /// q8_0 takes 9/32 of f32's; both round what attention reads.
+    pub cache_k: KvType,
+    pub cache_v: KvType,
     /// Sequences running at once (requests' choices included).
     pub max_seqs: usize,
     /// Tokens one step runs, decodes and prompt chunks together.
@@ -113,6 +118,8 @@ impl Default for LoadOptions {
             max_binding_mb: None,
             kv_budget_mb: None,
             kv_budget_positions: None,
+            cache_k: KvType::F32,
+            cache_v: KvType::F32,
             max_seqs: DEFAULT_MAX_SEQS,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
             chat_template: None,

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use flint_core::backend::Backend;
+use flint_core::backend::{Backend, BackendOptions};
 use flint_core::generate::Clock;
 use flint_core::gguf::GgufFile;
 use flint_core::reference::CpuBackend;
@@ -40,12 +40,20 @@ impl SelfTestReport {
 }
 
 /// Runs the probe on `backend` (before its first step) and on a first-layer CPU reference.
-pub async fn run(backend: &mut dyn Backend, file: Arc<GgufFile>, cfg: &ModelConfig, adapter: &str, clock: Clock) -> Result<SelfTestReport, EngineError> {
+/// `opts`: the backend's options (its KV types and context shape the reference's).
+pub async fn run(
+    backend: &mut dyn Backend,
+    file: Arc<GgufFile>,
+    cfg: &ModelConfig,
+    opts: &BackendOptions,
+    adapter: &str,
+    clock: Clock,
+) -> Result<SelfTestReport, EngineError> {
     let t0 = clock();
     let probe = Probe::standard(cfg.n_vocab);
     let got = backend.probe(&probe).await?;
     let t1 = clock();
-    let want = CpuBackend::first_layer(file, cfg.clone(), &probe).await?.probe(&probe).await?;
+    let want = CpuBackend::first_layer(file, cfg.clone(), &probe, opts).await?.probe(&probe).await?;
     let (gpu_ms, cpu_ms) = (t1 - t0, clock() - t1);
     match compare(&probe, &got, &want) {
         Ok(taps) => Ok(SelfTestReport { adapter: adapter.to_string(), taps, gpu_ms, cpu_ms }),

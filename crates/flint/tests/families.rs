@@ -4,6 +4,10 @@
 //! reference and on the GPU, each prompt alone and the four together (batched: prompt chunks
 //! and decodes share steps; every request's logits must equal its solo run's bit for bit).
 //! Each GPU load also runs the self-test (layer 0 and the head against the CPU reference).
+//!
+//! The same checks run the RoPE-scaling models of `tests/data/rope` (made the same way by its
+//! `make.py`): YaRN (a qwen3) and LongRoPE (a phi3), original context 64, three prompts each of
+//! 103–157 tokens, so that both the reference and the engine use the long factors.
 
 mod common;
 
@@ -12,18 +16,38 @@ use std::path::PathBuf;
 use common::{assert_same, check_greedy, ids, json, nmse, shared, solo, together, Job, Output, MAX_NMSE};
 use flint::{BackendKind, Engine, LoadOptions};
 
-const PROMPTS: usize = 4;
 const GREEDY: usize = 32;
 
 fn dir(family: &str) -> PathBuf {
-    shared().join("golden/families").join(family)
+    match family {
+        "yarn" | "longrope" => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/rope").join(family),
+        _ => shared().join("golden/families").join(family),
+    }
+}
+
+/// The oracle's prompts: four per golden family, three per RoPE model.
+fn prompts(family: &str) -> usize {
+    if dir(family).join("4.json").exists() {
+        4
+    } else {
+        3
+    }
+}
+
+/// Where a reference's `prompt_file` lies: the golden prompts, or beside the RoPE models.
+fn prompt_path(family: &str, file: &str) -> PathBuf {
+    match family {
+        "yarn" | "longrope" => dir(family).join("..").join(file),
+        _ => shared().join("golden/prompts").join(file),
+    }
 }
 
 /// Loads `family` on `backend`; the GPU backend runs the load-time self-test, which must pass
 /// with every tap reported.
 fn load(family: &str, backend: BackendKind) -> Engine {
     let self_test = backend == BackendKind::Gpu;
-    let opts = LoadOptions { backend, n_ctx: 512, self_test, ..LoadOptions::default() };
+    let n_ctx = if dir(family).starts_with(shared()) { 512 } else { 256 };
+    let opts = LoadOptions { backend, n_ctx, self_test, ..LoadOptions::default() };
     let engine = Engine::load_path(&dir(family).join("model.gguf"), &opts).unwrap_or_else(|e| panic!("{family}: {e}"));
     match &engine.info().self_test {
         Some(report) => {
@@ -38,10 +62,10 @@ fn load(family: &str, backend: BackendKind) -> Engine {
 
 /// The oracle's prompts, tokenized by the engine and checked against the oracle's ids.
 fn jobs(engine: &Engine, family: &str) -> Vec<Job> {
-    (1..=PROMPTS)
+    (1..=prompts(family))
         .map(|i| {
             let reference = json(dir(family).join(format!("{i}.json")));
-            let text = std::fs::read_to_string(shared().join("golden/prompts").join(reference["prompt_file"].as_str().unwrap())).unwrap();
+            let text = std::fs::read_to_string(prompt_path(family, reference["prompt_file"].as_str().unwrap())).unwrap();
             let prompt = engine.tokenize_raw(&text).unwrap();
             assert_eq!(prompt, ids(&reference["prompt_token_ids"]), "{family} prompt {i}: prompt ids differ from the oracle's");
             Job::greedy(prompt, GREEDY)
@@ -106,4 +130,17 @@ fn gemma2() {
 #[test]
 fn qwen3moe() {
     family("qwen3moe");
+}
+
+/// YaRN (factor 4, original context 64): ramped per-pair divisors and cos/sin × 1.1386.
+#[test]
+fn yarn() {
+    family("yarn");
+}
+
+/// LongRoPE (Phi-3 128k's scheme): the long per-pair factors past the original context, and
+/// cos/sin × rope.scaling.attn_factor.
+#[test]
+fn longrope() {
+    family("longrope");
 }

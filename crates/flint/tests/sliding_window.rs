@@ -42,7 +42,15 @@ fn three_thousand_tokens_through_windowed_layers_match_the_cpu_reference() {
     let cfg = ModelConfig::from_gguf(&file).unwrap();
     assert_eq!(cfg.layers.iter().filter(|l| l.sliding_window == Some(WINDOW)).count(), 5);
     let tokens = tiny::tokens(1, CONTEXT);
-    let opts = BackendOptions { n_ctx: 4096, max_seqs: 4, max_batch_tokens: 256, max_outputs: 4, kv_budget_bytes: None };
+    let opts = BackendOptions {
+        n_ctx: 4096,
+        max_seqs: 4,
+        max_batch_tokens: 256,
+        max_outputs: 4,
+        kv_budget_bytes: None,
+        cache_k: Default::default(),
+        cache_v: Default::default(),
+    };
 
     let mut cpu = futures::executor::block_on(CpuBackend::new(file.clone(), cfg.clone(), &opts)).unwrap();
     let mut cpu_seq = Solo::new(&cpu);

@@ -62,6 +62,7 @@ pub(super) fn config(md: &Metadata, n_vocab: usize, tied_output: bool) -> Result
         attn_scale: 1.0 / (query_scale_dim as f32).sqrt(),
         tied_output,
         rope_freqs: false,
+        rope_scaling: Default::default(),
         fused_qkv: false,
         fused_gate_up: false,
         attn_softcap: softcap(md, "attn_logit_softcapping")?,

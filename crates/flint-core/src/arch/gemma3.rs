@@ -59,6 +59,7 @@ pub(super) fn config(md: &Metadata, n_vocab: usize, tied_output: bool) -> Result
         // GGUF gemma3 files usually carry no output.weight: the embedding is the output projection.
         tied_output,
         rope_freqs: false,
+        rope_scaling: Default::default(),
         fused_qkv: false,
         fused_gate_up: false,
         attn_softcap: None,

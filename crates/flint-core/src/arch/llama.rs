@@ -1,7 +1,7 @@
 //! The llama family: llama, mistral, qwen2 (Q/K/V biases, NeoX RoPE), qwen3 (no biases,
 //! per-head QK-norm before NeoX RoPE) and phi3 (fused QKV and gate/up projections, NeoX RoPE).
 
-use super::{count, opt_count, positive_f32, rope_freq_scale, shape, Activation, ArchError, LayerConfig, ModelConfig, RopeStyle, Shape};
+use super::{count, opt_count, positive_f32, rope_scaling, shape, Activation, ArchError, LayerConfig, ModelConfig, RopeStyle, Shape};
 use super::{MoeConfig, MAX_CTX, MAX_EMBD, MAX_EXPERTS, MAX_FF};
 use crate::gguf::Metadata;
 
@@ -19,7 +19,8 @@ pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: boo
         });
     }
     let rope_base = positive_f32(md, arch, "rope.freq_base", Some(DEFAULT_ROPE_BASE))?;
-    let rope_freq_scale = rope_freq_scale(md, arch)?;
+    let n_ctx_train = count(md, arch, "context_length", MAX_CTX)?;
+    let (rope_freq_scale, rope_scaling) = rope_scaling(md, arch, n_ctx_train)?;
     let is_qwen2 = arch == "qwen2";
     let is_qwen3 = arch == "qwen3" || arch == "qwen3moe";
     let moe = match arch {
@@ -44,7 +45,7 @@ pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: boo
         head_dim,
         head_dim_v,
         n_ff: count(md, arch, "feed_forward_length", MAX_FF)?,
-        n_ctx_train: count(md, arch, "context_length", MAX_CTX)?,
+        n_ctx_train,
         rms_eps: positive_f32(md, arch, "attention.layer_norm_rms_epsilon", Some(DEFAULT_RMS_EPS))?,
         // llama's GGUF conversion permutes Q/K so adjacent pairs rotate; qwen2 keeps HF's halves.
         rope_style: if is_qwen2 || is_qwen3 || is_phi3 { RopeStyle::Neox } else { RopeStyle::Normal },
@@ -58,6 +59,7 @@ pub(super) fn config(md: &Metadata, arch: &str, n_vocab: usize, tied_output: boo
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         tied_output,
         rope_freqs: false,
+        rope_scaling,
         fused_qkv: is_phi3,
         fused_gate_up: is_phi3,
         attn_softcap: None,

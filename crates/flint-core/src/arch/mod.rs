@@ -51,6 +51,36 @@ pub struct MoeConfig {
     pub n_ff: usize,
 }
 
+/// RoPE scalings beyond a linear one (which `LayerConfig::rope_freq_scale` is), as llama.cpp
+/// computes them. Both act through per-pair divisors of the frequencies
+/// ([`ModelConfig::rope_divisors`]) and `mscale`, which multiplies every rotation's cos and
+/// sin (so a fully rotated q·k by mscale²).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeScaling {
+    pub kind: ScalingKind,
+    /// `rope.scaling.attn_factor` (1 when absent), times YaRN's 1 + 0.1 ln(factor).
+    pub mscale: f32,
+}
+
+impl Default for RopeScaling {
+    fn default() -> Self {
+        RopeScaling { kind: ScalingKind::None, mscale: 1.0 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ScalingKind {
+    /// No scaling, or a linear one, or Llama 3's (`rope_freqs.weight`).
+    None,
+    /// YaRN (`rope.scaling.type = yarn`): pairs whose wavelength the original context covers
+    /// many times keep their frequency, long ones are divided by `factor`, a linear ramp
+    /// between (β_fast 32, β_slow 1, as llama.cpp for every family but grok and mistral3).
+    Yarn { factor: f32, orig_ctx: u32 },
+    /// LongRoPE (Phi-3 128k): per-pair divisors `rope_factors_long.weight` when a sequence's
+    /// context exceeds `orig_ctx`, else `rope_factors_short.weight`, as llama.cpp chooses.
+    LongRope { orig_ctx: u32 },
+}
+
 /// What differs between the layers of one model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerConfig {
@@ -95,6 +125,8 @@ pub struct ModelConfig {
     pub tied_output: bool,
     /// `rope_freqs.weight` holds per-pair divisors of the RoPE frequencies (Llama 3 scaling).
     pub rope_freqs: bool,
+    /// YaRN or LongRoPE, and the rotation's magnitude.
+    pub rope_scaling: RopeScaling,
     /// The file stores Q, K and V as one `attn_qkv` ([q; k; v] rows, phi3).
     pub fused_qkv: bool,
     /// The file stores the gate and up projections as one `ffn_up` ([gate; up] rows, phi3).
@@ -122,6 +154,11 @@ impl ModelConfig {
         };
         // Every family applies the factors in RoPE when the file has them.
         config.rope_freqs = file.tensor(ROPE_FREQS).is_some();
+        if file.tensor(ROPE_FACTORS_LONG).is_some() || file.tensor(ROPE_FACTORS_SHORT).is_some() {
+            let md = &file.metadata;
+            let orig_ctx = opt_count(md, &arch, "rope.scaling.original_context_length", MAX_CTX)?.unwrap_or(config.n_ctx_train) as u32;
+            config.rope_scaling = RopeScaling { kind: ScalingKind::LongRope { orig_ctx }, mscale: attn_factor(md, &arch)? };
+        }
         config.check_tensors(file)?;
         Ok(config)
     }
@@ -136,6 +173,26 @@ impl ModelConfig {
         self.n_head_kv * self.head_dim_v
     }
 
+    /// The per-pair divisors tensor RoPE reads for sequences of `n_ctx` positions: Llama 3's
+    /// `rope_freqs.weight`, or LongRoPE's long or short factors (long past the original context).
+    pub fn rope_factor_tensor(&self, n_ctx: usize) -> Option<&'static str> {
+        match self.rope_scaling.kind {
+            _ if self.rope_freqs => Some(ROPE_FREQS),
+            ScalingKind::LongRope { orig_ctx } if n_ctx > orig_ctx as usize => Some(ROPE_FACTORS_LONG),
+            ScalingKind::LongRope { .. } => Some(ROPE_FACTORS_SHORT),
+            _ => None,
+        }
+    }
+
+    /// Layer `il`'s per-pair divisors of the RoPE frequencies (rope_dim / 2 of them): the
+    /// tensor [`ModelConfig::rope_factor_tensor`] names (`tensor`, as read), or YaRN's.
+    pub fn rope_divisors(&self, il: usize, tensor: Option<&[f32]>) -> Option<Vec<f32>> {
+        match self.rope_scaling.kind {
+            ScalingKind::Yarn { factor, orig_ctx } => Some(yarn_divisors(self.rope_dim, self.layers[il].rope_base, factor, orig_ctx)),
+            _ => tensor.map(<[f32]>::to_vec),
+        }
+    }
+
     /// Every tensor the forward pass reads, with its ggml shape.
     pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
         let (e, v, ff) = (self.n_embd as u64, self.n_vocab as u64, self.n_ff as u64);
@@ -147,6 +204,11 @@ impl ModelConfig {
         }
         if self.rope_freqs {
             t.push((ROPE_FREQS.to_string(), vec![(self.rope_dim / 2) as u64]));
+        }
+        if let ScalingKind::LongRope { .. } = self.rope_scaling.kind {
+            for name in [ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT] {
+                t.push((name.to_string(), vec![(self.rope_dim / 2) as u64]));
+            }
         }
         for i in 0..self.n_layer {
             let mut add = |name: &str, shape: Vec<u64>| t.push((format!("blk.{i}.{name}"), shape));
@@ -210,12 +272,6 @@ impl ModelConfig {
     /// Every expected tensor with its shape, and no other: a tensor the forward pass would
     /// skip (Llama 3's `rope_freqs.weight` once was) means the file is not what we compute.
     fn check_tensors(&self, file: &GgufFile) -> Result<(), ArchError> {
-        if let Some(t) = file.tensors.iter().find(|t| t.name.starts_with("rope_factors_")) {
-            return Err(ArchError::UnsupportedFeature(format!(
-                "LongRoPE (tensor {:?}: the 128k-context Phi-3 files' per-dimension factors, long and short)",
-                t.name
-            )));
-        }
         let expected = self.expected_tensors();
         for (name, shape) in &expected {
             let t = file.tensor(name).ok_or_else(|| ArchError::MissingTensor(name.clone()))?;
@@ -336,17 +392,64 @@ pub fn rope_inv_freq(rope_dim: usize, base: f32, factors: Option<&[f32]>) -> Vec
         .collect()
 }
 
+/// LongRoPE's per-pair divisors past the original context, and within it.
+pub const ROPE_FACTORS_LONG: &str = "rope_factors_long.weight";
+pub const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
+
 /// Linear RoPE scaling (`rope.scaling.type = linear`, `rope.scaling.factor`) as a position multiplier.
 pub(crate) fn rope_freq_scale(md: &Metadata, arch: &str) -> Result<f32, ArchError> {
+    match rope_scaling(md, arch, 0)? {
+        (scale, RopeScaling { kind: ScalingKind::None, .. }) => Ok(scale),
+        _ => Err(ArchError::Invalid { key: format!("{arch}.rope.scaling.type"), reason: "YaRN is not supported for this architecture".into() }),
+    }
+}
+
+/// The RoPE scaling the metadata names: a linear one as a position multiplier, or YaRN (whose
+/// original context defaults to `n_ctx_train`), with the magnitude `rope.scaling.attn_factor`.
+pub(crate) fn rope_scaling(md: &Metadata, arch: &str, n_ctx_train: usize) -> Result<(f32, RopeScaling), ArchError> {
     let ty = md.opt_str(&format!("{arch}.rope.scaling.type"))?;
     let factor = md.opt_f32(&format!("{arch}.rope.scaling.factor"))?;
+    let bad = |reason: String| Err(ArchError::Invalid { key: format!("{arch}.rope.scaling"), reason });
+    let mscale = attn_factor(md, arch)?;
     match (ty, factor) {
-        (Some("none") | None, _) | (_, None) => Ok(1.0),
-        (Some("linear"), Some(f)) if f.is_finite() && f >= 1.0 => Ok(1.0 / f),
-        (Some(t), Some(f)) => {
-            Err(ArchError::Invalid { key: format!("{arch}.rope.scaling"), reason: format!("unsupported RoPE scaling {t:?} with factor {f}") })
+        (Some("none") | None, _) | (Some("linear"), None) => Ok((1.0, RopeScaling { kind: ScalingKind::None, mscale })),
+        (Some("linear"), Some(f)) if f.is_finite() && f >= 1.0 => Ok((1.0 / f, RopeScaling { kind: ScalingKind::None, mscale })),
+        (Some("yarn"), Some(f)) if (1.0..=1e6).contains(&f) => {
+            let orig_ctx = opt_count(md, arch, "rope.scaling.original_context_length", MAX_CTX)?.unwrap_or(n_ctx_train) as u32;
+            // ggml multiplies cos and sin by 1 + 0.1 ln(1 / freq_scale) whenever YaRN extrapolates.
+            let kind = ScalingKind::Yarn { factor: f, orig_ctx };
+            Ok((1.0, RopeScaling { kind, mscale: mscale * (1.0 + 0.1 * f.ln()) }))
         }
+        (Some(t), f) => bad(format!("unsupported RoPE scaling {t:?} with factor {f:?}")),
     }
+}
+
+/// `rope.scaling.attn_factor`: 1 when absent; finite and positive.
+fn attn_factor(md: &Metadata, arch: &str) -> Result<f32, ArchError> {
+    let key = format!("{arch}.rope.scaling.attn_factor");
+    match md.opt_f32(&key)? {
+        None => Ok(1.0),
+        Some(v) if v.is_finite() && v > 0.0 && v <= 1e3 => Ok(v),
+        Some(v) => Err(ArchError::Invalid { key, reason: format!("{v} must be finite and positive") }),
+    }
+}
+
+/// YaRN's per-pair divisors of the frequencies for `rope_dim` rotated dimensions at `base`:
+/// 1 / ((1 − r)/factor + r), r the ramp over the pair index between the pairs that turn
+/// β_slow = 1 and β_fast = 32 times within the original context (ggml's
+/// `ggml_rope_yarn_corr_dims`, floor and ceil as it rounds them, in f32 as it computes).
+pub fn yarn_divisors(rope_dim: usize, base: f32, factor: f32, orig_ctx: u32) -> Vec<f32> {
+    let n_dims = rope_dim as f32;
+    let corr_dim = |n_rot: f32| n_dims * (orig_ctx as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln());
+    let low = corr_dim(32.0).floor().max(0.0);
+    let high = corr_dim(1.0).ceil().min(n_dims - 1.0);
+    (0..rope_dim / 2)
+        .map(|i| {
+            let y = (i as f32 - low) / (high - low).max(0.001);
+            let ramp = 1.0 - y.clamp(0.0, 1.0);
+            1.0 / ((1.0 - ramp) / factor + ramp)
+        })
+        .collect()
 }
 
 /// Upper bounds that keep a hostile file from sizing allocations (far above any real model).
@@ -357,3 +460,31 @@ pub(crate) const MAX_FF: u32 = 1 << 20;
 pub(crate) const MAX_EXPERTS: u32 = 1024;
 pub(crate) const MAX_CTX: u32 = 1 << 24;
 pub(crate) const MAX_VOCAB: u64 = 1 << 24;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yarn_keeps_fast_pairs_and_divides_slow_ones() {
+        // tests/data/rope/yarn: 32 rotated dims, base 1e4, original context 64, factor 4:
+        // low 0, high 5 (transformers and llama.cpp agree).
+        let d = yarn_divisors(32, 1e4, 4.0, 64);
+        assert_eq!(d[0], 1.0);
+        assert!((d[1] - 1.0 / (0.2 / 4.0 + 0.8)).abs() < 1e-6, "{d:?}");
+        assert!(d[5..].iter().all(|&x| x == 4.0), "{d:?}");
+        assert!(d.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    #[test]
+    fn longrope_picks_long_factors_past_the_original_context() {
+        let mut c = crate::kv::layout::tests::cfg(&[None]);
+        c.rope_scaling = RopeScaling { kind: ScalingKind::LongRope { orig_ctx: 64 }, mscale: 1.15 };
+        assert_eq!(c.rope_factor_tensor(64), Some(ROPE_FACTORS_SHORT));
+        assert_eq!(c.rope_factor_tensor(65), Some(ROPE_FACTORS_LONG));
+        assert_eq!(c.rope_divisors(0, Some(&[2.0; 16])), Some(vec![2.0; 16]));
+        c.rope_scaling = RopeScaling::default();
+        assert_eq!(c.rope_factor_tensor(4096), None);
+        assert_eq!(c.rope_divisors(0, None), None);
+    }
+}

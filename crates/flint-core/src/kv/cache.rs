@@ -312,6 +312,7 @@ impl KvCache {
 mod tests {
     use super::*;
     use crate::kv::layout::KvGroupSpec;
+    use crate::kv::KvType;
 
     const BS: u32 = 4;
 
@@ -320,7 +321,7 @@ mod tests {
         if let Some((n, w)) = windowed {
             groups.push(KvGroupSpec { n_blocks: n, window: Some(w), layers: vec![1] });
         }
-        KvLayout { block_size: BS, slack: 4, max_blocks_per_seq: 64, groups }
+        KvLayout { block_size: BS, slack: 4, max_blocks_per_seq: 64, groups, k_type: KvType::F32, v_type: KvType::F32 }
     }
 
     fn toks(seed: u32, n: usize) -> Vec<u32> {

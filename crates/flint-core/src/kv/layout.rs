@@ -5,7 +5,7 @@
 
 use crate::arch::ModelConfig;
 
-use super::KvError;
+use super::{KvError, KvType};
 
 /// One block group: the layers that share its block ids and tables.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +28,9 @@ pub struct KvLayout {
     /// Blocks one sequence's table may list (its context, rounded up).
     pub max_blocks_per_seq: u32,
     pub groups: Vec<KvGroupSpec>,
+    /// How K and V elements are stored.
+    pub k_type: KvType,
+    pub v_type: KvType,
 }
 
 /// What the pools must serve.
@@ -45,6 +48,9 @@ pub struct PoolRequest {
     pub max_buffer_bytes: u64,
     pub block_size: u32,
     pub slack: u32,
+    /// How K and V elements are stored.
+    pub k_type: KvType,
+    pub v_type: KvType,
 }
 
 /// Positions per KV block.
@@ -54,8 +60,6 @@ pub const WINDOW_SLACK: u32 = 256;
 
 /// Spare blocks for the prefix index, as a divisor of what sequences need (1/4).
 const SPARE_DIVISOR: u64 = 4;
-/// Bytes per stored K or V element (f32).
-const ELEM_BYTES: u64 = 4;
 
 impl KvLayout {
     /// Plans the groups for `cfg`. A budget that cannot hold one whole context (and the one
@@ -74,10 +78,12 @@ impl KvLayout {
             Some(_) => (0..cfg.n_layer).partition(|&i| cfg.layers[i].sliding_window.is_none()),
             None => ((0..cfg.n_layer).collect(), Vec::new()),
         };
-        let row = (cfg.kv_dim() + cfg.v_dim()) as u64 * ELEM_BYTES;
+        req.k_type.check_head_dim(cfg.head_dim).and_then(|_| req.v_type.check_head_dim(cfg.head_dim_v)).map_err(KvError::Type)?;
+        let row = row_bytes(cfg, req.k_type, req.v_type);
+        let buffer_row = req.k_type.row_bytes(cfg.kv_dim()).max(req.v_type.row_bytes(cfg.v_dim()));
         let g_bytes = global_layers.len() as u64 * row * bs;
         let w_bytes = local_layers.len() as u64 * row * bs;
-        let by_buffer = req.max_buffer_bytes / (cfg.kv_dim().max(cfg.v_dim()) as u64 * ELEM_BYTES * bs).max(1);
+        let by_buffer = req.max_buffer_bytes / (buffer_row * bs).max(1);
         let by_index = u32::MAX as u64 / bs - 1;
         let cap = by_buffer.min(by_index);
         let g_min = ctx_blocks + 1;
@@ -113,7 +119,7 @@ impl KvLayout {
             }
         };
         if g_min.max(w_min) > cap {
-            let need = g_min.max(w_min) * bs * cfg.kv_dim().max(cfg.v_dim()) as u64 * ELEM_BYTES;
+            let need = g_min.max(w_min) * bs * buffer_row;
             return Err(KvError::ContextTooLarge { budget_bytes: req.max_buffer_bytes, needed_bytes: need, n_ctx: req.n_ctx });
         }
         let mut groups = vec![KvGroupSpec { n_blocks: n_g.min(cap) as u32, window: None, layers: global_layers }];
@@ -121,7 +127,7 @@ impl KvLayout {
             groups.push(KvGroupSpec { n_blocks: n_w.min(cap) as u32, window, layers: local_layers });
         }
         groups.retain(|g| !g.layers.is_empty());
-        Ok(KvLayout { block_size: req.block_size, slack: req.slack, max_blocks_per_seq: ctx_blocks as u32, groups })
+        Ok(KvLayout { block_size: req.block_size, slack: req.slack, max_blocks_per_seq: ctx_blocks as u32, groups, k_type: req.k_type, v_type: req.v_type })
     }
 
     /// The group that stores layer `layer`.
@@ -131,17 +137,22 @@ impl KvLayout {
 
     /// Bytes the groups take for `cfg` (every layer's K and V).
     pub fn bytes(&self, cfg: &ModelConfig) -> u64 {
-        let row = (cfg.kv_dim() + cfg.v_dim()) as u64 * ELEM_BYTES;
+        let row = row_bytes(cfg, self.k_type, self.v_type);
         self.groups.iter().map(|g| g.n_blocks as u64 * self.block_size as u64 * row * g.layers.len() as u64).sum()
     }
 }
 
+/// Bytes one position of one layer takes, K and V.
+pub fn row_bytes(cfg: &ModelConfig, k_type: KvType, v_type: KvType) -> u64 {
+    k_type.row_bytes(cfg.kv_dim()) + v_type.row_bytes(cfg.v_dim())
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::arch::{Activation, LayerConfig, RopeStyle};
 
-    fn cfg(windows: &[Option<u32>]) -> ModelConfig {
+    pub(crate) fn cfg(windows: &[Option<u32>]) -> ModelConfig {
         ModelConfig {
             arch: "test".into(),
             n_vocab: 100,
@@ -165,6 +176,7 @@ mod tests {
             attn_scale: 1.0,
             tied_output: true,
             rope_freqs: false,
+            rope_scaling: Default::default(),
             fused_qkv: false,
             fused_gate_up: false,
             attn_softcap: None,
@@ -174,7 +186,17 @@ mod tests {
     }
 
     fn req(n_ctx: usize, budget: Option<u64>) -> PoolRequest {
-        PoolRequest { n_ctx, max_seqs: 4, max_batch_tokens: 64, budget_bytes: budget, max_buffer_bytes: 1 << 30, block_size: 16, slack: 32 }
+        PoolRequest {
+            n_ctx,
+            max_seqs: 4,
+            max_batch_tokens: 64,
+            budget_bytes: budget,
+            max_buffer_bytes: 1 << 30,
+            block_size: 16,
+            slack: 32,
+            k_type: KvType::F32,
+            v_type: KvType::F32,
+        }
     }
 
     #[test]

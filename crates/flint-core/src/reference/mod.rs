@@ -105,21 +105,24 @@ impl CpuBackend {
     /// Builds the backend over a validated file; the context is clamped to the training
     /// context, and the KV pool laid out as `opts` asks.
     pub async fn new(file: Arc<GgufFile>, cfg: ModelConfig, opts: &BackendOptions) -> Result<CpuBackend, BackendError> {
-        let n_layer = cfg.n_layer;
-        Self::with_layers(file, cfg, opts, n_layer).await
+        let (n_layer, n_ctx) = (cfg.n_layer, opts.n_ctx.clamp(1, cfg.n_ctx_train));
+        Self::with_layers(file, cfg, opts, n_layer, n_ctx).await
     }
 
     /// A reference that holds only the embedding, layer 0 and the head: enough for the
     /// self-test's [`Backend::probe`] (and a fraction of the memory where tensors are copied),
-    /// not for steps.
-    pub async fn first_layer(file: Arc<GgufFile>, cfg: ModelConfig, probe: &Probe) -> Result<CpuBackend, BackendError> {
+    /// not for steps. `checked`: the options of the backend it checks (its KV types, and its
+    /// context, which picks LongRoPE's factors).
+    pub async fn first_layer(file: Arc<GgufFile>, cfg: ModelConfig, probe: &Probe, checked: &BackendOptions) -> Result<CpuBackend, BackendError> {
         let (tokens, outputs) = probe.max_step();
-        let opts = BackendOptions { n_ctx: probe.len(), max_seqs: 1, max_batch_tokens: tokens, max_outputs: outputs, kv_budget_bytes: None };
-        Self::with_layers(file, cfg, &opts, 1).await
+        let opts = BackendOptions { n_ctx: probe.len(), max_seqs: 1, max_batch_tokens: tokens, max_outputs: outputs, kv_budget_bytes: None, ..checked.clone() };
+        let rope_ctx = checked.n_ctx.clamp(1, cfg.n_ctx_train);
+        Self::with_layers(file, cfg, &opts, 1, rope_ctx).await
     }
 
-    /// The reference over the first `n_layers` layers.
-    async fn with_layers(file: Arc<GgufFile>, cfg: ModelConfig, opts: &BackendOptions, n_layers: usize) -> Result<CpuBackend, BackendError> {
+    /// The reference over the first `n_layers` layers, rotating as a context of `rope_ctx`
+    /// positions does (LongRoPE's choice of factors).
+    async fn with_layers(file: Arc<GgufFile>, cfg: ModelConfig, opts: &BackendOptions, n_layers: usize, rope_ctx: usize) -> Result<CpuBackend, BackendError> {
         let n_layers = n_layers.min(cfg.n_layer);
         let n_ctx = opts.n_ctx.clamp(1, cfg.n_ctx_train);
         let layout = KvLayout::plan(&cfg, &opts.pool_request(n_ctx, u64::MAX))?;
@@ -157,9 +160,13 @@ impl CpuBackend {
             file,
         };
         this.output_norm = this.vector("output_norm.weight")?;
-        let factors = this.opt_vector(crate::arch::ROPE_FREQS, this.cfg.rope_freqs)?;
+        let factors = match this.cfg.rope_factor_tensor(rope_ctx) {
+            Some(name) => Some(this.vector(name)?),
+            None => None,
+        };
         for i in 0..n_layers {
-            let layer = this.layer(i, factors.as_deref())?;
+            let divisors = this.cfg.rope_divisors(i, factors.as_deref());
+            let layer = this.layer(i, divisors.as_deref())?;
             this.layers.push(layer);
         }
         Ok(this)
@@ -187,7 +194,8 @@ impl CpuBackend {
         }
     }
 
-    /// Layer `i`'s weights; `rope_factors` is the model's `rope_freqs.weight`, read once.
+    /// Layer `i`'s weights; `rope_factors`: its per-pair divisors of the RoPE frequencies
+    /// (`ModelConfig::rope_divisors`).
     fn layer(&self, i: usize, rope_factors: Option<&[f32]>) -> Result<Layer, BackendError> {
         let c = &self.cfg;
         let n = |s: &str| format!("blk.{i}.{s}");
@@ -345,18 +353,23 @@ impl CpuBackend {
         let lc = &c.layers[il];
         for (t, place) in places.iter().enumerate() {
             for head in q[t * c.q_dim()..(t + 1) * c.q_dim()].chunks_mut(hd) {
-                ops::rope(head, place.pos, &l.rope_inv_freq, lc.rope_freq_scale, c.rope_style);
+                ops::rope_scaled(head, place.pos, &l.rope_inv_freq, lc.rope_freq_scale, c.rope_style, c.rope_scaling.mscale);
             }
             for head in k[t * kv_dim..(t + 1) * kv_dim].chunks_mut(hd) {
-                ops::rope(head, place.pos, &l.rope_inv_freq, lc.rope_freq_scale, c.rope_style);
+                ops::rope_scaled(head, place.pos, &l.rope_inv_freq, lc.rope_freq_scale, c.rope_style, c.rope_scaling.mscale);
             }
         }
         // Every K and V row is stored before any query reads (a step's tokens see each other).
         let (group, kc, vc) = &mut self.kv[il];
         for (t, place) in places.iter().enumerate() {
             let block = place.tables[*group][place.pos / bs];
-            kc.row_mut(block, place.pos % bs, bs).copy_from_slice(&k[t * kv_dim..(t + 1) * kv_dim]);
-            vc.row_mut(block, place.pos % bs, bs).copy_from_slice(&v[t * c.v_dim()..(t + 1) * c.v_dim()]);
+            // Each row as the cache reads it back (rounded to its type).
+            let row = kc.row_mut(block, place.pos % bs, bs);
+            row.copy_from_slice(&k[t * kv_dim..(t + 1) * kv_dim]);
+            self.layout.k_type.read_back(row, hd, true);
+            let row = vc.row_mut(block, place.pos % bs, bs);
+            row.copy_from_slice(&v[t * c.v_dim()..(t + 1) * c.v_dim()]);
+            self.layout.v_type.read_back(row, c.head_dim_v, false);
         }
         let (group, kc, vc) = &self.kv[il];
         let attn = attention(c, il, &q, places, *group, kc, vc, bs);

@@ -83,10 +83,16 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
 /// Rotates the first `2 * inv_freq.len()` values of one head at position `pos`, pair i at
 /// angle pos · freq_scale · inv_freq[i] (`arch::rope_inv_freq`).
 pub fn rope(head: &mut [f32], pos: usize, inv_freq: &[f32], freq_scale: f32, style: RopeStyle) {
+    rope_scaled(head, pos, inv_freq, freq_scale, style, 1.0);
+}
+
+/// [`rope`] with cos and sin multiplied by `mscale` (YaRN's and LongRoPE's attention factor).
+pub fn rope_scaled(head: &mut [f32], pos: usize, inv_freq: &[f32], freq_scale: f32, style: RopeStyle, mscale: f32) {
     let half = inv_freq.len();
     for (i, &inv_freq) in inv_freq.iter().enumerate() {
         let theta = pos as f32 * freq_scale * inv_freq;
         let (sin, cos) = theta.sin_cos();
+        let (sin, cos) = (sin * mscale, cos * mscale);
         let (a, b) = match style {
             RopeStyle::Neox => (i, i + half),
             RopeStyle::Normal => (2 * i, 2 * i + 1),

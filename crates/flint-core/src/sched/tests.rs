@@ -25,6 +25,8 @@ fn sched(max_batch_tokens: usize, max_seqs: usize, n_ctx: usize, blocks: u32) ->
         slack: 4,
         max_blocks_per_seq: (n_ctx as u32).div_ceil(BS),
         groups: vec![KvGroupSpec { n_blocks: blocks, window: None, layers: vec![0] }],
+        k_type: crate::kv::KvType::F32,
+        v_type: crate::kv::KvType::F32,
     };
     Scheduler::new(SchedConfig { max_batch_tokens, max_seqs, n_ctx }, KvCache::new(layout)).unwrap()
 }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use flint_core::arch::ModelConfig;
+use flint_core::kv::KvType;
 use flint_core::quant::QuantType;
 
 use crate::context::GpuContext;
@@ -305,6 +306,8 @@ pub struct GraphInputs<'a> {
     pub part: &'a super::Part,
     /// `rope_freqs.weight`, when the model has it.
     pub rope_factors: Option<Arc<[f32]>>,
+    /// How the caches store K and V.
+    pub kv_types: (KvType, KvType),
 }
 
 /// Every part's matmul of `m`: x → y (+ bias) (+ y with `accumulate`), `info` counting tokens.
@@ -410,9 +413,12 @@ pub fn attention_desc(c: &ModelConfig, il: usize, rope_factors: Option<&Arc<[f32
             style: c.rope_style,
             base: lc.rope_base,
             freq_scale: lc.rope_freq_scale,
-            freq_factors: rope_factors.cloned(),
+            mscale: c.rope_scaling.mscale,
+            freq_factors: c.rope_divisors(il, rope_factors.map(|f| &f[..])).map(Arc::from),
         }),
         softcap: c.attn_softcap,
+        k_type: KvType::F32,
+        v_type: KvType::F32,
     }
 }
 
@@ -438,7 +444,7 @@ async fn layer(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<
     } else {
         None
     };
-    let desc = attention_desc(c, il, g.rope_factors.as_ref());
+    let desc = ops::attention::AttentionDesc { k_type: g.kv_types.0, v_type: g.kv_types.1, ..attention_desc(c, il, g.rope_factors.as_ref()) };
     let local = il - g.part.layers.start;
     let (kc, vc) = &g.kv[local];
     let kv_batch = &g.batches[g.layer_group[local]];

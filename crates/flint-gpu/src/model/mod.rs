@@ -142,11 +142,10 @@ impl GpuModel {
             None => ctx.max_binding(),
         };
         let cache = ctx.pipelines.clone();
-        let rope_factors = match c.rope_freqs {
-            true => {
-                Some(Arc::from(file.read_f32(flint_core::arch::ROPE_FREQS).await.map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?))
-            }
-            false => None,
+        // Per-pair divisors read from the file (Llama 3's, LongRoPE's for this context).
+        let rope_factors = match c.rope_factor_tensor(n_ctx) {
+            Some(name) => Some(Arc::from(file.read_f32(name).await.map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?)),
+            None => None,
         };
         let mut up = Uploader::new(&ctx, file, max_binding);
         let inputs = GraphInputs {
@@ -160,6 +159,7 @@ impl GpuModel {
             kv: &kv.layers,
             part: &part,
             rope_factors,
+            kv_types: (layout.k_type, layout.v_type),
         };
         let upload = async {
             let graph = graph::build(&inputs, &mut up).await?;

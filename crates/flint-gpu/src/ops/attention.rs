@@ -6,6 +6,8 @@
 
 use std::sync::Arc;
 
+use flint_core::kv::KvType;
+
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::ops::rope::{RopeSpec, RopeTables};
@@ -54,6 +56,9 @@ pub struct AttentionDesc {
     pub rope: Option<RopeSpec>,
     /// Scores (after `scale`) become softcap · tanh(score / softcap) before the softmax (gemma2).
     pub softcap: Option<f32>,
+    /// How the K and V caches store their elements.
+    pub k_type: KvType,
+    pub v_type: KvType,
 }
 
 impl AttentionDesc {
@@ -97,16 +102,63 @@ impl AttentionDesc {
         if let Some(r) = &self.rope {
             r.validate(self.head_dim)?;
         }
+        self.k_type.check_head_dim(self.head_dim as usize).and_then(|_| self.v_type.check_head_dim(self.head_dim_v as usize)).or_else(bad)?;
         Ok(())
     }
+
+    /// Bytes of one K cache row and of one V cache row.
+    pub fn row_bytes(&self) -> (u64, u64) {
+        (self.k_type.row_bytes(self.kv_dim() as usize), self.v_type.row_bytes(self.v_dim() as usize))
+    }
+}
+
+/// Defines for kernels that read or write the caches of `desc`: K_F16 / K_Q8, V_F16 / V_Q8
+/// (f32: none), and K_ROT / V_ROT, the Hadamard group sizes of rotated caches.
+pub(crate) fn kv_type_defs(desc: &AttentionDesc, mut defs: ShaderDefs) -> ShaderDefs {
+    let (k, v) = (desc.k_type, desc.v_type);
+    if let Some(n) = k.rotation(desc.head_dim as usize, true) {
+        defs = defs.u32("K_ROT", n as u32);
+    }
+    if let Some(n) = v.rotation(desc.head_dim_v as usize, false) {
+        defs = defs.u32("V_ROT", n as u32);
+    }
+    defs.flag("K_F16", k == KvType::F16).flag("K_Q8", k == KvType::Q8_0).flag("V_F16", v == KvType::F16).flag("V_Q8", v == KvType::Q8_0)
+}
+
+/// The shapes the variant lists cover: each RoPE setting, every (K, V) pair of types, at every
+/// head size of the serial kernel and one (96) that q8_0 caches do not rotate.
+pub(crate) fn variant_descs() -> Vec<AttentionDesc> {
+    let mut v = Vec::new();
+    for rope in rope_variants() {
+        for k_type in KvType::ALL {
+            for v_type in KvType::ALL {
+                for head_dim in ROWS_HEAD_DIMS.into_iter().chain([96]) {
+                    let rope = rope.clone().map(|r| RopeSpec { rope_dim: head_dim, ..r });
+                    v.push(AttentionDesc {
+                        n_head: 4,
+                        n_head_kv: 1,
+                        head_dim,
+                        head_dim_v: head_dim,
+                        scale: 1.0,
+                        window: None,
+                        rope,
+                        softcap: None,
+                        k_type,
+                        v_type,
+                    });
+                }
+            }
+        }
+    }
+    v
 }
 
 fn attention_defs() -> ShaderDefs {
     ShaderDefs::new().u32("WG", SPLIT_WG).u32("WG_COMBINE", COMBINE_WG).u32("MAX_HEAD_DIM", MAX_HEAD_DIM)
 }
 
-fn split_key(rope: Option<&RopeSpec>) -> PipelineKey {
-    PipelineKey::new("attention.wgsl", "split", RopeSpec::defs(rope, attention_defs()))
+fn split_key(desc: &AttentionDesc) -> PipelineKey {
+    PipelineKey::new("attention.wgsl", "split", RopeSpec::defs(desc.rope.as_ref(), kv_type_defs(desc, attention_defs())))
 }
 
 fn combine_key() -> PipelineKey {
@@ -118,29 +170,37 @@ fn combine_key() -> PipelineKey {
 pub fn rows_code(head_dim: u32) -> (String, String) {
     let (mut dot, mut acc) = (String::new(), String::new());
     for k in 0..head_dim / 4 {
-        dot += &format!("d4 = fma(qv[{k}], k_cache[krow + {k}u], d4);\n");
-        acc += &format!("acc[{k}] = fma(vec4<f32>(pj), v_cache[vrow + {k}u], acc[{k}] * alpha);\n");
+        dot += &format!("d4 = fma(qv[{k}], k4(krow, {k}u), d4);\n");
+        acc += &format!("acc[{k}] = fma(vec4<f32>(pj), v4(vrow, {k}u), acc[{k}] * alpha);\n");
     }
     (dot, acc)
 }
 
-fn rows_key(head_dim: u32, rope: Option<&RopeSpec>) -> PipelineKey {
+fn rows_key(desc: &AttentionDesc) -> PipelineKey {
+    let head_dim = desc.head_dim;
     let (dot, acc) = rows_code(head_dim);
-    let defs = attention_defs().u32("HEAD_DIM", head_dim).u32("HEAD_DIM_V", head_dim).u32("WG_ROWS", ROWS_WG).code("ROWS_DOT", dot).code("ROWS_ACC", acc);
-    PipelineKey::new("attention.wgsl", "rows", RopeSpec::defs(rope, defs))
+    let defs = kv_type_defs(desc, attention_defs())
+        .u32("HEAD_DIM", head_dim)
+        .u32("HEAD_DIM_V", head_dim)
+        .u32("WG_ROWS", ROWS_WG)
+        .code("ROWS_DOT", dot)
+        .code("ROWS_ACC", acc);
+    PipelineKey::new("attention.wgsl", "rows", RopeSpec::defs(desc.rope.as_ref(), defs))
 }
 
 /// The RoPE settings the variant lists cover (one of each style; the tables are bindings).
 pub(crate) fn rope_variants() -> [Option<RopeSpec>; 3] {
-    let spec = |style| RopeSpec { rope_dim: 64, style, base: 10000.0, freq_scale: 1.0, freq_factors: None };
+    let spec = |style| RopeSpec { rope_dim: 64, style, base: 10000.0, freq_scale: 1.0, mscale: 1.0, freq_factors: None };
     [None, Some(spec(flint_core::arch::RopeStyle::Normal)), Some(spec(flint_core::arch::RopeStyle::Neox))]
 }
 
 pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = vec![combine_key()];
-    for rope in &rope_variants() {
-        v.push(split_key(rope.as_ref()));
-        v.extend(ROWS_HEAD_DIMS.map(|hd| rows_key(hd, rope.as_ref())));
+    for desc in variant_descs() {
+        v.push(split_key(&desc));
+        if ROWS_HEAD_DIMS.contains(&desc.head_dim) {
+            v.push(rows_key(&desc));
+        }
     }
     v
 }
@@ -152,8 +212,9 @@ pub(crate) fn need(op: &'static str, what: &str, buf: &wgpu::Buffer, bytes: u64)
     Ok(())
 }
 
-pub(crate) fn check_cache(ctx: &GpuContext, op: &'static str, what: &str, buf: &wgpu::Buffer, row: u32, block_size: u32) -> Result<()> {
-    need(op, what, buf, row as u64 * 4 * block_size as u64)?;
+/// `row_bytes`: one position's row as stored.
+pub(crate) fn check_cache(ctx: &GpuContext, op: &'static str, what: &str, buf: &wgpu::Buffer, row_bytes: u64, block_size: u32) -> Result<()> {
+    need(op, what, buf, row_bytes * block_size as u64)?;
     if buf.size() > ctx.max_binding() {
         return Err(GpuError::Limit { what: "KV cache binding", need: buf.size(), limit: ctx.max_binding() });
     }
@@ -267,8 +328,9 @@ impl Attention {
         need(OP, "q", q, mt * desc.q_dim() as u64 * 4)?;
         need(OP, "out", out, mt * desc.out_dim() as u64 * 4)?;
         need(OP, "split scratch", scratch, Self::scratch_bytes(desc, batch.max_tokens))?;
-        check_cache(ctx, OP, "k_cache", k_cache, desc.kv_dim(), batch.block_size)?;
-        check_cache(ctx, OP, "v_cache", v_cache, desc.v_dim(), batch.block_size)?;
+        let (k_row, v_row) = desc.row_bytes();
+        check_cache(ctx, OP, "k_cache", k_cache, k_row, batch.block_size)?;
+        check_cache(ctx, OP, "v_cache", v_cache, v_row, batch.block_size)?;
         let serial = ctx.caps.cpu_like && desc.head_dim == desc.head_dim_v && ROWS_HEAD_DIMS.contains(&desc.head_dim);
         let rows_grid = (batch.max_tokens as u64 * desc.n_head as u64).div_ceil(ROWS_WG as u64);
         let serial = serial && rows_grid <= MAX_GRID_DIM as u64;
@@ -292,7 +354,7 @@ impl Attention {
             _pad: 0,
         };
         let p = params(ctx, "attention_params", &base);
-        let (split_key, combine_key) = (split_key(desc.rope.as_ref()), combine_key());
+        let (split_key, combine_key) = (split_key(desc), combine_key());
         let split = cache.get(ctx, &split_key).await?;
         let combine = cache.get(ctx, &combine_key).await?;
         let rope = desc.rope.as_ref().map(|r| RopeTables::new(ctx, "attention", r, desc.head_dim)).transpose()?;
@@ -303,7 +365,7 @@ impl Attention {
         let split_bind = crate::ops::bind(ctx, &split_key.label(), &split, &bufs);
         let combine_bind = bind_at(ctx, &combine_key.label(), &combine, &[(0, &batch.info), (1, &p), (2, &batch.pos), (8, out), (9, scratch)]);
         let rows = if serial {
-            let key = rows_key(desc.head_dim, desc.rope.as_ref());
+            let key = rows_key(desc);
             let pipeline = cache.get(ctx, &key).await?;
             let bind = crate::ops::bind(ctx, &key.label(), &pipeline, &bufs);
             Some((pipeline, bind))

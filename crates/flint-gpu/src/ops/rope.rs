@@ -37,8 +37,11 @@ pub struct RopeSpec {
     pub base: f32,
     /// Multiplies positions (1 / linear scaling factor).
     pub freq_scale: f32,
-    /// Per-pair divisors of the frequencies (`rope_freqs.weight`, Llama 3 scaling), rope_dim / 2.
+    /// Per-pair divisors of the frequencies (`ModelConfig::rope_divisors`: Llama 3's
+    /// `rope_freqs.weight`, LongRoPE's factors, YaRN's ramp), rope_dim / 2.
     pub freq_factors: Option<Arc<[f32]>>,
+    /// Multiplies every rotation's cos and sin (YaRN's and LongRoPE's attention factor; 1 = none).
+    pub mscale: f32,
 }
 
 impl RopeSpec {
@@ -69,13 +72,14 @@ pub struct RopeTables {
 struct FusedParams {
     n_pairs: u32,
     freq_scale: f32,
-    _pad: [u32; 2],
+    mscale: f32,
+    _pad: u32,
 }
 
 impl RopeTables {
     pub fn new(ctx: &GpuContext, label: &str, spec: &RopeSpec, head_dim: u32) -> Result<RopeTables> {
         spec.validate(head_dim)?;
-        let p = FusedParams { n_pairs: spec.rope_dim / 2, freq_scale: spec.freq_scale, _pad: [0; 2] };
+        let p = FusedParams { n_pairs: spec.rope_dim / 2, freq_scale: spec.freq_scale, mscale: spec.mscale, _pad: 0 };
         let params = params(ctx, &format!("{label}.rope"), &p);
         let freqs = flint_core::arch::rope_inv_freq(spec.rope_dim as usize, spec.base, spec.freq_factors.as_deref());
         let inv_freq = crate::buffer::storage_init(ctx, &format!("{label}.inv_freq"), bytemuck::cast_slice(&freqs))?;
@@ -112,7 +116,8 @@ impl Rope {
     /// `x`: [max_tokens, n_heads, head_dim] f32, rotated in place at `batch.pos`.
     pub async fn new(ctx: &GpuContext, cache: &PipelineCache, batch: &Batch, desc: RopeDesc, x: &wgpu::Buffer) -> Result<Rope> {
         let bad = |message: String| Err(GpuError::Unsupported { op: "rope", message });
-        RopeSpec { rope_dim: desc.rope_dim, style: desc.style, base: desc.base, freq_scale: desc.freq_scale, freq_factors: None }.validate(desc.head_dim)?;
+        RopeSpec { rope_dim: desc.rope_dim, style: desc.style, base: desc.base, freq_scale: desc.freq_scale, mscale: 1.0, freq_factors: None }
+            .validate(desc.head_dim)?;
         let need = batch.max_tokens as u64 * desc.n_heads as u64 * desc.head_dim as u64 * 4;
         if x.size() < need {
             return bad(format!("x holds {} bytes, needs {need} for [{}, {}, {}] f32", x.size(), batch.max_tokens, desc.n_heads, desc.head_dim));
