@@ -18,6 +18,10 @@ const PKG = "/node_modules/flint-llm/src/index.js";
 const WORKER = "/node_modules/flint-llm/src/worker.js";
 // The tiny random-weight qwen3 of the family oracles: quick to load and compile.
 const TINY = "/qwen3-tiny.gguf";
+// Two layers of Qwen2.5-7B's widths in Q4_K_M's formats, and the GPU's greedy continuation:
+// written by crates/flint/tests/wide_model.rs (the Rust tests run first).
+const WIDE = "/wide-2l.gguf";
+const WIDE_DIR = join(REPO, "target/test-models");
 const MINUTES = 60_000;
 
 let app, server, browser, page;
@@ -31,6 +35,8 @@ before(async () => {
   execFileSync("npm", ["install", "--no-audit", "--no-fund", "--offline", join(out, tarball)], { cwd: app, stdio: "inherit" });
   writeFileSync(join(app, "index.html"), '<!doctype html><meta charset="utf-8"><title>flint-llm test</title>');
   copyFileSync(join(GOLDEN, "families/qwen3/model.gguf"), join(app, TINY.slice(1)));
+  requireFile(join(WIDE_DIR, "wide-2l.gguf"), "run `cargo test --release -p flint --test wide_model` first");
+  copyFileSync(join(WIDE_DIR, "wide-2l.gguf"), join(app, WIDE.slice(1)));
   server = await startServer({ root: app });
   browser = await launchPersistent();
   page = await openPage(browser.context, "app");
@@ -44,6 +50,8 @@ after(async () => {
 });
 
 const modelGets = (path) => server.requests.filter((r) => r.method === "GET" && r.path === path).length;
+// Whole-file downloads (not Range reads).
+const fullGets = (path) => server.requests.filter((r) => r.method === "GET" && r.path === path && r.status === 200).length;
 
 test("createEngine: greedy completion of golden prompt 1 on gemma-3-270m equals the f32 reference", { timeout: 15 * MINUTES }, async () => {
   const t0 = performance.now();
@@ -72,12 +80,14 @@ test("createEngine: greedy completion of golden prompt 1 on gemma-3-270m equals 
   assert.equal(r.done.usage.completion_tokens, 16);
   assert.ok(r.done.usage.ttft_ms > 0 && r.done.usage.decode_tok_s > 0, "the request is timed with the browser's clock");
   assert.equal(r.done.usage.prompt_tokens, golden("gemma", 1).prompt_token_ids.length);
-  assert.deepEqual(r.stages, ["download", "load", "compile", "ready"]);
+  // The header is read by ranges and checked before the download.
+  assert.deepEqual(r.stages, ["check", "download", "load", "compile", "ready"]);
   assert.equal(r.badTemperature, "InvalidRequestError");
   assert.equal(r.tooLong, "ContextWindowExceededError");
   assert.equal(r.noTemplate, "ChatTemplateError");
   assert.equal(r.cached, true, "hasModelInCache after loading");
-  assert.equal(modelGets(GEMMA), 1, "the model was downloaded once");
+  assert.equal(fullGets(GEMMA), 1, "the model was downloaded once");
+  assert.ok(modelGets(GEMMA) > 1 && server.requests.some((q) => q.path === GEMMA && q.status === 206), "after its header was read by ranges");
 });
 
 test("draftModel: a model drafting for itself gives the same greedy text, every draft accepted; a draft of another vocabulary is refused", { timeout: 10 * MINUTES }, async () => {
@@ -213,7 +223,7 @@ test("hostile chat templates (chatTemplate) fail with ChatTemplateError within 1
   assert.equal(r.finished, "length", "the engine serves after the refusals");
 });
 
-test("info.memory gives the memory plan; deviceMemoryMB below it refuses the load with ModelLoadError saying what it needs; cacheTypeK/V store the KV cache smaller", { timeout: 10 * MINUTES }, async () => {
+test("info.memory gives the memory plan; deviceMemoryMB below it refuses the load with ModelLoadError saying what it needs; cacheTypeK/V store the KV cache smaller; with the cache, a model that does not fit is refused from its header before the download", { timeout: 10 * MINUTES }, async () => {
   const r = await page.evaluate(
     async ({ PKG, TINY }) => {
       const flint = await import(PKG);
@@ -242,7 +252,20 @@ test("info.memory gives the memory plan; deviceMemoryMB below it refuses the loa
       } catch (e) {
         badType = { name: e.name, message: e.message };
       }
-      return { memory, refused, f32Text, smallMemory, smallText, badType };
+      // With the cache (the default): a model that does not fit is refused from its header,
+      // read by ranges, before the download; one that fits is checked, then downloaded.
+      await flint.deleteModelFromCache(TINY);
+      const stages = [];
+      let early = null;
+      try {
+        await flint.createEngine({ model: TINY, nCtx: 1024, maxSeqs: 2, deviceMemoryMB: Math.max(1, mb - 2), initProgressCallback: (p) => stages.push(p.stage) });
+      } catch (e) {
+        early = { name: e.name, message: e.message };
+      }
+      const cachedAfterRefusal = await flint.hasModelInCache(TINY);
+      const okStages = [];
+      await (await flint.createEngine({ model: TINY, nCtx: 1024, maxSeqs: 2, initProgressCallback: (p) => okStages.push(p.stage) })).unload();
+      return { memory, refused, f32Text, smallMemory, smallText, badType, early, stages, cachedAfterRefusal, okStages, cachedAfterLoad: await flint.hasModelInCache(TINY) };
     },
     { PKG, TINY },
   );
@@ -262,6 +285,60 @@ test("info.memory gives the memory plan; deviceMemoryMB below it refuses the loa
   assert.equal(r.smallText, r.f32Text, "4 greedy tokens with q8_0 keys and f16 values equal f32's");
   assert.equal(r.badType?.name, "InvalidRequestError", JSON.stringify(r.badType));
   assert.match(r.badType.message, /cacheTypeK: unknown KV cache type "q4_0"/);
+  assert.equal(r.early?.name, "ModelLoadError", JSON.stringify(r.early));
+  assert.match(r.early.message, /needs about .* MiB/);
+  assert.ok(r.stages.includes("check") && !r.stages.includes("download") && !r.stages.includes("load"), JSON.stringify(r.stages));
+  assert.equal(r.cachedAfterRefusal, false, "nothing was downloaded into the cache");
+  assert.ok(r.okStages.indexOf("check") >= 0 && r.okStages.indexOf("check") < r.okStages.indexOf("download"), JSON.stringify(r.okStages));
+  assert.equal(r.cachedAfterLoad, true);
+});
+
+test("a two-layer model of 7B widths loads with the default options from a URL (cached), from a File, and from the cache after a page reload; each gives native's greedy tokens and top-20 logprobs", { timeout: 20 * MINUTES }, async () => {
+  const oracle = JSON.parse(readFileSync(join(WIDE_DIR, "wide-2l.json"), "utf8"));
+  const run = (from) =>
+    page.evaluate(
+      async ({ PKG, WIDE, from, prompt }) => {
+        const flint = await import(PKG);
+        if (from === "url") await flint.deleteModelFromCache(WIDE);
+        const model = from === "file" ? new File([await (await fetch(WIDE)).blob()], "wide-2l.gguf") : WIDE;
+        const stages = [];
+        const t0 = performance.now();
+        const engine = await flint.createEngine({ model, initProgressCallback: (p) => stages.includes(p.stage) || stages.push(p.stage) });
+        const loadMs = performance.now() - t0;
+        const r = await engine.completions.create({ prompt, max_tokens: 4, temperature: 0, logprobs: 20 });
+        await engine.unload();
+        const heap = performance.memory?.usedJSHeapSize ?? null;
+        return { stages, loadMs, r, heap, cached: await flint.hasModelInCache(WIDE) };
+      },
+      { PKG, WIDE, from, prompt: oracle.prompt },
+    );
+  const check = (label, got) => {
+    console.log(`wide-2l from ${label}: stages ${got.stages}, load ${(got.loadMs / 1000).toFixed(1)} s, JS heap ${(got.heap / 2 ** 20).toFixed(0)} MiB, usage ${JSON.stringify(got.r.usage)}`);
+    assert.equal(got.r.usage.prompt_tokens, oracle.prompt_token_ids.length);
+    const content = got.r.choices[0].logprobs?.content;
+    assert.equal(content?.length, 4, JSON.stringify(got.r.choices[0]));
+    for (let i = 0; i < 4; i++) {
+      const want = oracle.top_logprobs[i];
+      const top = content[i].top_logprobs;
+      assert.equal(top.length, 20);
+      assert.equal(content[i].token, want[0].token, `${label}: token ${i}`);
+      const a = top.map((t) => t.logprob);
+      const b = want.map((t) => t.logprob);
+      const mean = b.reduce((x, y) => x + y, 0) / b.length;
+      const nmse = a.reduce((acc, x, k) => acc + (x - b[k]) ** 2, 0) / b.reduce((acc, y) => acc + (y - mean) ** 2, 0);
+      assert.ok(nmse <= 1e-4, `${label}: token ${i}: top-20 logprobs NMSE ${nmse}`);
+    }
+  };
+  const fromUrl = await run("url");
+  check("a URL", fromUrl);
+  assert.deepEqual(fromUrl.stages.slice(0, 3), ["check", "download", "load"]);
+  assert.equal(fromUrl.cached, true);
+  check("a File", await run("file"));
+  await page.reload();
+  const fromCache = await run("cache");
+  check("the cache after a reload", fromCache);
+  assert.equal(fromCache.stages[0], "cache");
+  assert.ok(!fromCache.stages.includes("download"));
 });
 
 test("a model the browser cache cannot hold (over the quota, or Cache.put refusing it) is read by HTTP ranges instead, saying so", { timeout: 10 * MINUTES }, async () => {

@@ -48,7 +48,7 @@ export interface StructuredOutput {
 }
 
 export interface InitProgressReport {
-  stage: "download" | "cache" | "load" | "compile" | "ready";
+  stage: "check" | "download" | "cache" | "load" | "compile" | "ready";
   loaded: number;
   total: number;
   /** 0..1 within the stage. */

@@ -1,7 +1,7 @@
 // The engine in this thread: loads the wasm module, opens the model (cache, download or
 // local file) and runs requests. `createEngine` wraps it; the worker script runs it too.
 
-import init, { loadEngine } from "./wasm/flint_wasm.js";
+import init, { checkModel, loadEngine } from "./wasm/flint_wasm.js";
 import { fromWire, ModelLoadError, WebGPUNotAvailableError, EngineUnloadedError } from "./errors.js";
 import { blobSource, rangeSource } from "./source.js";
 import { cachedModel, downloadToCache } from "./cache.js";
@@ -30,8 +30,12 @@ function reporter(cb) {
 
 const MB = (n) => (n / 1e6).toFixed(1);
 
-/** Where the model's bytes come from, downloading into the browser's cache first if needed. */
-async function openModel(model, report, useCache) {
+/**
+ * Where the model's bytes come from, downloading into the browser's cache first if needed;
+ * `check(url)` runs before a download (on the header, read by HTTP ranges) and throws to
+ * refuse the model before any of its weights are fetched.
+ */
+async function openModel(model, report, useCache, check) {
   if (typeof Blob !== "undefined" && model instanceof Blob) return { source: model, name: model.name ?? "model.gguf" };
   if (typeof model !== "string" && !(model instanceof URL)) throw new ModelLoadError("model must be a URL, a File or a Blob");
   const url = String(model);
@@ -42,6 +46,8 @@ async function openModel(model, report, useCache) {
       report("cache", 0, cached.size, `found ${name} in the browser cache (${MB(cached.size)} MB)`);
       return { source: cached, name };
     }
+    report("check", 0, 0, `checking ${name}: reading its header`);
+    await check(url);
     const blob = await downloadToCache(
       url,
       (loaded, total) => report("download", loaded, total, `downloading ${name}: ${MB(loaded)} of ${MB(total)} MB`),
@@ -62,7 +68,26 @@ export class LocalCore {
     }
     await initWasm(wasmUrl);
     const report = reporter(initProgressCallback);
-    const { source, name } = await openModel(model, report, useCache);
+    const opts = {};
+    if (nCtx) opts.n_ctx = nCtx;
+    if (maxSeqs) opts.max_seqs = maxSeqs;
+    if (selfTest) opts.self_test = true;
+    if (typeof chatTemplate === "string") opts.chat_template = chatTemplate;
+    if (speculative != null) opts.spec_type = speculative;
+    if (draftMax != null) opts.draft_max = draftMax;
+    if (draftPMin != null) opts.draft_p_min = draftPMin;
+    if (deviceMemoryMB != null) opts.device_mem_mb = deviceMemoryMB;
+    if (cacheTypeK != null) opts.cache_type_k = cacheTypeK;
+    if (cacheTypeV != null) opts.cache_type_v = cacheTypeV;
+    // Before a download: the header alone, by ranges, checked as the load checks it.
+    const check = async (url) => {
+      try {
+        await checkModel(await rangeSource(url), JSON.stringify(opts));
+      } catch (e) {
+        throw fromWire(e);
+      }
+    };
+    const { source, name } = await openModel(model, report, useCache, check);
     let loaded = 0;
     const onRead = (n) => {
       loaded += n;
@@ -72,23 +97,12 @@ export class LocalCore {
     // A draft model is opened the same way; its bytes count in the load's progress too.
     let draftReader = null;
     if (draftModel != null) {
-      const draft = await openModel(draftModel, report, useCache);
+      const draft = await openModel(draftModel, report, useCache, async () => {});
       draftReader = typeof draft.source === "string" ? await rangeSource(draft.source, onRead) : blobSource(draft.source, onRead);
     }
     const total = reader.size + (draftReader?.size ?? 0);
     const core = new LocalCore();
     try {
-      const opts = {};
-      if (nCtx) opts.n_ctx = nCtx;
-      if (maxSeqs) opts.max_seqs = maxSeqs;
-      if (selfTest) opts.self_test = true;
-      if (typeof chatTemplate === "string") opts.chat_template = chatTemplate;
-      if (speculative != null) opts.spec_type = speculative;
-      if (draftMax != null) opts.draft_max = draftMax;
-      if (draftPMin != null) opts.draft_p_min = draftPMin;
-      if (deviceMemoryMB != null) opts.device_mem_mb = deviceMemoryMB;
-      if (cacheTypeK != null) opts.cache_type_k = cacheTypeK;
-      if (cacheTypeV != null) opts.cache_type_v = cacheTypeV;
       const onCompile = (n) => report("compile", n, 0, `compiling GPU kernels: ${n}`);
       core.#engine = await loadEngine(reader, JSON.stringify(opts), onCompile, draftReader);
     } catch (e) {

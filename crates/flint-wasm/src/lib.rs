@@ -195,6 +195,76 @@ fn compile_progress() -> flint::CompileProgress {
     }))
 }
 
+/// The load options of `loadEngine`'s options JSON (see there).
+fn load_options(options: &str) -> Result<LoadOptions, JsValue> {
+    let opts: serde_json::Value = serde_json::from_str(options).map_err(|e| js_error("InvalidRequestError", format!("options: {e}")))?;
+    let mut load =
+        LoadOptions { template_clock: Some(unix_seconds), clock: Some(performance_now), compile_observer: Some(compile_progress()), ..LoadOptions::default() };
+    if let Some(n) = opts.get("n_ctx").and_then(|v| v.as_u64()) {
+        load.n_ctx = n as usize;
+    }
+    if let Some(n) = opts.get("max_seqs").and_then(|v| v.as_u64()).filter(|&n| (1..=64).contains(&n)) {
+        load.max_seqs = n as usize;
+    }
+    load.self_test = opts.get("self_test").and_then(|v| v.as_bool()).unwrap_or(false);
+    // Requests may bring predictions; n-gram drafts when asked for (`speculative: "ngram"`).
+    load.spec.predictions = true;
+    if let Some(kind) = opts.get("spec_type") {
+        let kind = kind
+            .as_str()
+            .and_then(|k| k.parse::<flint::SpecKind>().ok())
+            .ok_or_else(|| js_error("InvalidRequestError", format!("speculative must be \"none\" or \"ngram\", got {kind}")))?;
+        load.spec.kind = kind;
+    }
+    if let Some(p) = opts.get("draft_p_min") {
+        let p = p
+            .as_f64()
+            .filter(|p| (0.0..=1.0).contains(p))
+            .ok_or_else(|| js_error("InvalidRequestError", format!("draftPMin must be a number in [0, 1], got {p}")))?;
+        load.draft_p_min = p as f32;
+    }
+    if let Some(n) = opts.get("draft_max") {
+        let n = n
+            .as_u64()
+            .filter(|&n| (1..=64).contains(&n))
+            .ok_or_else(|| js_error("InvalidRequestError", format!("draftMax must be an integer in 1..=64, got {n}")))?;
+        load.spec.draft_max = n as usize;
+    }
+    if let Some(mb) = opts.get("device_mem_mb") {
+        let mb =
+            mb.as_u64().filter(|&mb| mb > 0).ok_or_else(|| js_error("InvalidRequestError", format!("deviceMemoryMB must be a positive integer, got {mb}")))?;
+        load.split.device_mem_mb = Some(vec![mb]);
+    }
+    for (key, name, slot) in [("cache_type_k", "cacheTypeK", &mut load.cache_k), ("cache_type_v", "cacheTypeV", &mut load.cache_v)] {
+        if let Some(t) = opts.get(key) {
+            *slot = t
+                .as_str()
+                .ok_or_else(|| format!("{t} is not a string"))
+                .and_then(|t| t.parse::<flint::KvType>())
+                .map_err(|e| js_error("InvalidRequestError", format!("{name}: {e}")))?;
+        }
+    }
+    load.chat_template = opts.get("chat_template").and_then(|v| v.as_str()).map(str::to_string);
+    Ok(load)
+}
+
+/// Checks a load of `source` (read by ranges: the header alone) with the options of
+/// `loadEngine`, as the load checks it before any weight is read (the model, tokenizer and
+/// template parse; the memory plan fits `device_mem_mb` and the KV cache the adapter's
+/// buffers); resolves to the memory plan's JSON, rejects as `loadEngine` would. The package
+/// runs it before downloading a model into the browser's cache.
+#[wasm_bindgen(js_name = checkModel)]
+pub fn check_model(source: JsValue, options: String) -> Promise {
+    log_panics();
+    future_to_promise(async move {
+        let source = JsSource::new(source)?;
+        let load = load_options(&options)?;
+        let file = flint::GgufFile::from_source(Box::new(source)).await.map_err(|e| js_error("ModelLoadError", format!("malformed model file: {e}")))?;
+        let plan = Engine::check(file, &load).await.map_err(|e| engine_error(&e, true))?;
+        Ok(JsValue::from_str(&plan.json().to_string()))
+    })
+}
+
 /// Loads a model from `source` (see the module docs) with options JSON
 /// `{"n_ctx": N, "max_seqs": N, "self_test": bool, "chat_template": "...", "spec_type":
 /// "none" | "ngram", "draft_max": N, "draft_p_min": P, "device_mem_mb": MB, "cache_type_k":
@@ -209,60 +279,7 @@ pub fn load_engine(source: JsValue, options: String, on_compile: JsValue, draft_
     ON_COMPILE.with(|cb| *cb.borrow_mut() = on_compile.dyn_into::<Function>().ok());
     future_to_promise(async move {
         let source = JsSource::new(source)?;
-        let opts: serde_json::Value = serde_json::from_str(&options).map_err(|e| js_error("InvalidRequestError", format!("options: {e}")))?;
-        let mut load = LoadOptions {
-            template_clock: Some(unix_seconds),
-            clock: Some(performance_now),
-            compile_observer: Some(compile_progress()),
-            ..LoadOptions::default()
-        };
-        if let Some(n) = opts.get("n_ctx").and_then(|v| v.as_u64()) {
-            load.n_ctx = n as usize;
-        }
-        if let Some(n) = opts.get("max_seqs").and_then(|v| v.as_u64()).filter(|&n| (1..=64).contains(&n)) {
-            load.max_seqs = n as usize;
-        }
-        load.self_test = opts.get("self_test").and_then(|v| v.as_bool()).unwrap_or(false);
-        // Requests may bring predictions; n-gram drafts when asked for (`speculative: "ngram"`).
-        load.spec.predictions = true;
-        if let Some(kind) = opts.get("spec_type") {
-            let kind = kind
-                .as_str()
-                .and_then(|k| k.parse::<flint::SpecKind>().ok())
-                .ok_or_else(|| js_error("InvalidRequestError", format!("speculative must be \"none\" or \"ngram\", got {kind}")))?;
-            load.spec.kind = kind;
-        }
-        if let Some(p) = opts.get("draft_p_min") {
-            let p = p
-                .as_f64()
-                .filter(|p| (0.0..=1.0).contains(p))
-                .ok_or_else(|| js_error("InvalidRequestError", format!("draftPMin must be a number in [0, 1], got {p}")))?;
-            load.draft_p_min = p as f32;
-        }
-        if let Some(n) = opts.get("draft_max") {
-            let n = n
-                .as_u64()
-                .filter(|&n| (1..=64).contains(&n))
-                .ok_or_else(|| js_error("InvalidRequestError", format!("draftMax must be an integer in 1..=64, got {n}")))?;
-            load.spec.draft_max = n as usize;
-        }
-        if let Some(mb) = opts.get("device_mem_mb") {
-            let mb = mb
-                .as_u64()
-                .filter(|&mb| mb > 0)
-                .ok_or_else(|| js_error("InvalidRequestError", format!("deviceMemoryMB must be a positive integer, got {mb}")))?;
-            load.split.device_mem_mb = Some(vec![mb]);
-        }
-        for (key, name, slot) in [("cache_type_k", "cacheTypeK", &mut load.cache_k), ("cache_type_v", "cacheTypeV", &mut load.cache_v)] {
-            if let Some(t) = opts.get(key) {
-                *slot = t
-                    .as_str()
-                    .ok_or_else(|| format!("{t} is not a string"))
-                    .and_then(|t| t.parse::<flint::KvType>())
-                    .map_err(|e| js_error("InvalidRequestError", format!("{name}: {e}")))?;
-            }
-        }
-        load.chat_template = opts.get("chat_template").and_then(|v| v.as_str()).map(str::to_string);
+        let load = load_options(&options)?;
         let file = flint::GgufFile::from_source(Box::new(source)).await.map_err(|e| js_error("ModelLoadError", format!("malformed model file: {e}")))?;
         let loaded = if draft_source.is_null() || draft_source.is_undefined() {
             Engine::load_local(file, &load).await

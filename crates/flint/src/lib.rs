@@ -170,6 +170,26 @@ impl Engine {
         Ok(engine)
     }
 
+    /// What loading `file` with `opts` would allocate, refused as the load refuses it before
+    /// any weight is read: the model, tokenizer and chat template must parse, and on the GPU
+    /// the plan must fit `split.device_mem_mb` and the KV cache the adapter's buffers. Reads
+    /// the header alone: the browser runs it on a model read by HTTP ranges before it downloads
+    /// the model into its cache.
+    #[allow(clippy::arc_with_non_send_sync)]
+    pub async fn check(mut file: GgufFile, opts: &LoadOptions) -> Result<MemoryPlan, EngineError> {
+        let config = ModelConfig::from_gguf(&file)?.unfuse(&mut file)?;
+        let tokenizer = Tokenizer::from_metadata(&file.metadata)?;
+        chat_template(&file, &tokenizer, opts)?;
+        let spec = opts.spec;
+        spec.validate()?;
+        let bopts = backend_options(&config, opts, &spec);
+        let file = Arc::new(file);
+        let clock = opts.clock.unwrap_or(default_clock);
+        let maker = BackendMaker { file: file.clone(), config: config.clone(), bopts: bopts.clone(), opts: opts.clone(), clock };
+        let layout = maker.check().await?;
+        Ok(MemoryPlan::of(&file, &config, &bopts, &layout))
+    }
+
     /// Loads a parsed file on this thread and returns the engine with its run loop, which the
     /// caller drives (the browser: `spawn_local`).
     pub async fn load_local(file: GgufFile, opts: &LoadOptions) -> Result<(Engine, RunLoop), EngineError> {
@@ -187,16 +207,7 @@ impl Engine {
     async fn build(mut file: GgufFile, draft: Option<GgufFile>, opts: &LoadOptions) -> Result<(Engine, RunLoop), EngineError> {
         let config = ModelConfig::from_gguf(&file)?.unfuse(&mut file)?;
         let tokenizer = Arc::new(Tokenizer::from_metadata(&file.metadata)?);
-        let bos = tokenizer.bos_id().and_then(|id| tokenizer.token_text(id)).unwrap_or("").to_string();
-        let eos = tokenizer.eos_id().and_then(|id| tokenizer.token_text(id)).unwrap_or("").to_string();
-        let template = match &opts.chat_template {
-            Some(src) => Some(ChatTemplate::new(src, &bos, &eos)?),
-            None => ChatTemplate::from_metadata(&file.metadata, &tokenizer)?,
-        };
-        let template = template.map(|t| match opts.template_clock {
-            Some(c) => t.with_clock(c),
-            None => t,
-        });
+        let template = chat_template(&file, &tokenizer, opts)?;
         let kv_bytes_per_position = kv_bytes_per_pos(&config, opts);
         let mut spec = opts.spec;
         spec.validate()?;
@@ -459,4 +470,18 @@ impl Drop for Engine {
             let _ = t.join();
         }
     }
+}
+
+/// The chat template a load with `opts` uses: `opts.chat_template`, else the file's.
+fn chat_template(file: &GgufFile, tokenizer: &Tokenizer, opts: &LoadOptions) -> Result<Option<ChatTemplate>, EngineError> {
+    let bos = tokenizer.bos_id().and_then(|id| tokenizer.token_text(id)).unwrap_or("").to_string();
+    let eos = tokenizer.eos_id().and_then(|id| tokenizer.token_text(id)).unwrap_or("").to_string();
+    let template = match &opts.chat_template {
+        Some(src) => Some(ChatTemplate::new(src, &bos, &eos)?),
+        None => ChatTemplate::from_metadata(&file.metadata, tokenizer)?,
+    };
+    Ok(template.map(|t| match opts.template_clock {
+        Some(c) => t.with_clock(c),
+        None => t,
+    }))
 }

@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
-use flint_core::backend::{Backend, BackendOptions};
+use flint_core::backend::{Backend, BackendError, BackendOptions};
 use flint_core::generate::Clock;
+use flint_core::kv::KvLayout;
 use flint_core::reference::CpuBackend;
 use flint_gpu::backend::GpuBackend;
 use flint_gpu::split::{split_layout, Costs, SplitBackend, SplitRule};
@@ -62,6 +63,23 @@ impl BackendMaker {
             _ => None,
         };
         Ok(Made { backend, gpus, parts, self_test })
+    }
+
+    /// The KV layout [`BackendMaker::make`] would build, refused as it refuses it, without a
+    /// weight read: on the GPU the devices open, the plan fits their budgets and the KV cache
+    /// their buffers.
+    pub(crate) async fn check(&self) -> Result<KvLayout, EngineError> {
+        let n_ctx = self.bopts.n_ctx.clamp(1, self.config.n_ctx_train);
+        match self.opts.backend {
+            BackendKind::Cpu => Ok(KvLayout::plan(&self.config, &self.bopts.pool_request(n_ctx, u64::MAX)).map_err(BackendError::from)?),
+            BackendKind::Gpu => {
+                let ctxs = self.open_devices().await?;
+                let plan = self.plan(&ctxs)?;
+                let cap = self.opts.max_binding_mb.map_or(u64::MAX, |mb| mb.saturating_mul(1 << 20));
+                let max_binding = plan.iter().map(|(d, _)| ctxs[*d].max_binding()).min().unwrap_or(u64::MAX).min(cap);
+                Ok(flint_gpu::model::plan_kv(&self.config, &self.bopts, max_binding)?)
+            }
+        }
     }
 
     /// The devices `opts.device` names (one adapter named twice: two devices of it), each
