@@ -520,9 +520,12 @@ fn request_cases_answer_as_the_table_says() {
 fn hostile_chat_template_is_a_400() {
     let file = std::env::temp_dir().join(format!("flint-serve-hostile-{}.jinja", std::process::id()));
     std::fs::write(&file, "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}").unwrap();
-    let model = model_path("gemma-3-270m");
+    // qwen (no sliding-window layers) with --parallel 1: a pool of one context (and a
+    // copy-on-write's spare block) loads.
+    let model = model_path("qwen2.5-coder-0.5b");
+    let template = file.to_str().unwrap();
     let server =
-        Server::start(&["-m", &model, "--port", "0", "--backend", "cpu", "--no-warmup", "--api-key", KEY, "--chat-template-file", file.to_str().unwrap()]);
+        Server::start(&["-m", &model, "--port", "0", "--backend", "cpu", "--parallel", "1", "--no-warmup", "--api-key", KEY, "--chat-template-file", template]);
     let t0 = Instant::now();
     while server.request("GET", "/health", &[], b"").status != 200 {
         assert!(t0.elapsed() < Duration::from_secs(120), "the model never loaded");

@@ -31,7 +31,7 @@ pub use flint_core::chat::{ChatError, ChatTemplate, KEY_CHAT_TEMPLATE};
 pub use flint_core::constrain::{Constrainer, ConstraintError, Grammar};
 pub use flint_core::generate::{Event, FinishReason, GenerateError, GenerateParams, Summary, TokenLogprobs};
 pub use flint_core::gguf::{GgufError, GgufFile};
-pub use flint_core::kv::{KvError, KvType};
+pub use flint_core::kv::{KvError, KvType, KV_BLOCK_SIZE};
 pub use flint_core::sampling::{SamplingError, SamplingParams};
 pub use flint_core::sched::{BlockCounts, Histogram, SchedError, SchedStats};
 pub use flint_core::selftest::{SelfTestError, TapReport};

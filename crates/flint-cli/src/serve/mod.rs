@@ -207,7 +207,8 @@ pub fn serve(args: ServeArgs) -> Result<(), Failure> {
     }
     let path = crate::resolve(&args.model)?;
     let model_id = args.alias.clone().unwrap_or_else(|| model_id(&args.model, &path));
-    let kv_budget_positions = (args.ctx_size > 0).then(|| args.parallel.saturating_mul(args.ctx_size));
+    // Every sequence's whole context, and the spare block a copy-on-write takes.
+    let kv_budget_positions = (args.ctx_size > 0).then(|| args.parallel.saturating_mul(args.ctx_size).saturating_add(flint::KV_BLOCK_SIZE as usize));
     let base = crate::args::load_options(args.backend, &args.device, Some(&args.spec))?;
     let opts = LoadOptions {
         n_ctx: args.ctx_size,
