@@ -1,12 +1,13 @@
 //! The memory plan against what wgpu's allocator reports after loading: for the two test
-//! models, at two contexts and sequence counts, the plan's total is within 5% of the bytes
+//! models (and any listed in `FLINT_PLAN_MODELS`, colon-separated: the bench's 7B shapes), at
+//! two contexts and sequence counts and with f16 and q8_0 KV caches, the plan's total is within 5% of the bytes
 //! allocated on the device (about 0.5 MiB of small buffers, uniforms and the sampler's state,
 //! are not in the plan: a tiny model is off by more than 5% for them). And `flint info`'s
 //! plan (from the header alone) equals the loaded engine's.
 
 use std::sync::Mutex;
 
-use flint::{BackendKind, Engine, GgufFile, LoadOptions};
+use flint::{BackendKind, Engine, GgufFile, KvType, LoadOptions};
 
 /// The allocator counts every model on the (shared) device: one test loads at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -17,10 +18,13 @@ fn the_plan_matches_the_allocator_within_five_percent() {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let models = [flint_core::testing::model_path("gemma-3-270m"), flint_core::testing::model_path("qwen2.5-coder-0.5b")];
+    let mut models = vec![flint_core::testing::model_path("gemma-3-270m"), flint_core::testing::model_path("qwen2.5-coder-0.5b")];
+    models.extend(std::env::var("FLINT_PLAN_MODELS").iter().flat_map(|v| v.split(':').map(std::path::PathBuf::from)));
     for path in &models {
-        for (n_ctx, max_seqs) in [(1024, 1), (4096, 4)] {
-            let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx, max_seqs, self_test: false, ..LoadOptions::default() };
+        for (n_ctx, max_seqs, cache_k, cache_v) in
+            [(1024, 1, KvType::F32, KvType::F32), (4096, 4, KvType::F32, KvType::F32), (2048, 2, KvType::Q8_0, KvType::F16)]
+        {
+            let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx, max_seqs, self_test: false, cache_k, cache_v, ..LoadOptions::default() };
             let from_header = flint::memory_plan(&GgufFile::open(path).unwrap(), &opts).unwrap();
             let engine = Engine::load_path(path, &opts).unwrap();
             let plan = engine.info().memory;

@@ -133,9 +133,11 @@ fn wide_model() -> Vec<u8> {
     w.finish()
 }
 
-/// Greedy tokens of `prompt` with their top logprobs (token text, logprob), and the first
-/// step's full logits.
-fn greedy(engine: &Engine, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<(String, f32)>>, Vec<f32>) {
+/// Each generated token's top logprobs: (token text, logprob), most likely first.
+type Tops = Vec<Vec<(String, f32)>>;
+
+/// Greedy tokens of `prompt` with their top logprobs, and the first step's full logits.
+fn greedy(engine: &Engine, prompt: &[u32]) -> (Vec<u32>, Tops, Vec<f32>) {
     let sampling = SamplingParams { n_logprobs: TOP, ..SamplingParams::greedy() };
     let params = GenerateParams { max_tokens: Some(N_GEN), sampling, ignore_eos: true, ..Default::default() };
     let mut req = Request::new(Input::Tokens(prompt.to_vec()), params);
