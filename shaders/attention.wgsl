@@ -104,6 +104,11 @@ fn hadamard_neg(i: u32, j: u32) -> bool {
     return (countOneBits(i & j) & 1u) == 1u;
 }
 
+// Four f16 values of two words as floats.
+fn f16x4(w: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
 // Four signed bytes of a word as floats.
 fn q8_4(w: u32) -> vec4<f32> {
     return vec4<f32>(vec4<i32>(i32(w << 24u), i32(w << 16u), i32(w << 8u), i32(w)) >> vec4<u32>(24u));
@@ -120,8 +125,7 @@ fn k_head(slot: u32, kvh: u32) -> u32 {
 // Elements 4i..4i+3 of the K head at `base`.
 fn k4(base: u32, i: u32) -> vec4<f32> {
 #ifdef K_F16
-    let w = k_cache[base + i];
-    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+    return f16x4(k_cache[base + i]);
 #else
 #ifdef K_Q8
     let b = base + (i / 8u) * 9u;
@@ -152,8 +156,7 @@ fn v_head(slot: u32, kvh: u32) -> u32 {
 // Elements 4i..4i+3 of the V head at `base` (the serial kernel).
 fn v4(base: u32, i: u32) -> vec4<f32> {
 #ifdef V_F16
-    let w = v_cache[base + i];
-    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+    return f16x4(v_cache[base + i]);
 #else
 #ifdef V_Q8
     let b = base + (i / 8u) * 9u;

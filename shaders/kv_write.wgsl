@@ -41,6 +41,17 @@ const V_UNIT: u32 = 32u;
 const V_UNIT: u32 = 1u;
 #endif
 #endif
+// The Hadamard group sizes; 0: not rotated.
+#ifdef K_ROT
+const K_ROT_N: u32 = K_ROT;
+#else
+const K_ROT_N: u32 = 0u;
+#endif
+#ifdef V_ROT
+const V_ROT_N: u32 = V_ROT;
+#else
+const V_ROT_N: u32 = 0u;
+#endif
 
 @group(0) @binding(0) var<uniform> info: BatchInfo;
 @group(0) @binding(1) var<uniform> params: Params;
@@ -87,6 +98,14 @@ fn v_elem(t: u32, e: u32, p: u32) -> f32 {
     return v[t * params.v_dim + e];
 }
 
+// Element e of token t's K row (`is_k`) or V row.
+fn row_elem(is_k: bool, t: u32, e: u32, p: u32) -> f32 {
+    if (is_k) {
+        return k_elem(t, e, p);
+    }
+    return v_elem(t, e, p);
+}
+
 // Whether H[i][j] of a Walsh-Hadamard matrix is negative.
 fn hadamard_neg(i: u32, j: u32) -> bool {
     return (countOneBits(i & j) & 1u) == 1u;
@@ -116,6 +135,29 @@ fn q8_block(vals: ptr<function, array<f32, 32>>) -> array<u32, 9> {
     return out;
 }
 
+// The 9 words of the q8_0 block of elements e..e+32 of token t's K (`is_k`) or V row; with
+// rot > 0 of H times the block's group of rot elements (rot a power of two >= 32).
+fn q8_unit(is_k: bool, t: u32, e: u32, p: u32, rot: u32) -> array<u32, 9> {
+    var vals: array<f32, 32>;
+    if (rot > 0u) {
+        let g0 = e - e % rot;
+        for (var j = 0u; j < rot; j++) {
+            let x = row_elem(is_k, t, g0 + j, p);
+            for (var i = 0u; i < 32u; i++) {
+                vals[i] += select(x, -x, hadamard_neg(e - g0 + i, j));
+            }
+        }
+        for (var i = 0u; i < 32u; i++) {
+            vals[i] *= 1.0 / sqrt(f32(rot));
+        }
+    } else {
+        for (var i = 0u; i < 32u; i++) {
+            vals[i] = row_elem(is_k, t, e + i, p);
+        }
+    }
+    return q8_block(&vals);
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wg.y;
@@ -137,25 +179,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #ifdef K_Q8
         let row = params.kv_dim / 32u * 9u;
         if (slot < arrayLength(&k_cache) / row) {
-            var vals: array<f32, 32>;
-#ifdef K_ROT
-            // Elements e..e+32 of H times the block's group of K_ROT (rotated) elements.
-            let g0 = e - e % K_ROT;
-            for (var j = 0u; j < K_ROT; j++) {
-                let x = k_elem(t, g0 + j, p);
-                for (var i = 0u; i < 32u; i++) {
-                    vals[i] += select(x, -x, hadamard_neg(e - g0 + i, j));
-                }
-            }
-            for (var i = 0u; i < 32u; i++) {
-                vals[i] *= 1.0 / sqrt(f32(K_ROT));
-            }
-#else
-            for (var i = 0u; i < 32u; i++) {
-                vals[i] = k_elem(t, e + i, p);
-            }
-#endif
-            let blk = q8_block(&vals);
+            let blk = q8_unit(true, t, e, p, K_ROT_N);
             let w0 = slot * row + u * 9u;
             for (var i = 0u; i < 9u; i++) {
                 k_cache[w0 + i] = blk[i];
@@ -178,24 +202,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #ifdef V_Q8
         let row = params.v_dim / 32u * 9u;
         if (slot < arrayLength(&v_cache) / row) {
-            var vals: array<f32, 32>;
-#ifdef V_ROT
-            let g0 = e - e % V_ROT;
-            for (var j = 0u; j < V_ROT; j++) {
-                let x = v_elem(t, g0 + j, p);
-                for (var i = 0u; i < 32u; i++) {
-                    vals[i] += select(x, -x, hadamard_neg(e - g0 + i, j));
-                }
-            }
-            for (var i = 0u; i < 32u; i++) {
-                vals[i] *= 1.0 / sqrt(f32(V_ROT));
-            }
-#else
-            for (var i = 0u; i < 32u; i++) {
-                vals[i] = v_elem(t, e + i, p);
-            }
-#endif
-            let blk = q8_block(&vals);
+            let blk = q8_unit(false, t, e, p, V_ROT_N);
             let w0 = slot * row + uv * 9u;
             for (var i = 0u; i < 9u; i++) {
                 v_cache[w0 + i] = blk[i];

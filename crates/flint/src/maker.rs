@@ -74,10 +74,9 @@ impl BackendMaker {
             BackendKind::Cpu => Ok(KvLayout::plan(&self.config, &self.bopts.pool_request(n_ctx, u64::MAX)).map_err(BackendError::from)?),
             BackendKind::Gpu => {
                 let ctxs = self.open_devices().await?;
-                let plan = self.plan(&ctxs)?;
-                let cap = self.opts.max_binding_mb.map_or(u64::MAX, |mb| mb.saturating_mul(1 << 20));
-                let max_binding = plan.iter().map(|(d, _)| ctxs[*d].max_binding()).min().unwrap_or(u64::MAX).min(cap);
-                Ok(flint_gpu::model::plan_kv(&self.config, &self.bopts, max_binding)?)
+                let used: Vec<Arc<GpuContext>> = self.plan(&ctxs)?.iter().map(|(d, _)| ctxs[*d].clone()).collect();
+                // The layout the loaders plan: for the devices' smallest binding.
+                Ok(split_layout(&used, &self.config, &self.bopts)?)
             }
         }
     }
