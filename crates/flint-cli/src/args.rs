@@ -84,15 +84,35 @@ pub struct DeviceArgs {
     pub cache: CacheArgs,
 }
 
-/// How the KV cache stores keys and values (llama.cpp's -ctk / -ctv).
+/// How the KV cache stores keys and values (llama.cpp's -ctk / -ctv), and the exact mode.
 #[derive(Args, Clone, Default)]
 pub struct CacheArgs {
-    /// How keys are stored: f32, f16 (half the memory) or q8_0 (9/32 of f32's); also -ctk.
-    #[arg(long = "cache-type-k", value_name = "TYPE", default_value = "f32")]
-    pub cache_type_k: flint::KvType,
-    /// How values are stored: f32, f16 or q8_0; also -ctv.
-    #[arg(long = "cache-type-v", value_name = "TYPE", default_value = "f32")]
-    pub cache_type_v: flint::KvType,
+    /// How keys are stored: f16 (the default), f32 (twice f16's memory) or q8_0 (9/16 of
+    /// f16's); also -ctk.
+    #[arg(long = "cache-type-k", value_name = "TYPE")]
+    pub cache_type_k: Option<flint::KvType>,
+    /// How values are stored: f16 (the default), f32 or q8_0; also -ctv.
+    #[arg(long = "cache-type-v", value_name = "TYPE")]
+    pub cache_type_v: Option<flint::KvType>,
+    /// The exact mode: results f32-faithful and batch-invariant (a sequence's logits the same
+    /// bits whatever runs beside it); it keeps the KV cache in f32.
+    #[arg(long)]
+    pub exact: bool,
+}
+
+impl CacheArgs {
+    /// The cache types and mode asked for, set on `opts`: an unnamed type is the mode's
+    /// default; the exact mode with a type other than f32 is a usage error.
+    pub fn apply(&self, opts: &mut LoadOptions) -> Result<(), Failure> {
+        let base = if self.exact { LoadOptions::exact() } else { LoadOptions::default() };
+        opts.exact = self.exact;
+        opts.cache_k = self.cache_type_k.unwrap_or(base.cache_k);
+        opts.cache_v = self.cache_type_v.unwrap_or(base.cache_v);
+        if self.exact && (opts.cache_k != flint::KvType::F32 || opts.cache_v != flint::KvType::F32) {
+            return Err(Failure::usage("--exact keeps the KV cache in f32: drop --exact or -ctk/-ctv"));
+        }
+        Ok(())
+    }
 }
 
 impl DeviceArgs {
@@ -335,10 +355,9 @@ pub fn load_options(backend: BackendArg, device: &DeviceArgs, spec: Option<&Spec
         device: device.device()?,
         split: device.split()?,
         compile_observer: Some(crate::progress::compile_line()),
-        cache_k: device.cache.cache_type_k,
-        cache_v: device.cache.cache_type_v,
         ..LoadOptions::default()
     };
+    device.cache.apply(&mut opts)?;
     if let Some(spec) = spec {
         opts.spec = spec.config()?;
         (opts.draft_model, opts.draft_p_min) = spec.draft_model()?;

@@ -33,6 +33,8 @@ pub struct InfoArgs {
 }
 
 pub fn info(args: InfoArgs) -> Result<(), Failure> {
+    let mut opts = flint::LoadOptions { n_ctx: args.ctx_size, max_seqs: args.parallel, kv_budget_mb: args.kv_budget_mb, ..flint::LoadOptions::default() };
+    args.cache.apply(&mut opts)?;
     let path = crate::resolve(&args.model)?;
     let file = GgufFile::open(&path).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
     let cfg = ModelConfig::from_gguf(&file).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
@@ -111,14 +113,6 @@ pub fn info(args: InfoArgs) -> Result<(), Failure> {
         tok.add_bos_default()
     );
     println!("chat template {}", if md.get("tokenizer.chat_template").is_some() { "yes" } else { "no" });
-    let opts = flint::LoadOptions {
-        n_ctx: args.ctx_size,
-        max_seqs: args.parallel,
-        kv_budget_mb: args.kv_budget_mb,
-        cache_k: args.cache.cache_type_k,
-        cache_v: args.cache.cache_type_v,
-        ..flint::LoadOptions::default()
-    };
     let plan = flint::memory_plan(&file, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
     let budget = args.device_mem_mb.map(|mb| mb.saturating_mul(1 << 20));
     println!(

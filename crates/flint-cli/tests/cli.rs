@@ -88,6 +88,8 @@ fn bad_values_exit_2_with_one_line() {
     assert_usage_error(&["run", "-m", "/nonexistent/model.gguf", "hi"], "model.gguf");
     assert_usage_error(&["run", "-m", "no-such-catalog-model", "hi"], "no-such-catalog-model");
     assert_usage_error(&["run", "-m", &m, "--spec-type", "medusa", "hi"], "medusa");
+    assert_usage_error(&["run", "-m", &m, "--exact", "-ctk", "f16", "hi"], "--exact");
+    assert_usage_error(&["info", "-m", &m, "--exact", "-ctv", "q8_0"], "--exact");
     assert_usage_error(&["run", "-m", &m, "--spec-type", "ngram", "--draft-min", "9", "hi"], "--draft-min 9");
     assert_usage_error(&["bench", "-m", &m, "--spec-type", "ngram"], "-f FILE");
     assert_usage_error(&["bench", "-m", &m, "-f", "/nonexistent/prompt.txt"], "-f is for --spec-type");

@@ -38,6 +38,9 @@ pub enum EngineError {
     SelfTest { adapter: String, error: SelfTestError },
     #[error("the engine has stopped")]
     Closed,
+    /// Load options that contradict each other.
+    #[error("invalid settings: {0}")]
+    Settings(String),
     #[error("invalid settings: {0}")]
     Spec(#[from] SpecError),
     #[error("invalid settings: {0}")]

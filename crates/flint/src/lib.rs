@@ -177,6 +177,7 @@ impl Engine {
     /// the model into its cache.
     #[allow(clippy::arc_with_non_send_sync)]
     pub async fn check(mut file: GgufFile, opts: &LoadOptions) -> Result<MemoryPlan, EngineError> {
+        opts.validate()?;
         let config = ModelConfig::from_gguf(&file)?.unfuse(&mut file)?;
         let tokenizer = Tokenizer::from_metadata(&file.metadata)?;
         chat_template(&file, &tokenizer, opts)?;
@@ -205,6 +206,7 @@ impl Engine {
     // come through JS (not `Sync`), natively the run loop's thread owns it.
     #[allow(clippy::arc_with_non_send_sync)]
     async fn build(mut file: GgufFile, draft: Option<GgufFile>, opts: &LoadOptions) -> Result<(Engine, RunLoop), EngineError> {
+        opts.validate()?;
         let config = ModelConfig::from_gguf(&file)?.unfuse(&mut file)?;
         let tokenizer = Arc::new(Tokenizer::from_metadata(&file.metadata)?);
         let template = chat_template(&file, &tokenizer, opts)?;

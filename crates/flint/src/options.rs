@@ -47,10 +47,16 @@ pub struct LoadOptions {
     /// KV memory as a number of positions of every layer (an alternative to `kv_budget_mb`,
     /// which wins when both are set).
     pub kv_budget_positions: Option<usize>,
-    /// How K and V are stored (`-ctk`, `-ctv`: f32, f16, q8_0): f16 halves the KV memory,
-    /// q8_0 takes 9/32 of f32's; both round what attention reads.
+    /// How K and V are stored (`-ctk`, `-ctv`: f32, f16, q8_0). f16, the default as in
+    /// llama.cpp, halves f32's memory and rounds each stored value to f16; q8_0 takes 9/32
+    /// of f32's and rounds more. The exact mode keeps f32.
     pub cache_k: KvType,
     pub cache_v: KvType,
+    /// The exact mode (`--exact`, npm `exact: true`): every result f32-faithful (within
+    /// NMSE 1e-5 of the f32 reference) and batch-invariant (a sequence's logits the same bits
+    /// whatever shares its step). It keeps the KV cache in f32 ([`LoadOptions::exact`]); a
+    /// load asking for both the exact mode and another cache type is refused.
+    pub exact: bool,
     /// Sequences running at once (requests' choices included).
     pub max_seqs: usize,
     /// Tokens one step runs, decodes and prompt chunks together.
@@ -76,6 +82,25 @@ pub struct LoadOptions {
     pub draft_model: Option<std::path::PathBuf>,
     /// The draft model stops drafting where its top probability falls below this.
     pub draft_p_min: f32,
+}
+
+impl LoadOptions {
+    /// The defaults of the exact mode: f32 keys and values.
+    pub fn exact() -> Self {
+        LoadOptions { exact: true, cache_k: KvType::F32, cache_v: KvType::F32, ..LoadOptions::default() }
+    }
+
+    /// Refuses settings that contradict each other.
+    pub(crate) fn validate(&self) -> Result<(), crate::EngineError> {
+        if self.exact && (self.cache_k != KvType::F32 || self.cache_v != KvType::F32) {
+            return Err(crate::EngineError::Settings(format!(
+                "the exact mode keeps the KV cache in f32, not K {} and V {}: drop the exact mode or the cache types",
+                self.cache_k.name(),
+                self.cache_v.name()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// How a model named on several devices runs (llama.cpp's `-sm`, `-ts`; `--device-mem-mb`).
@@ -118,8 +143,9 @@ impl Default for LoadOptions {
             max_binding_mb: None,
             kv_budget_mb: None,
             kv_budget_positions: None,
-            cache_k: KvType::F32,
-            cache_v: KvType::F32,
+            cache_k: KvType::F16,
+            cache_v: KvType::F16,
+            exact: false,
             max_seqs: DEFAULT_MAX_SEQS,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
             chat_template: None,
@@ -131,5 +157,19 @@ impl Default for LoadOptions {
             draft_model: None,
             draft_p_min: DRAFT_P_MIN,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exact_mode_refuses_a_rounded_kv_cache() {
+        assert!(LoadOptions::exact().validate().is_ok());
+        assert!(LoadOptions::default().validate().is_ok());
+        let mixed = LoadOptions { cache_v: KvType::Q8_0, ..LoadOptions::exact() };
+        let e = mixed.validate().unwrap_err().to_string();
+        assert!(e.contains("exact mode") && e.contains("q8_0"), "{e}");
     }
 }

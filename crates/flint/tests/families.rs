@@ -47,7 +47,7 @@ fn prompt_path(family: &str, file: &str) -> PathBuf {
 fn load(family: &str, backend: BackendKind) -> Engine {
     let self_test = backend == BackendKind::Gpu;
     let n_ctx = if dir(family).starts_with(shared()) { 512 } else { 256 };
-    let opts = LoadOptions { backend, n_ctx, self_test, ..LoadOptions::default() };
+    let opts = LoadOptions { backend, n_ctx, self_test, ..LoadOptions::exact() };
     let engine = Engine::load_path(&dir(family).join("model.gguf"), &opts).unwrap_or_else(|e| panic!("{family}: {e}"));
     match &engine.info().self_test {
         Some(report) => {

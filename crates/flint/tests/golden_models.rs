@@ -6,7 +6,7 @@ use common::{check_golden, golden_prompt, solo, Job};
 use flint::{BackendKind, Engine, LoadOptions};
 
 fn cpu_golden(name: &str, golden: &str) {
-    let opts = LoadOptions { backend: BackendKind::Cpu, ..LoadOptions::default() };
+    let opts = LoadOptions { backend: BackendKind::Cpu, ..LoadOptions::exact() };
     let engine = Engine::load_path(&common::model_path(name), &opts).unwrap();
     let jobs: Vec<Job> = (1..=7).map(|i| Job::greedy(golden_prompt(&engine, golden, i), 32)).collect();
     let outs = solo(&engine, &jobs);

@@ -23,7 +23,7 @@ use flint::{BackendKind, Engine, Event, FinishReason, GenerateParams, Input, Loa
 use futures::StreamExt;
 
 fn gpu(name: &str, max_binding_mb: Option<u64>) -> Option<Engine> {
-    gpu_with(name, LoadOptions { max_binding_mb, ..LoadOptions::default() })
+    gpu_with(name, LoadOptions { max_binding_mb, ..LoadOptions::exact() })
 }
 
 fn gpu_with(name: &str, opts: LoadOptions) -> Option<Engine> {
@@ -95,7 +95,7 @@ fn batched_equals_alone(name: &str, golden: &str, prompts: &[usize], long: usize
     drop(engine);
 
     // With n-gram drafts: alone, then the batched run again (its seeded requests draft too).
-    let spec = gpu_with(name, LoadOptions { spec: SpecConfig::ngram(), ..LoadOptions::default() }).expect("the adapter was found above");
+    let spec = gpu_with(name, LoadOptions { spec: SpecConfig::ngram(), ..LoadOptions::exact() }).expect("the adapter was found above");
     let t2 = std::time::Instant::now();
     let solo_jobs: Vec<Job> = spec_alone.iter().map(|&p| Job { n_gen: SPECULATIVE, ..jobs[p - 1].clone() }).collect();
     let spec_solo = solo(&spec, &solo_jobs);
@@ -222,7 +222,7 @@ fn drafts_for_itself(name: &str, golden: &str, prompts: &[usize], seeds: std::op
     let want = solo(&plain, &jobs);
     drop(plain);
     // Every step drafts (no confidence cut), so the draft runs long and is cut back often.
-    let opts = LoadOptions { draft_model: Some(path), draft_p_min: 0.0, ..LoadOptions::default() };
+    let opts = LoadOptions { draft_model: Some(path), draft_p_min: 0.0, ..LoadOptions::exact() };
     let drafting = gpu_with(name, opts).expect("the adapter was found above");
     let alone = solo(&drafting, &jobs);
     assert_same(&format!("{name} drafting for itself, alone"), &want, &alone);
@@ -258,7 +258,7 @@ fn preempted_requests_recompute_to_the_same_tokens() {
         return;
     }
     let path = common::model_path("gemma-3-270m");
-    let roomy = Engine::load_path(&path, &LoadOptions { n_ctx: 48, ..LoadOptions::default() }).unwrap();
+    let roomy = Engine::load_path(&path, &LoadOptions { n_ctx: 48, ..LoadOptions::exact() }).unwrap();
     let texts = [
         "The first law of thermodynamics states that energy cannot be created or destroyed, only",
         "In the beginning of the seventeenth century, the city of Amsterdam grew into a center of",
@@ -270,7 +270,7 @@ fn preempted_requests_recompute_to_the_same_tokens() {
     assert!(jobs.iter().all(|j| j.prompt.len() >= 16 && j.prompt.len() < 32), "prompt lengths {:?}", jobs.iter().map(|j| j.prompt.len()).collect::<Vec<_>>());
     let want = together(&roomy, &jobs);
     drop(roomy);
-    let tight = Engine::load_path(&path, &LoadOptions { n_ctx: 48, kv_budget_positions: Some(2 * 48 + 16), ..LoadOptions::default() }).unwrap();
+    let tight = Engine::load_path(&path, &LoadOptions { n_ctx: 48, kv_budget_positions: Some(2 * 48 + 16), ..LoadOptions::exact() }).unwrap();
     let got = together(&tight, &jobs);
     let stats = futures::executor::block_on(tight.stats()).unwrap();
     eprintln!("preemption run: {stats:?}");

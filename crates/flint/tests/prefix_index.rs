@@ -42,7 +42,7 @@ fn tokens(engine: &Engine, text: &str) -> Vec<u32> {
 
 /// Requests A, B, then C = A's first two full blocks + new text. Returns C's cached count.
 fn earlier_prefix_is_reused(backend: BackendKind) -> usize {
-    let opts = LoadOptions { backend, n_ctx: 256, ..LoadOptions::default() };
+    let opts = LoadOptions { backend, n_ctx: 256, ..LoadOptions::exact() };
     let engine = Engine::load_path(&common::model_path("qwen2.5-coder-0.5b"), &opts).unwrap();
     let a = engine
         .tokenize_raw("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number, computed iteratively.\"\"\"\n    a, b = 0, 1\n    for _ in range(n):")
@@ -84,7 +84,7 @@ fn gpu_tiny_kv_budget_evicts_least_recently_used() {
         return;
     }
     // gemma-3-270m: its 512-position window exceeds this context, so no ring and an index.
-    let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx: 48, kv_budget_positions: Some(4 * BLOCK), ..LoadOptions::default() };
+    let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx: 48, kv_budget_positions: Some(4 * BLOCK), ..LoadOptions::exact() };
     let engine = Engine::load_path(&common::model_path("gemma-3-270m"), &opts).unwrap();
     // BOS and at least one full block each; D needs three blocks.
     let a = engine.tokenize_raw("The capital of France is Paris, and the capital of Germany is Berlin. The").unwrap();
@@ -127,7 +127,7 @@ fn gpu_kv_pool_follows_the_budget() {
         return;
     }
     let path = common::model_path("gemma-3-270m");
-    let tiny = LoadOptions { n_ctx: 48, kv_budget_positions: Some(3 * BLOCK), ..LoadOptions::default() };
+    let tiny = LoadOptions { n_ctx: 48, kv_budget_positions: Some(3 * BLOCK), ..LoadOptions::exact() };
     match Engine::load_path(&path, &tiny) {
         Err(EngineError::Backend(BackendError::Kv(KvError::ContextTooLarge { n_ctx: 48, .. }))) => {}
         Err(e) => panic!("a budget of three blocks for a three-block context plus one: {e}"),

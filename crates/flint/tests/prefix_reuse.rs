@@ -26,7 +26,7 @@ fn generate(engine: &Engine, prompt: Vec<u32>, n: usize) -> (Vec<u32>, Summary) 
 }
 
 fn second_turn_reuses_the_first(backend: BackendKind) {
-    let opts = LoadOptions { backend, ..LoadOptions::default() };
+    let opts = LoadOptions { backend, ..LoadOptions::exact() };
     let engine = Engine::load_path(&common::model_path("gemma-3-270m"), &opts).unwrap();
     let first = engine.tokenize_raw("The capital of France is Paris. The capital of Germany is Berlin, and the capital of Spain is").unwrap();
     let (reply, s1) = generate(&engine, first.clone(), 6);

@@ -46,7 +46,7 @@ fn run_n(engine: &Engine, prompt: &str, sampling: SamplingParams, n: usize, max_
 }
 
 fn reproducible(backend: BackendKind) {
-    let opts = LoadOptions { backend, ..LoadOptions::default() };
+    let opts = LoadOptions { backend, ..LoadOptions::exact() };
     let engine = Engine::load_path(&common::model_path("gemma-3-270m"), &opts).unwrap();
     let a = run(&engine, "Once upon a time", 1234, 1).remove(0);
     assert_eq!(run(&engine, "Once upon a time", 1234, 1)[0], a, "same seed, same settings, different tokens");
@@ -80,8 +80,8 @@ fn gpu_seeded_sampling_is_reproducible() {
 /// is kept only where the row drew it), at temperature 1 with and without top-k/top-p.
 fn speculation_draws_what_plain_decoding_draws(backend: BackendKind) {
     let path = common::model_path("gemma-3-270m");
-    let plain = Engine::load_path(&path, &LoadOptions { backend, ..LoadOptions::default() }).unwrap();
-    let spec = Engine::load_path(&path, &LoadOptions { backend, spec: SpecConfig::ngram(), ..LoadOptions::default() }).unwrap();
+    let plain = Engine::load_path(&path, &LoadOptions { backend, ..LoadOptions::exact() }).unwrap();
+    let spec = Engine::load_path(&path, &LoadOptions { backend, spec: SpecConfig::ngram(), ..LoadOptions::exact() }).unwrap();
     // A pattern the model continues most of the time, so drafts are often, not always, right.
     let prompt = "red green blue red green blue red green blue red green blue red green";
     let settings = [
@@ -189,7 +189,7 @@ fn gpu_draft_model_speculation_keeps_the_distribution() {
     // One drafted token per step: the second token is a verified row.
     let spec = SpecConfig { draft_max: 1, ..SpecConfig::default() };
     // Room for every sequence and its mirror in the draft model, prefilled in one step.
-    let opts = LoadOptions { max_seqs: 80, max_batch_tokens: 2048, n_ctx: 64, kv_budget_positions: Some(80 * 32), spec, ..LoadOptions::default() };
+    let opts = LoadOptions { max_seqs: 80, max_batch_tokens: 2048, n_ctx: 64, kv_budget_positions: Some(80 * 32), spec, ..LoadOptions::exact() };
     let plain = Engine::load_path(&path, &opts).unwrap();
     let draft_alone = Engine::load_path(&draft, &opts).unwrap();
     let drafting = Engine::load_path(&path, &LoadOptions { draft_model: Some(draft.clone()), draft_p_min: 0.0, ..opts.clone() }).unwrap();

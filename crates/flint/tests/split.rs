@@ -22,7 +22,7 @@ fn cut(n: usize, share: f64) -> usize {
 const N_GEN: usize = 8;
 
 fn split_engine(path: &std::path::Path, device: &str, split: SplitOptions) -> Result<Engine, flint::EngineError> {
-    let opts = LoadOptions { backend: BackendKind::Gpu, device: Some(device.into()), split, ..LoadOptions::default() };
+    let opts = LoadOptions { backend: BackendKind::Gpu, device: Some(device.into()), split, ..LoadOptions::exact() };
     Engine::load_path(path, &opts)
 }
 
@@ -115,7 +115,7 @@ fn device_budgets_make_the_automatic_split() {
     // Too large for the first device alone (about 6 MiB, 3 MiB of it each device's
     // activations and attention partials): spread 1:1, then 5:8 by the budgets.
     let opts =
-        LoadOptions { backend: BackendKind::Gpu, device: Some("llvmpipe,llvmpipe".into()), split: budgets(&[5, 5]), self_test: true, ..LoadOptions::default() };
+        LoadOptions { backend: BackendKind::Gpu, device: Some("llvmpipe,llvmpipe".into()), split: budgets(&[5, 5]), self_test: true, ..LoadOptions::exact() };
     let even = Engine::load_path(&path, &opts).unwrap();
     assert_eq!(layers(&even), vec![0..cut(n, 0.5), cut(n, 0.5)..n]);
     // The self-test ran across the split: embedding and layer 0 on one device, head on the other.

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 fn load(spec: SpecConfig) -> Option<Engine> {
     flint_gpu::testing::context()?;
     let path = flint_core::testing::shared_dir().join("golden/families/qwen3/model.gguf");
-    Some(Engine::load_path(&path, &LoadOptions { backend: BackendKind::Gpu, n_ctx: 512, spec, ..LoadOptions::default() }).unwrap())
+    Some(Engine::load_path(&path, &LoadOptions { backend: BackendKind::Gpu, n_ctx: 512, spec, ..LoadOptions::exact() }).unwrap())
 }
 
 /// A small schema whose replies are bounded (no free strings, bounded numbers and arrays).
@@ -137,7 +137,7 @@ fn free_requests_beside_constrained_ones_are_unchanged_and_speculation_changes_n
 
     // Split over two devices the step is one submission per part, masks first: the same tokens.
     let path = flint_core::testing::shared_dir().join("golden/families/qwen3/model.gguf");
-    let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx: 512, device: Some("llvmpipe,llvmpipe".into()), ..LoadOptions::default() };
+    let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx: 512, device: Some("llvmpipe,llvmpipe".into()), ..LoadOptions::exact() };
     let split = Engine::load_path(&path, &opts).unwrap();
     assert_eq!(split.info().parts.len(), 2);
     for (p, s) in plain.iter().zip(&run(&split, greedy())) {
