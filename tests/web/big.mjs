@@ -51,7 +51,8 @@ execFileSync("npm", ["install", "--no-audit", "--no-fund", "--offline", join(out
 writeFileSync(join(app, "index.html"), '<!doctype html><meta charset="utf-8"><title>flint-llm big</title>');
 linkSync(model, join(app, URL_PATH.slice(1)));
 const server = await startServer({ root: app });
-const browser = await launchPersistent();
+// Precise memory info: performance.memory otherwise gives bucketed values refreshed rarely.
+const browser = await launchPersistent({ args: ["--enable-precise-memory-info"] });
 
 // Peak resident memory of Chromium's renderer processes, sampled every 200 ms.
 let peakRss = 0;

@@ -103,8 +103,8 @@ function lines(stream, onLine) {
   });
 }
 
-function launchOptions(webgpu) {
-  return { executablePath: CHROMIUM, headless: true, args: webgpu ? [...CHROMIUM_ARGS, WEBGPU_FLAG] : CHROMIUM_ARGS };
+function launchOptions(webgpu, extra = []) {
+  return { executablePath: CHROMIUM, headless: true, args: [...CHROMIUM_ARGS, ...(webgpu ? [WEBGPU_FLAG] : []), ...extra] };
 }
 
 /** A fresh headless Chromium; `webgpu: false` leaves out the flag that grants an adapter. */
@@ -116,9 +116,9 @@ export function launchBrowser({ webgpu = true } = {}) {
  * A persistent context on a new profile directory, so Cache API / OPFS storage survives a
  * reload or a relaunch on the same `dir`. `close()` also deletes a directory it created.
  */
-export async function launchPersistent({ dir, webgpu = true } = {}) {
+export async function launchPersistent({ dir, webgpu = true, args = [] } = {}) {
   const profile = dir ?? mkdtempSync(join(tmpdir(), "flint-chromium-"));
-  const context = await chromium.launchPersistentContext(profile, launchOptions(webgpu));
+  const context = await chromium.launchPersistentContext(profile, launchOptions(webgpu, args));
   const close = context.close.bind(context);
   context.close = async () => {
     await close();

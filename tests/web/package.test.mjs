@@ -60,7 +60,8 @@ test("createEngine: greedy completion of golden prompt 1 on gemma-3-270m equals 
     async ({ PKG, GEMMA, prompt }) => {
       const flint = await import(PKG);
       const stages = new Set();
-      const engine = await flint.createEngine({ model: GEMMA, initProgressCallback: (p) => stages.add(p.stage) });
+      const tensors = [];
+      const engine = await flint.createEngine({ model: GEMMA, initProgressCallback: (p) => stages.add(p.stage) && p.tensors && tensors.push(p.tensors) });
       const done = await engine.completions.create({ prompt, temperature: 0, max_tokens: 16 });
       // Bad requests fail with the package's named errors, before any GPU work.
       const errorName = (p) => p.then(() => "no error", (e) => `${e.name}${e instanceof flint.FlintError ? "" : " (not a FlintError)"}`);
@@ -69,7 +70,7 @@ test("createEngine: greedy completion of golden prompt 1 on gemma-3-270m equals 
       const noTemplate = await errorName(engine.chat.completions.create({ messages: [{ role: "user", content: "hi" }] }));
       const cached = await flint.hasModelInCache(GEMMA);
       await engine.unload();
-      return { done, stages: [...stages], badTemperature, tooLong, noTemplate, cached };
+      return { done, stages: [...stages], tensors, badTemperature, tooLong, noTemplate, cached };
     },
     { PKG, GEMMA, prompt },
   );
@@ -82,6 +83,11 @@ test("createEngine: greedy completion of golden prompt 1 on gemma-3-270m equals 
   assert.equal(r.done.usage.prompt_tokens, golden("gemma", 1).prompt_token_ids.length);
   // The header is read by ranges and checked before the download.
   assert.deepEqual(r.stages, ["check", "download", "load", "compile", "ready"]);
+  // The load's progress counts tensors too: gemma-3-270m's 236 (`flint info`), read whole.
+  const last = r.tensors.at(-1);
+  console.log(`load progress: ${r.tensors.length} reports, the last ${JSON.stringify(last)}`);
+  assert.ok(r.tensors.every((t, i) => t.total === 236 && (i === 0 || t.loaded >= r.tensors[i - 1].loaded)), JSON.stringify(r.tensors));
+  assert.ok(last.loaded >= 0.9 * last.total, JSON.stringify(last));
   assert.equal(r.badTemperature, "InvalidRequestError");
   assert.equal(r.tooLong, "ContextWindowExceededError");
   assert.equal(r.noTemplate, "ChatTemplateError");
@@ -223,21 +229,22 @@ test("hostile chat templates (chatTemplate) fail with ChatTemplateError within 1
   assert.equal(r.finished, "length", "the engine serves after the refusals");
 });
 
-test("info.memory gives the memory plan; deviceMemoryMB below it refuses the load with ModelLoadError saying what it needs; cacheTypeK/V store the KV cache smaller; with the cache, a model that does not fit is refused from its header before the download", { timeout: 10 * MINUTES }, async () => {
+test("info.memory gives the memory plan; deviceMemoryMB below it refuses the load with ModelLoadError saying what it needs; cacheTypeK/V store the KV cache smaller (f16 by default, f32 with exact: true); with the cache, a model that does not fit is refused from its header before the download", { timeout: 10 * MINUTES }, async () => {
   const r = await page.evaluate(
     async ({ PKG, TINY }) => {
       const flint = await import(PKG);
-      const engine = await flint.createEngine({ model: TINY, useCache: false, nCtx: 1024, maxSeqs: 2 });
+      // The exact mode's f32 cache, the figures the smaller types are compared with.
+      const engine = await flint.createEngine({ model: TINY, useCache: false, nCtx: 1024, maxSeqs: 2, exact: true });
       const memory = engine.info.memory;
       await engine.unload();
       const mb = Math.floor(memory.total / 2 ** 20);
       let refused = null;
       try {
-        await (await flint.createEngine({ model: TINY, useCache: false, nCtx: 1024, maxSeqs: 2, deviceMemoryMB: Math.max(1, mb - 2) })).unload();
+        await (await flint.createEngine({ model: TINY, useCache: false, nCtx: 1024, maxSeqs: 2, exact: true, deviceMemoryMB: Math.max(1, mb - 2) })).unload();
       } catch (e) {
         refused = { name: e.name, typed: e instanceof flint.ModelLoadError, message: e.message };
       }
-      const fits = await flint.createEngine({ model: TINY, useCache: false, nCtx: 1024, maxSeqs: 2, deviceMemoryMB: mb + 2 });
+      const fits = await flint.createEngine({ model: TINY, useCache: false, nCtx: 1024, maxSeqs: 2, exact: true, deviceMemoryMB: mb + 2 });
       const greedy = { prompt: "Once upon a time", max_tokens: 4, temperature: 0 };
       const f32Text = (await fits.completions.create(greedy)).choices[0].text;
       await fits.unload();
@@ -252,20 +259,28 @@ test("info.memory gives the memory plan; deviceMemoryMB below it refuses the loa
       } catch (e) {
         badType = { name: e.name, message: e.message };
       }
+      let badExact = null;
+      try {
+        await (await flint.createEngine({ model: TINY, useCache: false, exact: true, cacheTypeV: "f16" })).unload();
+      } catch (e) {
+        badExact = { name: e.name, message: e.message };
+      }
       // With the cache (the default): a model that does not fit is refused from its header,
       // read by ranges, before the download; one that fits is checked, then downloaded.
       await flint.deleteModelFromCache(TINY);
       const stages = [];
       let early = null;
       try {
-        await flint.createEngine({ model: TINY, nCtx: 1024, maxSeqs: 2, deviceMemoryMB: Math.max(1, mb - 2), initProgressCallback: (p) => stages.push(p.stage) });
+        await flint.createEngine({ model: TINY, nCtx: 1024, maxSeqs: 2, exact: true, deviceMemoryMB: Math.max(1, mb - 2), initProgressCallback: (p) => stages.push(p.stage) });
       } catch (e) {
         early = { name: e.name, message: e.message };
       }
       const cachedAfterRefusal = await flint.hasModelInCache(TINY);
       const okStages = [];
-      await (await flint.createEngine({ model: TINY, nCtx: 1024, maxSeqs: 2, initProgressCallback: (p) => okStages.push(p.stage) })).unload();
-      return { memory, refused, f32Text, smallMemory, smallText, badType, early, stages, cachedAfterRefusal, okStages, cachedAfterLoad: await flint.hasModelInCache(TINY) };
+      const byDefault = await flint.createEngine({ model: TINY, nCtx: 1024, maxSeqs: 2, initProgressCallback: (p) => okStages.push(p.stage) });
+      const defaultMemory = byDefault.info.memory;
+      await byDefault.unload();
+      return { memory, refused, f32Text, smallMemory, smallText, badType, badExact, defaultMemory, early, stages, cachedAfterRefusal, okStages, cachedAfterLoad: await flint.hasModelInCache(TINY) };
     },
     { PKG, TINY },
   );
@@ -280,6 +295,11 @@ test("info.memory gives the memory plan; deviceMemoryMB below it refuses the loa
   assert.equal(s.cache_type_k, "q8_0");
   assert.equal(s.cache_type_v, "f16");
   assert.equal(m.cache_type_k, "f32");
+  assert.equal(r.defaultMemory.cache_type_k, "f16", "the default KV cache is f16, as llama.cpp's");
+  assert.equal(r.defaultMemory.cache_type_v, "f16");
+  assert.equal(r.defaultMemory.kv_cache * 2, m.kv_cache, "f16 takes half of f32's KV bytes");
+  assert.equal(r.badExact?.name, "InvalidRequestError", JSON.stringify(r.badExact));
+  assert.match(r.badExact.message, /exact: true keeps the KV cache in f32/);
   // Per position: K at 9/32 of f32's bytes, V at half: (9/32 + 1/2) / 2 of f32's when K and V rows are as wide.
   assert.ok(s.kv_cache < m.kv_cache * 0.8 && s.kv_cache > m.kv_cache * 0.2, JSON.stringify({ s, m }));
   assert.equal(r.smallText, r.f32Text, "4 greedy tokens with q8_0 keys and f16 values equal f32's");
@@ -341,7 +361,7 @@ test("a two-layer model of 7B widths loads with the default options from a URL (
   assert.ok(!fromCache.stages.includes("download"));
 });
 
-test("a model the browser cache cannot hold (over the quota, or Cache.put refusing it) is read by HTTP ranges instead, saying so", { timeout: 10 * MINUTES }, async () => {
+test("a model the browser's storage cannot hold (over the quota, or a write refused) is read by HTTP ranges instead, saying so", { timeout: 10 * MINUTES }, async () => {
   const r = await page.evaluate(
     async ({ PKG, TINY }) => {
       const flint = await import(PKG);
@@ -359,10 +379,10 @@ test("a model the browser cache cannot hold (over the quota, or Cache.put refusi
       const estimate = navigator.storage.estimate;
       navigator.storage.estimate = async () => ({ quota: 1000, usage: 0 });
       const quota = await run({}).finally(() => (navigator.storage.estimate = estimate));
-      // The cache refusing the body (as Chromium does past its limits).
-      const put = Cache.prototype.put;
-      Cache.prototype.put = () => Promise.reject(new TypeError("Cache.put() encountered a network error"));
-      const refused = await run({}).finally(() => (Cache.prototype.put = put));
+      // The storage refusing a write (the quota reached while downloading).
+      const write = FileSystemWritableFileStream.prototype.write;
+      FileSystemWritableFileStream.prototype.write = () => Promise.reject(new DOMException("the quota has been exceeded", "QuotaExceededError"));
+      const refused = await run({}).finally(() => (FileSystemWritableFileStream.prototype.write = write));
       return { ranges, quota, refused };
     },
     { PKG, TINY },
@@ -373,7 +393,7 @@ test("a model the browser cache cannot hold (over the quota, or Cache.put refusi
     assert.equal(got.cached, false, which);
   }
   assert.ok(r.quota.texts.some((t) => /not caching .* larger than the browser's storage left .* reading it by HTTP ranges/.test(t)), JSON.stringify(r.quota.texts));
-  assert.ok(r.refused.texts.some((t) => /not caching .* storing it in the browser cache failed .*network error.* HTTP ranges/.test(t)), JSON.stringify(r.refused.texts));
+  assert.ok(r.refused.texts.some((t) => /not caching .* storing it in the browser's storage failed .*quota.* HTTP ranges/.test(t)), JSON.stringify(r.refused.texts));
 });
 
 test("the request-case table (tests/requests/cases.json): the same answers as flint serve, as error names and params", { timeout: 10 * MINUTES }, async () => {

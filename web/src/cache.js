@@ -1,57 +1,96 @@
-// The browser's copy of downloaded models: Cache API entries keyed by the model's absolute
-// URL, with its size recorded and checked. A download is stored only once every byte has
-// arrived (Cache.put resolves after the whole body), so a partial file is never cached.
+// The browser's copy of downloaded models, in the origin-private file system (OPFS): one file
+// per model, named by a hash of its absolute URL, and beside it a small record of the URL and
+// size written only once every byte has arrived, so a partial download is never taken for a
+// model. The body is read into one reused buffer and written straight to the file, so the
+// page's JS heap stays small whatever the model's size. Where the browser has no writable OPFS
+// the model is read by HTTP ranges instead, and the load's progress says why.
 
 import { ModelLoadError } from "./errors.js";
+import { readInto, streamReader } from "./source.js";
 
-const CACHE_NAME = "flint-llm-models";
-const SIZE_HEADER = "x-flint-size";
+const DIR = "flint-llm-models";
+/** The Cache Storage name earlier versions kept models under: emptied when a model is deleted. */
+const LEGACY_CACHE = "flint-llm-models";
+const CHUNK = 4 << 20;
 
 function key(url) {
   return new URL(url, globalThis.location?.href).href;
 }
 
-function cacheAvailable() {
-  return typeof caches !== "undefined";
+async function names(url) {
+  const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(key(url)));
+  const hex = [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
+  return { data: `${hex}.gguf`, record: `${hex}.json` };
 }
 
-/** The cached model for `url` as a Blob (disk-backed in the browser), or null. */
-export async function cachedModel(url) {
-  if (!cacheAvailable()) return null;
-  const cache = await caches.open(CACHE_NAME);
-  const res = await cache.match(key(url));
-  if (!res) return null;
-  const size = Number(res.headers.get(SIZE_HEADER));
-  const blob = await res.blob();
-  if (!Number.isSafeInteger(size) || blob.size !== size) {
-    await cache.delete(key(url));
+/** The models' directory, or null where the browser has no OPFS (or no writable files in it). */
+async function directory() {
+  try {
+    if (typeof navigator === "undefined" || !navigator.storage?.getDirectory) return null;
+    if (typeof FileSystemFileHandle === "undefined" || !("createWritable" in FileSystemFileHandle.prototype)) return null;
+    return await (await navigator.storage.getDirectory()).getDirectoryHandle(DIR, { create: true });
+  } catch {
     return null;
   }
-  return blob;
+}
+
+async function readRecord(dir, name) {
+  try {
+    return JSON.parse(await (await (await dir.getFileHandle(name)).getFile()).text());
+  } catch {
+    return null;
+  }
+}
+
+/** The stored model for `url` as a File (disk-backed), or null. */
+export async function cachedModel(url) {
+  const dir = await directory();
+  if (!dir) return null;
+  const { data, record } = await names(url);
+  const rec = await readRecord(dir, record);
+  if (!rec || rec.url !== key(url)) return null;
+  try {
+    const file = await (await dir.getFileHandle(data)).getFile();
+    if (Number.isSafeInteger(rec.size) && file.size === rec.size) return file;
+  } catch {
+    // The data file is gone: drop the record below.
+  }
+  await deleteModelFromCache(url);
+  return null;
 }
 
 export async function hasModelInCache(url) {
-  if (!cacheAvailable()) return false;
-  const cache = await caches.open(CACHE_NAME);
-  const res = await cache.match(key(url));
-  return Boolean(res && Number(res.headers.get(SIZE_HEADER)) > 0);
+  return (await cachedModel(url)) !== null;
 }
 
 export async function deleteModelFromCache(url) {
-  if (!cacheAvailable()) return false;
-  const cache = await caches.open(CACHE_NAME);
-  return cache.delete(key(url));
+  let deleted = false;
+  const dir = await directory();
+  if (dir) {
+    const { data, record } = await names(url);
+    for (const name of [record, data]) {
+      deleted = (await dir.removeEntry(name).then(() => true, () => false)) || deleted;
+    }
+  }
+  if (typeof caches !== "undefined" && (await caches.has(LEGACY_CACHE).catch(() => false))) {
+    deleted = (await (await caches.open(LEGACY_CACHE)).delete(key(url))) || deleted;
+  }
+  return deleted;
 }
 
 /**
- * Downloads `url` into the cache, reporting (loaded, total) as bytes arrive, and returns the
- * cached Blob. It returns null, and the caller reads the model by HTTP ranges instead, where
- * there is no Cache API, where the model is larger than the storage the browser has left for
- * this origin (`navigator.storage.estimate()`), or where storing it fails (Chromium refuses
- * bodies past its limits with a "network error"); `onSkip(reason)` says why.
+ * Downloads `url` into the browser's storage, reporting (loaded, total) as bytes arrive, and
+ * returns the stored File. It returns null, and the caller reads the model by HTTP ranges
+ * instead, where the browser has no writable OPFS, where the model is larger than the storage
+ * the browser has left for this origin (`navigator.storage.estimate()`), or where writing it
+ * fails (a quota error); `onSkip(reason)` says why. A download cut short throws.
  */
 export async function downloadToCache(url, onProgress, onSkip = () => {}) {
-  if (!cacheAvailable()) return null;
+  const dir = await directory();
+  if (!dir) {
+    onSkip("the page has no origin-private file system to keep it in (it needs a secure context)");
+    return null;
+  }
   const res = await fetch(url);
   if (!res.ok || !res.body) throw new ModelLoadError(`${url}: HTTP ${res.status}`);
   const total = Number(res.headers.get("content-length")) || 0;
@@ -61,41 +100,60 @@ export async function downloadToCache(url, onProgress, onSkip = () => {}) {
     onSkip(`the model (${mb(total)} MB) is larger than the browser's storage left for this site (${mb(room)} MB)`);
     return null;
   }
-  let loaded = 0;
-  let cut = null;
-  const counted = res.body.pipeThrough(
-    new TransformStream({
-      transform(chunk, ctl) {
-        loaded += chunk.byteLength;
-        onProgress(loaded, total);
-        ctl.enqueue(chunk);
-      },
-      flush() {
-        if (total && loaded !== total) {
-          cut = new ModelLoadError(`${url}: download ended at ${loaded} of ${total} bytes`);
-          throw cut;
-        }
-      },
-    }),
-  );
-  const cache = await caches.open(CACHE_NAME);
-  const stored = new Response(counted, { headers: { "content-type": "application/octet-stream", [SIZE_HEADER]: String(total) } });
+  const { data, record } = await names(url);
+  await dir.removeEntry(record).catch(() => {});
+  let writable;
   try {
-    await cache.put(key(url), stored);
+    writable = await (await dir.getFileHandle(data, { create: true })).createWritable();
   } catch (e) {
-    if (cut) throw cut;
-    await cache.delete(key(url)).catch(() => {});
-    onSkip(`storing it in the browser cache failed (${e?.message ?? e})`);
+    await res.body.cancel();
+    onSkip(`storing it in the browser's storage failed (${e?.message ?? e})`);
     return null;
   }
-  if (!total) {
-    // Without a Content-Length the size is known only now: record it.
-    const blob = await (await cache.match(key(url))).blob();
-    await cache.put(key(url), new Response(blob, { headers: { [SIZE_HEADER]: String(blob.size) } }));
+  const body = streamReader(res.body);
+  let loaded = 0;
+  let buffer = null;
+  try {
+    for (;;) {
+      const got = await readInto(body, CHUNK, buffer);
+      buffer = got.buffer;
+      if (got.bytes.length === 0) break;
+      try {
+        await writable.write(got.bytes);
+      } catch (e) {
+        await body.reader.cancel().catch(() => {});
+        await writable.abort().catch(() => {});
+        await dir.removeEntry(data).catch(() => {});
+        onSkip(`storing it in the browser's storage failed (${e?.message ?? e})`);
+        return null;
+      }
+      loaded += got.bytes.length;
+      onProgress(loaded, total);
+      if (got.bytes.length < CHUNK) break;
+    }
+  } catch (e) {
+    await writable.abort().catch(() => {});
+    await dir.removeEntry(data).catch(() => {});
+    throw new ModelLoadError(`${url}: the download failed at ${loaded} bytes (${e?.message ?? e})`);
   }
-  const blob = await cachedModel(url);
-  if (!blob) throw new ModelLoadError(`${url}: the cached copy is incomplete`);
-  return blob;
+  if (total && loaded !== total) {
+    await writable.abort().catch(() => {});
+    await dir.removeEntry(data).catch(() => {});
+    throw new ModelLoadError(`${url}: download ended at ${loaded} of ${total} bytes`);
+  }
+  try {
+    await writable.close();
+    const rec = await (await dir.getFileHandle(record, { create: true })).createWritable();
+    await rec.write(JSON.stringify({ url: key(url), size: loaded }));
+    await rec.close();
+  } catch (e) {
+    await deleteModelFromCache(url);
+    onSkip(`storing it in the browser's storage failed (${e?.message ?? e})`);
+    return null;
+  }
+  const file = await cachedModel(url);
+  if (!file) throw new ModelLoadError(`${url}: the stored copy is incomplete`);
+  return file;
 }
 
 /** Bytes of storage this origin may still use, when the browser says. */

@@ -54,6 +54,8 @@ export interface InitProgressReport {
   /** 0..1 within the stage. */
   progress: number;
   text: string;
+  /** Stage "load": the model's tensors read whole so far, of all its tensors. */
+  tensors?: { loaded: number; total: number };
 }
 
 export interface EngineOptions {
@@ -73,12 +75,19 @@ export interface EngineOptions {
    */
   deviceMemoryMB?: number;
   /**
-   * How the KV cache stores keys and values (llama.cpp's `-ctk` / `-ctv`; default "f32"):
-   * "f16" takes half the memory, "q8_0" 9/32 of it (keys and values rotated by a Hadamard
-   * matrix before rounding, as llama.cpp does). Stored packed, so no `shader-f16` is needed.
+   * How the KV cache stores keys and values (llama.cpp's `-ctk` / `-ctv`; default "f16", or
+   * "f32" with `exact`): "f16" takes half of f32's memory, "q8_0" 9/32 of it (keys and values
+   * rotated by a Hadamard matrix before rounding, as llama.cpp does). Stored packed, so no
+   * `shader-f16` is needed.
    */
   cacheTypeK?: "f32" | "f16" | "q8_0";
   cacheTypeV?: "f32" | "f16" | "q8_0";
+  /**
+   * The exact mode (default false): every result f32-faithful (NMSE at most 1e-5 against the
+   * f32 reference) and batch-invariant (a sequence's logits the same bits whatever runs beside
+   * it). It keeps the KV cache in f32; asking for another cache type with it is an error.
+   */
+  exact?: boolean;
   /**
    * Check the GPU at load (default false): a short fixed input through the first layer and the
    * head on the GPU and on the CPU reference, compared tap by tap (NMSE at most 1e-5). A driver

@@ -13,7 +13,7 @@ export { hasModelInCache, deleteModelFromCache } from "./cache.js";
 
 /**
  * Loads a model in this thread. Options: `model` (URL, File or Blob), `initProgressCallback`
- * ({stage, loaded, total, progress, text}), `wasmUrl` (self-hosted engine .wasm), `nCtx`
+ * ({stage, loaded, total, progress, text, and in stage "load" tensors: {loaded, total}}), `wasmUrl` (self-hosted engine .wasm), `nCtx`
  * (context tokens, default 4096), `useCache` (default true: URLs are kept in the browser's cache).
  */
 export async function createEngine(options) {

@@ -19,12 +19,12 @@ function initWasm(wasmUrl) {
 /** Reports progress: each stage's start and end, and steps of at least 0.5% between. */
 function reporter(cb) {
   let last = { stage: null, progress: -1 };
-  return (stage, loaded, total, text) => {
+  return (stage, loaded, total, text, tensors) => {
     const progress = total > 0 ? Math.min(1, loaded / total) : stage === "ready" ? 1 : 0;
     // Stages without a total (kernel compiles: a count) report every step.
     if (stage === last.stage && total > 0 && progress < 1 && progress - last.progress < 0.005) return;
     last = { stage, progress };
-    cb?.({ stage, loaded, total, progress, text });
+    cb?.({ stage, loaded, total, progress, text, ...(tensors && { tensors: { ...tensors } }) });
   };
 }
 
@@ -43,7 +43,7 @@ async function openModel(model, report, useCache, check) {
   if (useCache) {
     const cached = await cachedModel(url);
     if (cached) {
-      report("cache", 0, cached.size, `found ${name} in the browser cache (${MB(cached.size)} MB)`);
+      report("cache", 0, cached.size, `found ${name} in the browser's storage (${MB(cached.size)} MB)`);
       return { source: cached, name };
     }
     report("check", 0, 0, `checking ${name}: reading its header`);
@@ -62,7 +62,7 @@ export class LocalCore {
   #engine;
   info;
 
-  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel, draftPMin, deviceMemoryMB, cacheTypeK, cacheTypeV, useCache = true }) {
+  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel, draftPMin, deviceMemoryMB, cacheTypeK, cacheTypeV, exact, useCache = true }) {
     if (typeof navigator === "undefined" || !navigator.gpu) {
       throw new WebGPUNotAvailableError("WebGPU is not available in this browser (navigator.gpu is missing)");
     }
@@ -79,6 +79,7 @@ export class LocalCore {
     if (deviceMemoryMB != null) opts.device_mem_mb = deviceMemoryMB;
     if (cacheTypeK != null) opts.cache_type_k = cacheTypeK;
     if (cacheTypeV != null) opts.cache_type_v = cacheTypeV;
+    if (exact != null) opts.exact = exact;
     // Before a download: the header alone, by ranges, checked as the load checks it.
     const check = async (url) => {
       try {
@@ -89,10 +90,13 @@ export class LocalCore {
     };
     const { source, name } = await openModel(model, report, useCache, check);
     let loaded = 0;
+    const tensors = { loaded: 0, total: 0 };
     const onRead = (n) => {
       loaded += n;
-      report("load", loaded, total, `loading ${name} onto the GPU: ${MB(loaded)} of ${MB(total)} MB`);
+      const count = tensors.total ? `, ${tensors.loaded} of ${tensors.total} tensors` : "";
+      report("load", loaded, total, `loading ${name} onto the GPU: ${MB(loaded)} of ${MB(total)} MB${count}`, tensors.total ? tensors : undefined);
     };
+    const onTensor = (done, all) => Object.assign(tensors, { loaded: done, total: all });
     const reader = typeof source === "string" ? await rangeSource(source, onRead) : blobSource(source, onRead);
     // A draft model is opened the same way; its bytes count in the load's progress too.
     let draftReader = null;
@@ -104,7 +108,7 @@ export class LocalCore {
     const core = new LocalCore();
     try {
       const onCompile = (n) => report("compile", n, 0, `compiling GPU kernels: ${n}`);
-      core.#engine = await loadEngine(reader, JSON.stringify(opts), onCompile, draftReader);
+      core.#engine = await loadEngine(reader, JSON.stringify(opts), onCompile, draftReader, onTensor);
     } catch (e) {
       throw fromWire(e);
     }

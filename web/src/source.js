@@ -1,19 +1,96 @@
 // Model sources for the wasm engine: `{ size, read(offset, length) → Promise<Uint8Array> }`.
 // The engine reads the header, then each tensor in chunks of a few MB straight into GPU
 // buffers, so no ArrayBuffer ever holds the whole model (a model over 2 GB loads the same way).
+// Each source reads into one buffer it reuses (the engine copies a chunk out before it asks
+// for the next), so a 5 GB load leaves no gigabytes of dead ArrayBuffers for the GC to find.
 
 import { ModelLoadError } from "./errors.js";
 
-/** Reads slices of a Blob or File (a local file, or a model held by the browser's cache). */
-export function blobSource(blob, onRead) {
+/** A reader of `stream`: BYOB where it is a byte stream (no buffer allocated per chunk). */
+export function streamReader(stream) {
+  try {
+    return { reader: stream.getReader({ mode: "byob" }), byob: true, rest: null };
+  } catch {
+    return { reader: stream.getReader(), byob: false, rest: null };
+  }
+}
+
+/**
+ * Reads up to `length` bytes from `r` (a `streamReader`) into `reuse` (an ArrayBuffer, replaced
+ * when too small); resolves to `{ bytes, buffer }`: the bytes read (a view on `buffer`, fewer
+ * only at the stream's end) and the buffer to reuse next time.
+ */
+export async function readInto(r, length, reuse) {
+  let buffer = reuse && reuse.byteLength >= length ? reuse : new ArrayBuffer(length);
+  let got = 0;
+  if (r.byob) {
+    while (got < length) {
+      const { value, done } = await r.reader.read(new Uint8Array(buffer, got, length - got));
+      if (value) buffer = value.buffer;
+      if (done) break;
+      got += value.byteLength;
+    }
+  } else {
+    while (got < length) {
+      let chunk = r.rest;
+      r.rest = null;
+      if (!chunk) {
+        const { value, done } = await r.reader.read();
+        if (done) break;
+        chunk = value;
+      }
+      const take = Math.min(chunk.byteLength, length - got);
+      new Uint8Array(buffer, got, take).set(chunk.subarray(0, take));
+      if (take < chunk.byteLength) r.rest = chunk.subarray(take);
+      got += take;
+    }
+  }
+  return { bytes: new Uint8Array(buffer, 0, got), buffer };
+}
+
+/** `length` bytes of `stream` into `reuse`, as `readInto`; the stream is cancelled after. */
+async function readStream(stream, length, reuse) {
+  const r = streamReader(stream);
+  try {
+    return await readInto(r, length, reuse);
+  } finally {
+    r.reader.cancel().catch(() => {});
+  }
+}
+
+/** Reads through one reused buffer; a read started while another is in flight gets its own. */
+function reusing(readAt) {
+  let spare = null;
+  return async (offset, length) => {
+    const mine = spare;
+    spare = null;
+    const { bytes, buffer } = await readAt(offset, length, mine);
+    spare = buffer;
+    return bytes;
+  };
+}
+
+/** The source of `size` bytes that `read` reads, telling `onRead` of each read's length. */
+function counted(size, read, onRead) {
   return {
-    size: blob.size,
+    size,
     async read(offset, length) {
-      const buf = await blob.slice(offset, offset + length).arrayBuffer();
+      const bytes = await read(offset, length);
       onRead?.(length);
-      return new Uint8Array(buf);
+      return bytes;
     },
   };
+}
+
+/** Reads slices of a Blob or File (a local file, or a model held in the browser's storage). */
+export function blobSource(blob, onRead) {
+  const read = reusing(async (offset, length, reuse) => {
+    const slice = blob.slice(offset, offset + length);
+    const got = typeof slice.stream === "function" ? await readStream(slice.stream(), length, reuse) : { bytes: new Uint8Array(await slice.arrayBuffer()), buffer: null };
+    if (got.bytes.length !== length) throw new ModelLoadError(`reading the model: ${got.bytes.length} of ${length} bytes at ${offset}`);
+    return got;
+  });
+  return counted(blob.size, read, onRead);
 }
 
 /** Reads byte ranges of a URL with HTTP Range requests (no caching). */
@@ -22,15 +99,12 @@ export async function rangeSource(url, onRead) {
   if (!head.ok) throw new ModelLoadError(`${url}: HTTP ${head.status}`);
   const size = Number(head.headers.get("content-length"));
   if (!Number.isSafeInteger(size) || size <= 0) throw new ModelLoadError(`${url}: the server gives no Content-Length`);
-  return {
-    size,
-    async read(offset, length) {
-      const res = await fetch(url, { headers: { Range: `bytes=${offset}-${offset + length - 1}` } });
-      if (res.status !== 206) throw new ModelLoadError(`${url}: the server ignored a Range request (HTTP ${res.status})`);
-      const buf = new Uint8Array(await res.arrayBuffer());
-      if (buf.length !== length) throw new ModelLoadError(`${url}: range read returned ${buf.length} of ${length} bytes`);
-      onRead?.(length);
-      return buf;
-    },
-  };
+  const read = reusing(async (offset, length, reuse) => {
+    const res = await fetch(url, { headers: { Range: `bytes=${offset}-${offset + length - 1}` } });
+    if (res.status !== 206 || !res.body) throw new ModelLoadError(`${url}: the server ignored a Range request (HTTP ${res.status})`);
+    const got = await readStream(res.body, length, reuse);
+    if (got.bytes.length !== length) throw new ModelLoadError(`${url}: range read returned ${got.bytes.length} of ${length} bytes`);
+    return got;
+  });
+  return counted(size, read, onRead);
 }

@@ -122,6 +122,46 @@ struct JsSource {
     size: u64,
     reader: JsValue,
     read: Function,
+    /// Tensors read to their last byte, for the load's progress (set once the header is read).
+    tensors: Rc<RefCell<TensorCount>>,
+}
+
+/// Counts a model's tensors read whole, in whatever order the loader reads them, and tells
+/// `on_tensor(done, total)` of each one finished.
+#[derive(Default)]
+struct TensorCount {
+    /// Each tensor's bytes in the file, `[start, end)`, by start (GGUF's data never overlaps),
+    /// and how many of them have been read.
+    ranges: Vec<(u64, u64, u64)>,
+    done: usize,
+    on_tensor: Option<Function>,
+}
+
+impl TensorCount {
+    fn start(&mut self, file: &flint::GgufFile, on_tensor: Option<Function>) {
+        self.ranges = file.tensors.iter().map(|t| (file.data_offset + t.offset, file.data_offset + t.offset + t.n_bytes, 0)).collect();
+        self.ranges.sort_unstable();
+        self.done = self.ranges.iter().filter(|r| r.0 == r.1).count();
+        self.on_tensor = on_tensor;
+    }
+
+    fn read(&mut self, offset: u64, len: u64) {
+        let end = offset.saturating_add(len);
+        let first = self.ranges.partition_point(|r| r.1 <= offset);
+        let mut finished = 0;
+        for r in self.ranges[first..].iter_mut().take_while(|r| r.0 < end) {
+            let size = r.1 - r.0;
+            let before = r.2;
+            r.2 = (r.2 + end.min(r.1) - offset.max(r.0)).min(size);
+            finished += usize::from(before < size && r.2 == size);
+        }
+        if finished > 0 {
+            self.done += finished;
+            if let Some(f) = &self.on_tensor {
+                let _ = f.call2(&JsValue::NULL, &JsValue::from(self.done as u32), &JsValue::from(self.ranges.len() as u32));
+            }
+        }
+    }
 }
 
 impl JsSource {
@@ -130,7 +170,7 @@ impl JsSource {
         let size = field("size")?.as_f64().filter(|s| s.is_finite() && *s >= 0.0 && s.fract() == 0.0);
         let read = field("read")?.dyn_into::<Function>().ok();
         match (size, read) {
-            (Some(size), Some(read)) => Ok(JsSource { size: size as u64, reader, read }),
+            (Some(size), Some(read)) => Ok(JsSource { size: size as u64, reader, read, tensors: Rc::default() }),
             _ => Err(js_error("ModelLoadError", "the model source needs a numeric `size` and a `read(offset, length)` function")),
         }
     }
@@ -143,6 +183,7 @@ impl JsSource {
             return Err(format!("read({offset}, {}) returned {} bytes", buf.len(), bytes.length()));
         }
         bytes.copy_to(buf);
+        self.tensors.borrow_mut().read(offset, buf.len() as u64);
         Ok(())
     }
 }
@@ -235,6 +276,12 @@ fn load_options(options: &str) -> Result<LoadOptions, JsValue> {
             mb.as_u64().filter(|&mb| mb > 0).ok_or_else(|| js_error("InvalidRequestError", format!("deviceMemoryMB must be a positive integer, got {mb}")))?;
         load.split.device_mem_mb = Some(vec![mb]);
     }
+    if let Some(exact) = opts.get("exact") {
+        load.exact = exact.as_bool().ok_or_else(|| js_error("InvalidRequestError", format!("exact must be true or false, got {exact}")))?;
+    }
+    if load.exact {
+        (load.cache_k, load.cache_v) = (flint::KvType::F32, flint::KvType::F32);
+    }
     for (key, name, slot) in [("cache_type_k", "cacheTypeK", &mut load.cache_k), ("cache_type_v", "cacheTypeV", &mut load.cache_v)] {
         if let Some(t) = opts.get(key) {
             *slot = t
@@ -243,6 +290,9 @@ fn load_options(options: &str) -> Result<LoadOptions, JsValue> {
                 .and_then(|t| t.parse::<flint::KvType>())
                 .map_err(|e| js_error("InvalidRequestError", format!("{name}: {e}")))?;
         }
+    }
+    if load.exact && (load.cache_k != flint::KvType::F32 || load.cache_v != flint::KvType::F32) {
+        return Err(js_error("InvalidRequestError", "exact: true keeps the KV cache in f32: drop exact or cacheTypeK/cacheTypeV"));
     }
     load.chat_template = opts.get("chat_template").and_then(|v| v.as_str()).map(str::to_string);
     Ok(load)
@@ -268,19 +318,23 @@ pub fn check_model(source: JsValue, options: String) -> Promise {
 /// Loads a model from `source` (see the module docs) with options JSON
 /// `{"n_ctx": N, "max_seqs": N, "self_test": bool, "chat_template": "...", "spec_type":
 /// "none" | "ngram", "draft_max": N, "draft_p_min": P, "device_mem_mb": MB, "cache_type_k":
-/// "f32" | "f16" | "q8_0", "cache_type_v": ...}`; resolves to a `WasmEngine` whose run loop is
-/// started.
+/// "f32" | "f16" | "q8_0", "cache_type_v": ..., "exact": bool}`; resolves to a `WasmEngine`
+/// whose run loop is started.
 /// `on_compile(n, label)`, when a function, is called after each GPU kernel compile of the
 /// load. `draft_source`, unless null or undefined, is a draft model's reader (as `source`):
 /// its vocabulary must be the model's, else the load fails before any weight is read.
+/// `on_tensor(done, total)`, when a function, is called as each of the model's tensors has
+/// been read whole.
 #[wasm_bindgen(js_name = loadEngine)]
-pub fn load_engine(source: JsValue, options: String, on_compile: JsValue, draft_source: JsValue) -> Promise {
+pub fn load_engine(source: JsValue, options: String, on_compile: JsValue, draft_source: JsValue, on_tensor: JsValue) -> Promise {
     log_panics();
     ON_COMPILE.with(|cb| *cb.borrow_mut() = on_compile.dyn_into::<Function>().ok());
     future_to_promise(async move {
         let source = JsSource::new(source)?;
+        let tensors = source.tensors.clone();
         let load = load_options(&options)?;
         let file = flint::GgufFile::from_source(Box::new(source)).await.map_err(|e| js_error("ModelLoadError", format!("malformed model file: {e}")))?;
+        tensors.borrow_mut().start(&file, on_tensor.dyn_into::<Function>().ok());
         let loaded = if draft_source.is_null() || draft_source.is_undefined() {
             Engine::load_local(file, &load).await
         } else {
