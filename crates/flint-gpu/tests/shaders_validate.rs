@@ -1,5 +1,6 @@
-//! Preprocesses every shader variant the engine can request and validates it with naga,
-//! without a GPU, so a broken variant fails on any machine.
+//! Preprocesses every shader variant the engine can request, validates it with naga and
+//! translates it to MSL (Metal) and HLSL (DX12) as wgpu's backends would, without a GPU: a
+//! broken variant, or one only Vulkan can take, fails on any machine.
 
 use flint_gpu::ops::all_variants;
 use flint_gpu::shader::preprocess;
@@ -16,9 +17,22 @@ fn validate(label: &str, source: &str, caps: &Caps) {
     if caps.subgroups {
         flags |= naga::valid::Capabilities::SUBGROUP;
     }
-    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), flags)
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), flags)
         .validate(&module)
         .unwrap_or_else(|e| panic!("{label}: {}", e.emit_to_string(source)));
+    translate(label, &module, &info);
+}
+
+/// Writes `module` as Metal Shading Language 2.4 and as HLSL for shader model 6.2 (the
+/// versions that have subgroup operations and 16-bit floats), failing on what either refuses.
+fn translate(label: &str, module: &naga::Module, info: &naga::valid::ModuleInfo) {
+    let msl = naga::back::msl::Options { lang_version: (2, 4), ..Default::default() };
+    let (text, _) = naga::back::msl::write_string(module, info, &msl, &Default::default()).unwrap_or_else(|e| panic!("{label}: to MSL: {e}"));
+    assert!(text.contains("kernel void"), "{label}: MSL without a compute entry point");
+    let hlsl = naga::back::hlsl::Options { shader_model: naga::back::hlsl::ShaderModel::V6_2, ..Default::default() };
+    let mut text = String::new();
+    naga::back::hlsl::Writer::new(&mut text, &hlsl, &Default::default()).write(module, info, None).unwrap_or_else(|e| panic!("{label}: to HLSL: {e}"));
+    assert!(text.contains("[numthreads("), "{label}: HLSL without a compute entry point");
 }
 
 #[test]
@@ -41,7 +55,7 @@ fn every_variant_preprocesses_and_validates() {
             n += 1;
         }
     }
-    eprintln!("validated {n} shader variants");
+    eprintln!("validated {n} shader variants and translated each to MSL and HLSL");
 }
 
 #[test]
