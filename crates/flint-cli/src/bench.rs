@@ -27,6 +27,11 @@ pub struct BenchArgs {
     /// Tokens to generate after the prompt.
     #[arg(short = 'n', long = "gen-tokens", default_value_t = 64)]
     pub(crate) gen_tokens: usize,
+    /// Tokens already in the context (llama-bench's -d): each repetition first runs a prompt
+    /// of this many tokens, untimed, and keeps it in the prefix cache; the timed prompt
+    /// continues it, so prefill and decode are measured at this depth (one stream).
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    pub(crate) depth: usize,
     /// Repetitions (the first is also timed; medians hide its warm-up).
     #[arg(long, default_value_t = 5)]
     pub(crate) reps: usize,
@@ -250,7 +255,10 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     levels.dedup();
     let most = *levels.last().unwrap_or(&1);
     let path = crate::resolve(&args.model)?;
-    let n_ctx = args.prompt_tokens + args.gen_tokens + 1;
+    if args.depth > 0 && (!args.concurrency.is_empty() || args.profile) {
+        return Err(Failure::usage("-d/--depth measures one stream: drop --concurrency and --profile"));
+    }
+    let n_ctx = args.depth + args.prompt_tokens + args.gen_tokens + 1;
     let max_seqs = most.max(if args.profile { PROFILE_DECODE_SIZES[2] } else { 1 }).max(flint::DEFAULT_MAX_SEQS);
     // Room for every stream's whole context at once (and the profile's forks), plus a quarter.
     let ctx_positions = n_ctx.next_multiple_of(16);
@@ -263,7 +271,8 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     let t0 = std::time::Instant::now();
     let engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
     let load_s = t0.elapsed().as_secs_f64();
-    let prompt = engine.bench_prompt(args.prompt_tokens, 0).map_err(Failure::usage)?;
+    // At a depth, the timed prompt is the depth's tokens and then -p more.
+    let prompt = engine.bench_prompt(args.depth + args.prompt_tokens, 0).map_err(Failure::usage)?;
     // A model split over several devices is measured against the first device alone, in the
     // same run, repetitions interleaved.
     let one = match engine.info().parts.len() {
@@ -275,15 +284,16 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         }
     };
 
-    let (mut prefill, mut decode, mut ttft) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut prefill, mut decode, mut ttft, mut prefilled) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let (mut one_prefill, mut one_decode) = (Vec::new(), Vec::new());
     for _ in 0..args.reps {
-        let r = futures::executor::block_on(engine.bench_once(&prompt, args.gen_tokens)).map_err(Failure::runtime)?;
+        let r = futures::executor::block_on(engine.bench_at_depth(&prompt, args.depth, args.gen_tokens)).map_err(Failure::runtime)?;
         ttft.push(r.ttft_s * 1e3);
+        prefilled = r.prefilled;
         prefill.push(r.prefill_tok_s);
         decode.push(r.decode_tok_s);
         if let Some(one) = &one {
-            let r = futures::executor::block_on(one.bench_once(&prompt, args.gen_tokens)).map_err(Failure::runtime)?;
+            let r = futures::executor::block_on(one.bench_at_depth(&prompt, args.depth, args.gen_tokens)).map_err(Failure::runtime)?;
             one_prefill.push(r.prefill_tok_s);
             one_decode.push(r.decode_tok_s);
         }
@@ -297,7 +307,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     let profile = if args.profile { Some(profile_steps(&engine, &prompt)?) } else { None };
     let (prefill, decode, ttft) = (stats(prefill), stats(decode), stats(ttft));
     let peak_rss = peak_rss_mb().max(levels_peak);
-    let bytes_per_token = engine.bytes_per_decode_token(args.prompt_tokens + args.gen_tokens / 2) as f64;
+    let bytes_per_token = engine.bytes_per_decode_token(args.depth + args.prompt_tokens + args.gen_tokens / 2) as f64;
     let decode_gbs = bytes_per_token * decode.median / 1e9;
     let pct = if copy_gbs > 0.0 { 100.0 * decode_gbs / copy_gbs } else { 0.0 };
     let base = concurrency.first().map_or(0.0, |l| l.aggregate.median);
@@ -310,6 +320,8 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         "adapter": engine.adapter_name(),
         "prompt_tokens": args.prompt_tokens,
         "gen_tokens": args.gen_tokens,
+        "depth": args.depth,
+        "prefilled_tokens": prefilled,
         "reps": args.reps,
         "load_s": round2(load_s),
         "prefill_tok_s": stats_json(&prefill),
@@ -349,8 +361,9 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         BenchFormat::Text => {
             println!("model      {} on {} ({})", args.model, engine.backend_name(), engine.adapter_name());
             println!("load       {load_s:.2} s");
-            println!("prefill    {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens", prefill.median, prefill.min, prefill.max, args.prompt_tokens);
-            println!("decode     {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens", decode.median, decode.min, decode.max, args.gen_tokens);
+            let at = if args.depth > 0 { format!(" at depth {}", args.depth) } else { String::new() };
+            println!("prefill    {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens{at}", prefill.median, prefill.min, prefill.max, args.prompt_tokens);
+            println!("decode     {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens{at}", decode.median, decode.min, decode.max, args.gen_tokens);
             println!("ttft       {:.1} ms (min {:.1}, max {:.1})", ttft.median, ttft.min, ttft.max);
             println!("peak rss   {peak_rss:.0} MB");
             println!("bandwidth  decode {decode_gbs:.2} GB/s = {pct:.1}% of measured copy bandwidth {copy_gbs:.2} GB/s");

@@ -93,6 +93,7 @@ fn bad_values_exit_2_with_one_line() {
     assert_usage_error(&["run", "-m", &m, "--spec-type", "ngram", "--draft-min", "9", "hi"], "--draft-min 9");
     assert_usage_error(&["bench", "-m", &m, "--spec-type", "ngram"], "-f FILE");
     assert_usage_error(&["bench", "-m", &m, "-f", "/nonexistent/prompt.txt"], "-f is for --spec-type");
+    assert_usage_error(&["bench", "-m", &m, "-d", "64", "--concurrency", "2"], "--depth");
     // A draft model needs this model's vocabulary: refused before any weight is loaded.
     let q = model_path("qwen2.5-coder-0.5b");
     assert_usage_error(&["run", "-m", &m, "-md", &q, "hi"], "vocabulary");
@@ -519,6 +520,13 @@ fn devices_are_listed_and_chosen() {
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert!(report["adapter"].as_str().unwrap().contains(want), "--device {dev} ran on {}", report["adapter"]);
     }
+    // At a depth (llama-bench's -d) the timed prompt continues one the prefix cache holds:
+    // only the -p tokens past its last full block are prefilled.
+    let out = flint_on(&["bench", "-m", m, "-dev", &lavapipe, "-d", "32", "-p", "8", "-n", "2", "--reps", "1", "--format", "json"]);
+    assert!(out.status.success(), "-d 32: {}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((report["depth"].as_u64(), report["prefilled_tokens"].as_u64()), (Some(32), Some(8)), "{report}");
+    assert!(report["prefill_tok_s"]["median"].as_f64().unwrap() > 0.0, "{report}");
     let out = flint_on(&["run", "-m", m, "--device", "no-such-gpu", "--raw", "-n", "1", "hi"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");

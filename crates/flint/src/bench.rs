@@ -20,6 +20,8 @@ pub struct BenchRun {
     pub prefill_tok_s: f64,
     /// Generated tokens per second of decode.
     pub decode_tok_s: f64,
+    /// Prompt tokens prefilled (at a depth: those the prefix cache did not hold).
+    pub prefilled: usize,
 }
 
 /// One stream of a concurrent run: milliseconds from the submission of all streams.
@@ -51,7 +53,7 @@ impl StreamRun {
     fn bench_run(&self, prompt_tokens: usize) -> BenchRun {
         let (prefill_s, decode_s) = (self.first_ms / 1e3, (self.last_ms - self.first_ms) / 1e3);
         let prefill_tok_s = if prefill_s > 0.0 { prompt_tokens as f64 / prefill_s } else { 0.0 };
-        BenchRun { ttft_s: prefill_s, prefill_s, decode_s, prefill_tok_s, decode_tok_s: self.decode_tok_s() }
+        BenchRun { ttft_s: prefill_s, prefill_s, decode_s, prefill_tok_s, decode_tok_s: self.decode_tok_s(), prefilled: prompt_tokens }
     }
 
     /// Tokens after the first per second.
@@ -115,6 +117,31 @@ impl Engine {
     pub async fn bench_once(&self, prompt: &[u32], n_gen: usize) -> Result<BenchRun, EngineError> {
         let runs = self.bench_streams(&[prompt.to_vec()], n_gen + 1).await?;
         Ok(runs[0].bench_run(prompt.len()))
+    }
+
+    /// One benchmark repetition at a depth (llama-bench's `-d`): `prompt[..depth]` runs first,
+    /// untimed, and stays in the prefix cache; then `prompt` is timed as [`Engine::bench_once`]
+    /// times it, its prefill rate counting only the tokens the cache did not hold.
+    pub async fn bench_at_depth(&self, prompt: &[u32], depth: usize, n_gen: usize) -> Result<BenchRun, EngineError> {
+        if depth == 0 || depth >= prompt.len() {
+            return self.bench_once(prompt, n_gen).await;
+        }
+        self.clear_cache();
+        let mut fill = self.submit(bench_request(prompt[..depth].to_vec(), 1))?;
+        while let Some(ev) = fill.next().await {
+            ev?;
+        }
+        let clock = self.info.clock;
+        let t0 = clock();
+        let mut events = self.submit(bench_request(prompt.to_vec(), n_gen + 1))?;
+        let (mut stream, mut cached) = (StreamRun::new(n_gen + 1), 0);
+        while let Some(ev) = events.next().await {
+            match ev? {
+                Event::Token { .. } => stream.arrive(clock() - t0),
+                Event::Done { summary, .. } => cached = summary.cached_prompt_tokens,
+            }
+        }
+        Ok(stream.bench_run(prompt.len() - cached.min(prompt.len())))
     }
 
     /// One greedy run of `n_gen` tokens after the first (end-of-generation ignored) from an
