@@ -100,6 +100,11 @@ export async function downloadToCache(url, onProgress, onSkip = () => {}) {
     onSkip(`the model (${mb(total)} MB) is larger than the browser's storage left for this site (${mb(room)} MB)`);
     return null;
   }
+  // The storage refused the model: the caller reads it by ranges instead.
+  const refused = (e) => {
+    onSkip(`storing it in the browser's storage failed (${e?.message ?? e})`);
+    return null;
+  };
   const { data, record } = await names(url);
   await dir.removeEntry(record).catch(() => {});
   let writable;
@@ -107,9 +112,13 @@ export async function downloadToCache(url, onProgress, onSkip = () => {}) {
     writable = await (await dir.getFileHandle(data, { create: true })).createWritable();
   } catch (e) {
     await res.body.cancel();
-    onSkip(`storing it in the browser's storage failed (${e?.message ?? e})`);
-    return null;
+    return refused(e);
   }
+  // A download that does not finish leaves no file behind.
+  const discard = async () => {
+    await writable.abort().catch(() => {});
+    await dir.removeEntry(data).catch(() => {});
+  };
   const body = streamReader(res.body);
   let loaded = 0;
   let buffer = null;
@@ -122,23 +131,19 @@ export async function downloadToCache(url, onProgress, onSkip = () => {}) {
         await writable.write(got.bytes);
       } catch (e) {
         await body.reader.cancel().catch(() => {});
-        await writable.abort().catch(() => {});
-        await dir.removeEntry(data).catch(() => {});
-        onSkip(`storing it in the browser's storage failed (${e?.message ?? e})`);
-        return null;
+        await discard();
+        return refused(e);
       }
       loaded += got.bytes.length;
       onProgress(loaded, total);
       if (got.bytes.length < CHUNK) break;
     }
   } catch (e) {
-    await writable.abort().catch(() => {});
-    await dir.removeEntry(data).catch(() => {});
+    await discard();
     throw new ModelLoadError(`${url}: the download failed at ${loaded} bytes (${e?.message ?? e})`);
   }
   if (total && loaded !== total) {
-    await writable.abort().catch(() => {});
-    await dir.removeEntry(data).catch(() => {});
+    await discard();
     throw new ModelLoadError(`${url}: download ended at ${loaded} of ${total} bytes`);
   }
   try {
@@ -148,8 +153,7 @@ export async function downloadToCache(url, onProgress, onSkip = () => {}) {
     await rec.close();
   } catch (e) {
     await deleteModelFromCache(url);
-    onSkip(`storing it in the browser's storage failed (${e?.message ?? e})`);
-    return null;
+    return refused(e);
   }
   const file = await cachedModel(url);
   if (!file) throw new ModelLoadError(`${url}: the stored copy is incomplete`);

@@ -102,7 +102,8 @@ export async function rangeSource(url, onRead) {
   const read = reusing(async (offset, length, reuse) => {
     const res = await fetch(url, { headers: { Range: `bytes=${offset}-${offset + length - 1}` } });
     if (res.status !== 206 || !res.body) throw new ModelLoadError(`${url}: the server ignored a Range request (HTTP ${res.status})`);
-    const got = await readStream(res.body, length, reuse);
+    // One byte more than asked for is room to notice a body longer than the range.
+    const got = await readStream(res.body, length + 1, reuse);
     if (got.bytes.length !== length) throw new ModelLoadError(`${url}: range read returned ${got.bytes.length} of ${length} bytes`);
     return got;
   });

@@ -108,7 +108,7 @@ impl CacheArgs {
         opts.exact = self.exact;
         opts.cache_k = self.cache_type_k.unwrap_or(base.cache_k);
         opts.cache_v = self.cache_type_v.unwrap_or(base.cache_v);
-        if self.exact && (opts.cache_k != flint::KvType::F32 || opts.cache_v != flint::KvType::F32) {
+        if opts.exact_with_rounded_kv() {
             return Err(Failure::usage("--exact keeps the KV cache in f32: drop --exact or -ctk/-ctv"));
         }
         Ok(())

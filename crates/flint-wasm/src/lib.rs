@@ -291,7 +291,7 @@ fn load_options(options: &str) -> Result<LoadOptions, JsValue> {
                 .map_err(|e| js_error("InvalidRequestError", format!("{name}: {e}")))?;
         }
     }
-    if load.exact && (load.cache_k != flint::KvType::F32 || load.cache_v != flint::KvType::F32) {
+    if load.exact_with_rounded_kv() {
         return Err(js_error("InvalidRequestError", "exact: true keeps the KV cache in f32: drop exact or cacheTypeK/cacheTypeV"));
     }
     load.chat_template = opts.get("chat_template").and_then(|v| v.as_str()).map(str::to_string);

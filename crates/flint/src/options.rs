@@ -90,9 +90,15 @@ impl LoadOptions {
         LoadOptions { exact: true, cache_k: KvType::F32, cache_v: KvType::F32, ..LoadOptions::default() }
     }
 
+    /// Whether the exact mode is asked for with a KV cache type other than f32, which it
+    /// refuses (the CLI and npm say so in their own words before a load does).
+    pub fn exact_with_rounded_kv(&self) -> bool {
+        self.exact && (self.cache_k != KvType::F32 || self.cache_v != KvType::F32)
+    }
+
     /// Refuses settings that contradict each other.
     pub(crate) fn validate(&self) -> Result<(), crate::EngineError> {
-        if self.exact && (self.cache_k != KvType::F32 || self.cache_v != KvType::F32) {
+        if self.exact_with_rounded_kv() {
             return Err(crate::EngineError::Settings(format!(
                 "the exact mode keeps the KV cache in f32, not K {} and V {}: drop the exact mode or the cache types",
                 self.cache_k.name(),
