@@ -20,3 +20,18 @@ fn tanh_f32(x: f32) -> f32 {
 fn linear_group(wg: vec3<u32>, n_groups_x: u32) -> u32 {
     return wg.y * n_groups_x + wg.x;
 }
+
+// The gated activations' act (glu.wgsl, and matmuls that end in the gate): SiLU,
+// x / (1 + e^−x), or with GELU_TANH GELU's tanh approximation, written as
+// x · sigmoid(2·√(2/π)·(x + 0.044715·x³)) so large |x| cannot produce inf/inf.
+const SQRT_2_OVER_PI: f32 = 0.7978845608;
+const GELU_COEF: f32 = 0.044715;
+
+fn glu_act(x: f32) -> f32 {
+#ifdef GELU_TANH
+    let z = SQRT_2_OVER_PI * (x + GELU_COEF * x * x * x);
+    return x / (1.0 + exp(-2.0 * z));
+#else
+    return x / (1.0 + exp(-x));
+#endif
+}

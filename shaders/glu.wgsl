@@ -1,6 +1,6 @@
 // Gated activation: out[t, i] = act(gate[t, i]) · up[t, i] over n_tok × n_ff, one value per
-// invocation. act is SiLU, x / (1 + e^−x), or GELU with the tanh approximation, written as
-// x · sigmoid(2·√(2/π)·(x + 0.044715·x³)) so large |x| cannot produce inf/inf.
+// invocation (act: common.wgsl's glu_act). Dense feed-forward blocks fuse it into their
+// gate-and-up matmul; a mixture of experts runs it over the routed entries.
 // Defines: WG (threads per workgroup), GELU_TANH (else SiLU), IN_PLACE (out aliases gate),
 // WRONG (tests only: every 16th value is lost, as a broken driver might lose a lane; the
 // self-test must catch it).
@@ -24,18 +24,6 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 #endif
 
-const SQRT_2_OVER_PI: f32 = 0.7978845608;
-const GELU_COEF: f32 = 0.044715;
-
-fn act(x: f32) -> f32 {
-#ifdef GELU_TANH
-    let z = SQRT_2_OVER_PI * (x + GELU_COEF * x * x * x);
-    return x / (1.0 + exp(-2.0 * z));
-#else
-    return x / (1.0 + exp(-x));
-#endif
-}
-
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -46,7 +34,7 @@ fn main(
     if (i >= batch.n_tok * p.n_ff) {
         return;
     }
-    var y = act(gate[i]) * up[i];
+    var y = glu_act(gate[i]) * up[i];
 #ifdef WRONG
     if (i % 16u == 15u) {
         y = 0.0;

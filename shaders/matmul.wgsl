@@ -16,8 +16,12 @@
 // team sums its lanes with a butterfly of subgroup shuffles instead of workgroup memory and
 // barriers. Row groups beyond 65535 fold into y (linear_group).
 // With IDS (matmul_io.wgsl) the tokens are the entries routed to the workgroup's expert.
+// With GLU (matmul_io.wgsl) a team owns a gate row and its up row: each lane dequantizes a
+// chunk of both and multiplies them with the same activations, and the team stores
+// act(gate) · up.
 //
-// Defines: the format (ShaderDefs::quant), WG, TPR, TOK, TILE, SUBGROUP_REDUCE, IDS.
+// Defines: the format (ShaderDefs::quant), WG, TPR, TOK, TILE, SUBGROUP_REDUCE, IDS, GLU,
+// GELU_TANH.
 
 #ifdef TILE
 #define HAS_BATCH
@@ -28,10 +32,26 @@
 
 const ROWS: u32 = WG / TPR;
 
+#ifdef GLU
+// Sums per row: the gate's TOK, then the up row's.
+const SUMS: u32 = 2u * TOK;
+#else
+const SUMS: u32 = TOK;
+#endif
+
 #ifndef SUBGROUP_REDUCE
 // Lane partial sums, [TOK][WG]: a team's lanes are contiguous.
 var<workgroup> partial: array<f32, TOK * WG>;
 #endif
+
+// Σ_k wq[k] · x[xb + k] over a chunk, in one fixed order.
+fn chunk_dot(wq: array<vec4<f32>, 8>, xb: u32) -> f32 {
+    var s = wq[0] * x[xb];
+    for (var k = 1u; k < 8u; k++) {
+        s += wq[k] * x[xb + k];
+    }
+    return (s.x + s.y) + (s.z + s.w);
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -51,7 +71,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #endif
     let live = r < p.n_rows && t0 < n_tok;
 
-    var acc: array<f32, TOK>;
+    // acc[j]: token j's sum (with GLU acc[TOK + j]: its up row's).
+    var acc: array<f32, SUMS>;
     if (live) {
         let row_base = w_row(r);
         let n_chunks = p.n_in / CHUNK;
@@ -63,14 +84,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         for (var c = lane; c < n_chunks; c += TPR) {
             let wq = dequant_chunk(row_base, c);
+#ifdef GLU
+            let wu = dequant_chunk(row_base + p.up_bytes, c);
+#endif
             for (var j = 0u; j < TOK; j++) {
                 if (t0 + j < n_tok) {
                     let xb = xs[j] + c * 8u;
-                    var s = wq[0] * x[xb];
-                    for (var k = 1u; k < 8u; k++) {
-                        s += wq[k] * x[xb + k];
-                    }
-                    acc[j] += (s.x + s.y) + (s.z + s.w);
+                    acc[j] += chunk_dot(wq, xb);
+#ifdef GLU
+                    acc[TOK + j] += chunk_dot(wu, xb);
+#endif
                 }
             }
         }
@@ -79,7 +102,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #ifdef SUBGROUP_REDUCE
     // The team's lanes are consecutive invocations of one subgroup: after the butterfly every
     // lane holds the row's sums.
-    for (var j = 0u; j < TOK; j++) {
+    for (var j = 0u; j < SUMS; j++) {
         var v = acc[j];
         for (var s = TPR / 2u; s > 0u; s >>= 1u) {
             v += subgroupShuffleXor(v, s);
@@ -87,30 +110,35 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         acc[j] = v;
     }
 #else
-    for (var j = 0u; j < TOK; j++) {
-        partial[j * WG + lid] = acc[j];
-    }
-    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-        workgroupBarrier();
-        if (lane < s) {
-            for (var j = 0u; j < TOK; j++) {
-                partial[j * WG + lid] += partial[j * WG + lid + s];
+    // TOK sums a round (GLU's gate, then its up row), so the workgroup memory stays TOK · WG.
+    for (var h = 0u; h < SUMS; h += TOK) {
+        for (var j = 0u; j < TOK; j++) {
+            partial[j * WG + lid] = acc[h + j];
+        }
+        for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+            workgroupBarrier();
+            if (lane < s) {
+                for (var j = 0u; j < TOK; j++) {
+                    partial[j * WG + lid] += partial[j * WG + lid + s];
+                }
             }
         }
+        workgroupBarrier();
+        for (var j = 0u; j < TOK; j++) {
+            acc[h + j] = partial[j * WG + team * TPR];
+        }
+        workgroupBarrier();
     }
-    workgroupBarrier();
 #endif
 
     // Lane l of the team writes tokens t0 + l, t0 + l + TPR, ...
     for (var j = lane; j < TOK; j += TPR) {
         if (live && t0 + j < n_tok) {
-#ifdef SUBGROUP_REDUCE
-            let v = acc[j];
+#ifdef GLU
+            put(t0 + j, r, glu_act(acc[j]) * acc[TOK + j]);
 #else
-            let v = partial[j * WG + team * TPR];
+            put(t0 + j, r, acc[j]);
 #endif
-            let yi = y_index(t0 + j) * p.y_stride + p.row_offset + r;
-            y[yi] = epilogue(v, r, yi);
         }
     }
 }

@@ -18,8 +18,11 @@
 // when storing.
 //
 // With IDS (matmul_io.wgsl) the tokens are the entries routed to the workgroup's expert.
+// With GLU (matmul_io.wgsl) the block's first RB/2 rows are gate rows and the last RB/2 their
+// up rows, and the block stores act(gate) · up for RB/2 output rows.
 //
-// Defines: the format (ShaderDefs::quant), WG, RB, TB, BLOCK_CODE, ONE_TOKEN, IDS.
+// Defines: the format (ShaderDefs::quant), WG, RB, TB, BLOCK_CODE, ONE_TOKEN, IDS, GLU,
+// GELU_TANH.
 
 #ifndef ONE_TOKEN
 #define HAS_BATCH
@@ -39,9 +42,30 @@ fn n_tok() -> u32 {
 #endif
 }
 
+// Output rows per invocation.
+#ifdef GLU
+const OUT_RB: u32 = RB / 2u;
+#else
+const OUT_RB: u32 = RB;
+#endif
+
 // Byte offset of row r0 + i, clamped to the last row.
 fn row_base(r0: u32, i: u32) -> u32 {
     return w_row(min(r0 + i, p.n_rows - 1u));
+}
+
+// Byte offset of gate row r0 + i's up row (GLU).
+fn up_base(r0: u32, i: u32) -> u32 {
+    return row_base(r0, i) + p.up_bytes;
+}
+
+// act(gate) · up per element.
+fn glu4(g: vec4<f32>, u: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(glu_act(g.x) * u.x, glu_act(g.y) * u.y, glu_act(g.z) * u.z, glu_act(g.w) * u.w);
+}
+
+fn glu44(g: mat4x4<f32>, u: mat4x4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(glu4(g[0], u[0]), glu4(g[1], u[1]), glu4(g[2], u[2]), glu4(g[3], u[3]));
 }
 
 // Index in x of token t0 + i's first vec4, clamped to the last token.
@@ -66,8 +90,7 @@ fn store_rows(v: vec4<f32>, r0: u32, t: u32) {
     }
     for (var r = 0u; r < 4u; r++) {
         if (r0 + r < p.n_rows) {
-            let yi = y_index(t) * p.y_stride + p.row_offset + r0 + r;
-            y[yi] = epilogue(v[r], r0 + r, yi);
+            put(t, r0 + r, v[r]);
         }
     }
 }
@@ -83,7 +106,7 @@ BLOCK_CODE
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let r0 = (linear_group(wg, p.groups_x) * WG + lid) * RB;
+    let r0 = (linear_group(wg, p.groups_x) * WG + lid) * OUT_RB;
 #ifdef IDS
     let t0 = ids_tile(wg.z, TB) * TB;
 #else

@@ -1,6 +1,6 @@
 // The matmul kernels' interface (matmul.wgsl, matmul_blocked.wgsl; ops::matmul's Params):
 // parameters, weights, activations, output, bias, the batch uniform, then (IDS) the expert
-// lists. The bias and the
+// lists, or (otherwise) the split outputs. The bias, the split and the
 // accumulation are switched by `flags` at run time, not by defines, so one compiled kernel
 // serves every weight part of a format and token block (on lavapipe each variant costs
 // seconds to compile); a part without a bias binds a small unused buffer. The including
@@ -30,14 +30,20 @@ struct Params {
     expert_offset: u32, // IDS: the part's first expert
     n_entries: u32,  // IDS: entries per expert list (the stride of id_rows)
     x_div: u32,      // IDS: an entry's x row is entry / x_div
-    _pad1: u32,
-    _pad2: u32,
+    up_bytes: u32,   // GLU: bytes from a gate row to its up row
+    seg1: u32,       // FLAG_SPLIT: the first row written to y1
+    seg2: u32,       // FLAG_SPLIT: the first row written to y2
+    stride1: u32,    // FLAG_SPLIT: elements per row of y1
+    stride2: u32,    // FLAG_SPLIT: elements per row of y2
+    _pad: u32,
 }
 
 // y += bias[r]
 const FLAG_BIAS: u32 = 1u;
 // y = old y + the product (a fused residual add)
 const FLAG_ACCUMULATE: u32 = 2u;
+// rows from seg1 go to y1, from seg2 to y2
+const FLAG_SPLIT: u32 = 4u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 // w: [n_rows, n_in] blocks of the weight format in GPU layout (weights::layout), as 16-byte
@@ -55,6 +61,12 @@ const FLAG_ACCUMULATE: u32 = 2u;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 #ifdef HAS_BATCH
 @group(0) @binding(5) var<uniform> batch: BatchInfo;
+#endif
+#ifndef IDS
+// y1, y2: [n_tok, stride1], [n_tok, stride2] f32, FLAG_SPLIT's outputs (else small unused
+// buffers)
+@group(0) @binding(6) var<storage, read_write> y1: array<f32>;
+@group(0) @binding(7) var<storage, read_write> y2: array<f32>;
 #endif
 #ifdef IDS
 // id_count: [n_expert] entries routed to each expert (all experts, not only the part's)
@@ -105,15 +117,43 @@ fn y_index(i: u32) -> u32 {
 #endif
 }
 
-// The output value for row r (of this part) at y[yi]: the product v, plus the bias and the
-// old y as `flags` say (uniform branches).
-fn epilogue(v: f32, r: u32, yi: u32) -> f32 {
+// Stores the product v of row r (of this part) for the workgroup's i-th token: plus the bias
+// and the old output as `flags` say (uniform branches), into y or (FLAG_SPLIT) the output
+// that holds the row.
+fn put(i: u32, r: u32, v: f32) {
     var o = v;
+#ifdef WRONG
+    // Tests only (FLINT_TEST_WRONG_KERNEL=glu): every 16th row is lost, as a broken driver
+    // might lose a lane; the self-test must catch it.
+    if (r % 16u == 15u) {
+        o = 0.0;
+    }
+#endif
     if ((p.flags & FLAG_BIAS) != 0u) {
         o += bias[r];
     }
-    if ((p.flags & FLAG_ACCUMULATE) != 0u) {
+    let acc = (p.flags & FLAG_ACCUMULATE) != 0u;
+#ifndef IDS
+    if ((p.flags & FLAG_SPLIT) != 0u && r >= p.seg1) {
+        if (r >= p.seg2) {
+            let yi = i * p.stride2 + r - p.seg2;
+            if (acc) {
+                o = y2[yi] + o;
+            }
+            y2[yi] = o;
+        } else {
+            let yi = i * p.stride1 + r - p.seg1;
+            if (acc) {
+                o = y1[yi] + o;
+            }
+            y1[yi] = o;
+        }
+        return;
+    }
+#endif
+    let yi = y_index(i) * p.y_stride + p.row_offset + r;
+    if (acc) {
         o = y[yi] + o;
     }
-    return o;
+    y[yi] = o;
 }

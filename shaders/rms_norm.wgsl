@@ -1,8 +1,10 @@
 // RMSNorm over rows: out[r, j] = x[r, j] / sqrt(mean_j(x[r, j]²) + eps) · w[j].
 // One workgroup per row. Rows are n_tok·rows_per_token rows of row_len (n_embd rows, or
 // head_dim rows for QK-norm); with GATHER, out row r is x row gather[r] for r < n_tok (the
-// head's output rows: n_tok of its batch counts them).
-// Defines: WG (threads per workgroup, a power of two), IN_PLACE (out aliases x), GATHER.
+// head's output rows: n_tok of its batch counts them). With RESIDUAL the normalized row is
+// added to out (gemma's post-norms: the norm and the residual add in one pass).
+// Defines: WG (threads per workgroup, a power of two), IN_PLACE (out aliases x), GATHER,
+// RESIDUAL.
 #include "common.wgsl"
 
 struct Params {
@@ -70,7 +72,11 @@ fn main(
 #ifdef IN_PLACE
         x[xd + j] = x[xs + j] * scale * w[j];
 #else
+#ifdef RESIDUAL
+        out[xd + j] = out[xd + j] + x[xs + j] * scale * w[j];
+#else
         out[xd + j] = x[xs + j] * scale * w[j];
+#endif
 #endif
     }
 }

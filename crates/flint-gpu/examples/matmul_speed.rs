@@ -28,7 +28,18 @@ fn main() {
         let w = storage_init(&ctx, "w", &flint_gpu::weights::layout::to_gpu(ty, n_in as usize, &raw)).unwrap();
         let x = storage_init(&ctx, "x", bytemuck::cast_slice(&rng.vec((n_in * n_tok) as usize))).unwrap();
         let y = storage_init(&ctx, "y", &vec![0u8; (n_rows * n_tok * 4) as usize]).unwrap();
-        let desc = MatmulDesc { label: "speed", ty, n_in, n_rows, row_offset: 0, y_stride: n_rows, max_tokens: n_tok, accumulate: false, ids: None };
+        let desc = MatmulDesc {
+            label: "speed",
+            ty,
+            n_in,
+            n_rows,
+            row_offset: 0,
+            y_stride: n_rows,
+            max_tokens: n_tok,
+            accumulate: false,
+            ids: None,
+            output: flint_gpu::ops::matmul::Output::Rows,
+        };
         let t_build = std::time::Instant::now();
         let mm = Matmul::new(&ctx, &cache, &batch.info, &desc, &w, &x, &y, None).await.unwrap();
         let run = |n: u32| {

@@ -187,7 +187,6 @@ impl<'a> Uploader<'a> {
     /// per buffer of at most the binding limit, in GPU layout: (buffer, units, first unit) per
     /// part.
     async fn parts(&mut self, t: &TensorInfo, n_units: u64, unit_rows: u64, unit: &'static str) -> Result<Vec<(wgpu::Buffer, u32, u32)>> {
-        let src_row = t.n_bytes / (n_units * unit_rows);
         let gpu_row = layout::row_bytes(t.ty, t.dims[0]).unwrap_or(u64::MAX);
         let unit_bytes = gpu_row.saturating_mul(unit_rows);
         let per_part = (self.max_binding / unit_bytes).min(n_units);
@@ -200,11 +199,8 @@ impl<'a> Uploader<'a> {
             let n = per_part.min(n_units - first);
             let label = if n == n_units { t.name.clone() } else { format!("{}[{}]", t.name, parts.len()) };
             let rows = (first * unit_rows, n * unit_rows);
-            let buffer = if layout::repacked(t.ty) {
-                self.copy_repacked(t, rows, src_row, gpu_row, &label).await?
-            } else {
-                self.copy(t, rows.0 * src_row, rows.1 * src_row, &label).await?
-            };
+            let buffer = crate::buffer::storage(self.ctx, &label, rows.1 * gpu_row)?;
+            self.copy_rows(t, rows, &buffer, 0).await?;
             parts.push((buffer, n as u32, first as u32));
             first += n;
         }
@@ -220,6 +216,42 @@ impl<'a> Uploader<'a> {
         Ok(GpuMatrix { name: name.to_string(), ty: t.ty, n_in: n_in as u32, n_rows: n_rows as u32, parts })
     }
 
+    /// The format and row length of the 2-D tensor `name`.
+    pub fn format(&self, name: &str) -> Result<(QuantType, u64)> {
+        let t = self.tensor(name, 2, "a matrix")?;
+        Ok((t.ty, t.dims[0]))
+    }
+
+    /// Uploads 2-D tensors with the same format and row length as one matrix, their rows one
+    /// after another in one buffer (`Output::Split` and `Output::Glu` of `ops::matmul` read
+    /// such stacks), named `name`. None when the formats or row lengths differ, a tensor
+    /// would start at a byte offset that is not a multiple of 4, or the stack would not fit
+    /// one binding: the caller then uploads them apart.
+    pub async fn stack(&mut self, name: &str, tensors: &[&str]) -> Result<Option<GpuMatrix>> {
+        let ts = tensors.iter().map(|n| self.tensor(n, 2, "a matrix")).collect::<Result<Vec<_>>>()?;
+        let Some(first) = ts.first() else { return Ok(None) };
+        let (ty, n_in) = (first.ty, first.dims[0]);
+        if ts.iter().any(|t| t.ty != ty || t.dims[0] != n_in) {
+            return Ok(None);
+        }
+        let gpu_row = layout::row_bytes(ty, n_in).unwrap_or(u64::MAX);
+        let n_rows = ts.iter().map(|t| t.dims[1]).sum::<u64>();
+        let bytes = gpu_row.saturating_mul(n_rows);
+        // Each tensor starts where a buffer write may (a multiple of 4 bytes).
+        let aligned = ts.iter().all(|t| (t.dims[1] * gpu_row).is_multiple_of(4));
+        if !aligned || bytes > self.max_binding || n_rows > u32::MAX as u64 {
+            return Ok(None);
+        }
+        let buffer = crate::buffer::storage(self.ctx, name, bytes)?;
+        let mut at = 0;
+        for t in &ts {
+            self.copy_rows(t, (0, t.dims[1]), &buffer, at * gpu_row).await?;
+            at += t.dims[1];
+        }
+        let parts = vec![WeightPart { buffer, rows: n_rows as u32, row_offset: 0 }];
+        Ok(Some(GpuMatrix { name: name.to_string(), ty, n_in: n_in as u32, n_rows: n_rows as u32, parts }))
+    }
+
     /// Uploads a 3-D stack of expert matrices, split by whole experts into parts of at most
     /// the binding limit.
     pub async fn experts(&mut self, name: &str) -> Result<GpuExperts> {
@@ -232,34 +264,57 @@ impl<'a> Uploader<'a> {
 
     /// Uploads a small tensor (norm weights, biases) dequantized to f32.
     pub async fn vector(&mut self, name: &str) -> Result<wgpu::Buffer> {
-        let t = self.file.require_tensor(name).map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?.clone();
-        let mut raw = vec![0u8; t.n_bytes as usize];
-        self.file.read_tensor_range(&t, 0, &mut raw).await.map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?;
-        let mut v = vec![0f32; t.n_elems as usize];
-        quant::dequantize(t.ty, &raw, &mut v).map_err(|e| GpuError::Unsupported { op: "upload", message: e.to_string() })?;
-        crate::buffer::storage_init(self.ctx, name, bytemuck::cast_slice(&v))
+        self.vectors(name, &[name]).await
     }
 
-    /// Copies `len` bytes of tensor `t` from byte `start` into a new buffer, chunk by chunk.
-    async fn copy(&mut self, t: &TensorInfo, start: u64, len: u64, label: &str) -> Result<wgpu::Buffer> {
-        let buffer = crate::buffer::storage(self.ctx, label, len)?;
+    /// Uploads small tensors dequantized to f32, one after another in one buffer named
+    /// `label` (the biases of a stack of matrices).
+    pub async fn vectors(&mut self, label: &str, names: &[&str]) -> Result<wgpu::Buffer> {
+        let upload = |e: String| GpuError::Unsupported { op: "upload", message: e };
+        let mut v = Vec::new();
+        for name in names {
+            let t = self.file.require_tensor(name).map_err(|e| upload(e.to_string()))?.clone();
+            let mut raw = vec![0u8; t.n_bytes as usize];
+            self.file.read_tensor_range(&t, 0, &mut raw).await.map_err(|e| upload(e.to_string()))?;
+            let at = v.len();
+            v.resize(at + t.n_elems as usize, 0f32);
+            quant::dequantize(t.ty, &raw, &mut v[at..]).map_err(|e| upload(e.to_string()))?;
+        }
+        crate::buffer::storage_init(self.ctx, label, bytemuck::cast_slice(&v))
+    }
+
+    /// Copies rows `first..first + n` of the 2-D or 3-D tensor `t` into `buffer` from byte
+    /// `at`, in GPU layout.
+    async fn copy_rows(&mut self, t: &TensorInfo, rows: (u64, u64), buffer: &wgpu::Buffer, at: u64) -> Result<()> {
+        let all_rows = t.dims[1..].iter().product::<u64>();
+        let src_row = t.n_bytes / all_rows;
+        if layout::repacked(t.ty) {
+            let gpu_row = layout::row_bytes(t.ty, t.dims[0]).unwrap_or(u64::MAX);
+            self.copy_repacked(t, rows, src_row, gpu_row, buffer, at).await
+        } else {
+            self.copy(t, rows.0 * src_row, rows.1 * src_row, buffer, at).await
+        }
+    }
+
+    /// Copies `len` bytes of tensor `t` from byte `start` into `buffer` from byte `at`, chunk
+    /// by chunk.
+    async fn copy(&mut self, t: &TensorInfo, start: u64, len: u64, buffer: &wgpu::Buffer, at: u64) -> Result<()> {
         let mut done = 0u64;
         while done < len {
             let n = (CHUNK_BYTES as u64).min(len - done) as usize;
             // write_buffer needs a multiple of 4 bytes: pad the last chunk with zeros.
             let padded = n.next_multiple_of(4);
             let src = read_range(self.file, &mut self.scratch, t, start + done, n, padded).await?;
-            self.ctx.queue.write_buffer(&buffer, done, src);
+            self.ctx.queue.write_buffer(buffer, at + done, src);
             done += n as u64;
             self.queued(padded, n)?;
         }
-        Ok(buffer)
+        Ok(())
     }
 
-    /// Copies rows `first..first + n` of tensor `t` (`src_row` bytes each in the file) into a
-    /// new buffer in GPU layout (`gpu_row` bytes each), whole rows at a time.
-    async fn copy_repacked(&mut self, t: &TensorInfo, (first, n): (u64, u64), src_row: u64, gpu_row: u64, label: &str) -> Result<wgpu::Buffer> {
-        let buffer = crate::buffer::storage(self.ctx, label, n * gpu_row)?;
+    /// Copies rows `first..first + n` of tensor `t` (`src_row` bytes each in the file) into
+    /// `buffer` from byte `at` in GPU layout (`gpu_row` bytes each), whole rows at a time.
+    async fn copy_repacked(&mut self, t: &TensorInfo, (first, n): (u64, u64), src_row: u64, gpu_row: u64, buffer: &wgpu::Buffer, at: u64) -> Result<()> {
         let per_write = (CHUNK_BYTES as u64 / src_row).max(1);
         let mut packed = Vec::new();
         let mut done = 0u64;
@@ -269,11 +324,11 @@ impl<'a> Uploader<'a> {
             let src = read_range(self.file, &mut self.scratch, t, start, len, len).await?;
             packed.clear();
             layout::append_rows(t.ty, t.dims[0] as usize, src, &mut packed);
-            self.ctx.queue.write_buffer(&buffer, done * gpu_row, &packed);
+            self.ctx.queue.write_buffer(buffer, at + done * gpu_row, &packed);
             done += rows;
             self.queued(packed.len(), len)?;
         }
-        Ok(buffer)
+        Ok(())
     }
 
     /// Counts a queued write of `written` bytes (`read` of them from the file) and flushes the

@@ -4,6 +4,7 @@
 //! row is bit-identical whatever token block (1, 4, 8, 16, tiles) its step takes, on both
 //! kernel families.
 
+use flint_core::arch::Activation;
 use flint_core::quant::{self, QuantType};
 use flint_gpu::buffer::{read_f32, storage_init};
 use flint_gpu::ops::matmul::{Matmul, MatmulDesc, TOKEN_BLOCKS};
@@ -81,7 +82,18 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> f64 {
     let x_buf = storage_init(ctx, "x", bytemuck::cast_slice(&x)).unwrap();
     let y_buf = storage_init(ctx, "y", bytemuck::cast_slice(&y0)).unwrap();
     let b_buf = storage_init(ctx, "bias", bytemuck::cast_slice(&b)).unwrap();
-    let desc = MatmulDesc { label: "test", ty, n_in: n_in as u32, n_rows: n_rows as u32, row_offset, y_stride, max_tokens, accumulate, ids: None };
+    let desc = MatmulDesc {
+        label: "test",
+        ty,
+        n_in: n_in as u32,
+        n_rows: n_rows as u32,
+        row_offset,
+        y_stride,
+        max_tokens,
+        accumulate,
+        ids: None,
+        output: flint_gpu::ops::matmul::Output::Rows,
+    };
     let mm = Matmul::new(ctx, cache, &batch.info, &desc, &w_buf, &x_buf, &y_buf, bias.then_some(&b_buf)).await.unwrap_or_else(|e| panic!("{case:?}: {e}"));
     submit(ctx, |p| mm.encode(p, n_tok));
     let got = read_f32(ctx, &y_buf, 0, y0.len()).await.unwrap();
@@ -223,7 +235,7 @@ fn rejects_bad_shapes() {
     flint_gpu::gpu_test!(ctx => {
         let batch = Batch::new(ctx, 4, 1, 1, 16).unwrap();
         let buf = storage_init(ctx, "any", &[0u8; 1 << 16]).unwrap();
-        let ok = MatmulDesc { label: "bad", ty: QuantType::Q4K, n_in: 256, n_rows: 4, row_offset: 0, y_stride: 4, max_tokens: 4, accumulate: false, ids: None };
+        let ok = MatmulDesc { label: "bad", ty: QuantType::Q4K, n_in: 256, n_rows: 4, row_offset: 0, y_stride: 4, max_tokens: 4, accumulate: false, ids: None, output: flint_gpu::ops::matmul::Output::Rows };
         let bad = [
             MatmulDesc { n_in: 128, ..ok },           // not whole super-blocks
             MatmulDesc { ty: QuantType::F32, n_in: 48, ..ok }, // not whole chunks
@@ -246,7 +258,18 @@ async fn rows_by_step(ctx: &GpuContext, cache: &PipelineCache, ty: QuantType, n_
     let x = storage_init(ctx, "x", bytemuck::cast_slice(&rng.vec((max * n_in) as usize))).unwrap();
     let y = storage_init(ctx, "y", &vec![0u8; (max * n_rows * 4) as usize]).unwrap();
     let batch = Batch::new(ctx, max, 1, 1, 16).unwrap();
-    let desc = MatmulDesc { label: "invariance", ty, n_in, n_rows, row_offset: 0, y_stride: n_rows, max_tokens: max, accumulate: false, ids: None };
+    let desc = MatmulDesc {
+        label: "invariance",
+        ty,
+        n_in,
+        n_rows,
+        row_offset: 0,
+        y_stride: n_rows,
+        max_tokens: max,
+        accumulate: false,
+        ids: None,
+        output: flint_gpu::ops::matmul::Output::Rows,
+    };
     let mm = Matmul::new(ctx, cache, &batch.info, &desc, &w, &x, &y, None).await.unwrap();
     let mut out = Vec::new();
     for &n in sizes {
@@ -296,5 +319,167 @@ fn token_rows_are_bit_identical_whatever_the_step_size_lane_team_kernels() {
     let Some((ctx, cache)) = gpu_like(true) else { return };
     run_cases_on(ctx, "token_rows_are_bit_identical_whatever_the_step_size_lane_team_kernels", INVARIANCE, |ctx, case| {
         rows_are_bit_identical(ctx, cache, case)
+    });
+}
+
+/// A fused output (`Output::Glu`, `Output::Split`) against the CPU reference.
+#[derive(Clone, Copy, Debug)]
+struct FusedCase {
+    ty: QuantType,
+    n_in: u32,
+    n_tok: u32,
+    /// The op's most tokens (at least n_tok).
+    max_tokens: u32,
+    kind: Fused,
+    seed: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Fused {
+    /// `rows` gate rows over as many up rows.
+    Glu { act: Activation, rows: u32 },
+    /// Rows of y, y1 and (when not 0) y2, each written from column `col` of a row of
+    /// `rows + 3` elements (the first with a row offset, the others at 0), with bias and
+    /// accumulation.
+    Split { rows: [u32; 3], bias: bool, accumulate: bool },
+}
+
+fn act_f64(act: Activation, v: f64) -> f64 {
+    match act {
+        Activation::GeluTanh => 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh()),
+        _ => v / (1.0 + (-v).exp()),
+    }
+}
+
+async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) {
+    use flint_gpu::ops::matmul::{Output, SplitOut};
+    let FusedCase { ty, n_in, n_tok, max_tokens, kind, seed } = case;
+    let (n_in_u, n_tok_u) = (n_in as usize, n_tok as usize);
+    let mut rng = TestRng::new(seed);
+    let buf_tok = max_tokens as usize + SPARE_TOKENS;
+    let batch = Batch::new(ctx, buf_tok as u32, 1, 1, 16).unwrap();
+    batch.write(ctx, &vec![0; n_tok_u], &(0..n_tok).collect::<Vec<_>>(), &vec![0; n_tok_u], &[&[0]]);
+    // Weight rows in the stack, and the products' rows.
+    let (w_rows, n_rows) = match kind {
+        Fused::Glu { rows, .. } => (2 * rows as usize, rows),
+        Fused::Split { rows, .. } => (rows.iter().sum::<u32>() as usize, rows.iter().sum()),
+    };
+    let w_bytes = random_weights(ty, w_rows * n_in_u, &mut rng);
+    let mut w = vec![0f32; w_rows * n_in_u];
+    quant::dequantize(ty, &w_bytes, &mut w).unwrap();
+    let x = rng.vec(buf_tok * n_in_u);
+    let dot = |r: usize, t: usize| -> f64 { w[r * n_in_u..][..n_in_u].iter().zip(&x[t * n_in_u..][..n_in_u]).map(|(&a, &b)| a as f64 * b as f64).sum() };
+    let w_buf = storage_init(ctx, "w", &layout::to_gpu(ty, n_in_u, &w_bytes)).unwrap();
+    let x_buf = storage_init(ctx, "x", bytemuck::cast_slice(&x)).unwrap();
+    // Outputs: (row offset, rows, stride) each; old values inside the written range.
+    let outs: Vec<(usize, usize, usize)> = match kind {
+        Fused::Glu { rows, .. } => vec![(0, rows as usize, rows as usize)],
+        Fused::Split { rows, .. } => {
+            rows.iter().enumerate().filter(|(_, &r)| r > 0).map(|(k, &r)| (if k == 0 { 2 } else { 0 }, r as usize, r as usize + 3)).collect()
+        }
+    };
+    let inits: Vec<Vec<f32>> = outs
+        .iter()
+        .map(|&(off, rows, stride)| {
+            (0..buf_tok * stride).map(|i| if i / stride < n_tok_u && (off..off + rows).contains(&(i % stride)) { rng.f32() } else { SENTINEL }).collect()
+        })
+        .collect();
+    let bufs: Vec<wgpu::Buffer> = inits.iter().map(|v| storage_init(ctx, "y", bytemuck::cast_slice(v)).unwrap()).collect();
+    let bias = rng.vec(n_rows as usize);
+    let b_buf = storage_init(ctx, "bias", bytemuck::cast_slice(&bias)).unwrap();
+    let rest: Vec<SplitOut> =
+        outs.iter().zip(&bufs).skip(1).map(|(&(_, rows, stride), y)| SplitOut { rows: rows as u32, y, y_stride: stride as u32 }).collect();
+    let (output, use_bias, accumulate) = match kind {
+        Fused::Glu { act, .. } => (Output::Glu(act), false, false),
+        Fused::Split { bias, accumulate, .. } => (Output::Split(&rest), bias, accumulate),
+    };
+    let desc =
+        MatmulDesc { label: "fused", ty, n_in, n_rows, row_offset: outs[0].0 as u32, y_stride: outs[0].2 as u32, max_tokens, accumulate, ids: None, output };
+    let mm =
+        Matmul::new(ctx, cache, &batch.info, &desc, &w_buf, &x_buf, &bufs[0], use_bias.then_some(&b_buf)).await.unwrap_or_else(|e| panic!("{case:?}: {e}"));
+    submit(ctx, |p| mm.encode(p, n_tok));
+    let (mut got_in, mut want_in) = (Vec::new(), Vec::new());
+    let mut first_row = 0;
+    for (k, &(off, rows, stride)) in outs.iter().enumerate() {
+        let got = read_f32(ctx, &bufs[k], 0, inits[k].len()).await.unwrap();
+        for (i, &g) in got.iter().enumerate() {
+            let (t, c) = (i / stride, i % stride);
+            if t >= n_tok_u || !(off..off + rows).contains(&c) {
+                assert_eq!(g.to_bits(), SENTINEL.to_bits(), "{case:?}: output {k}[{t}, {c}] overwritten: {g}");
+                continue;
+            }
+            let r = first_row + c - off;
+            let mut v = match kind {
+                Fused::Glu { act, rows } => act_f64(act, dot(r, t)) * dot(r + rows as usize, t),
+                Fused::Split { .. } => dot(r, t),
+            };
+            if use_bias {
+                v += bias[r] as f64;
+            }
+            if accumulate {
+                v += inits[k][i] as f64;
+            }
+            got_in.push(g);
+            want_in.push(v as f32);
+        }
+        first_row += rows;
+    }
+    ctx.check().unwrap_or_else(|e| panic!("{case:?}: {e}"));
+    let e = nmse(&got_in, &want_in);
+    assert!(e <= NMSE_QUANT, "{case:?}: nmse {e:e} > {NMSE_QUANT:e}");
+    eprintln!("{case:?}: nmse {e:.2e}");
+}
+
+/// Both fusions through every token block (1, 3, 8, 13 and 37 tokens: tiles) with a legacy
+/// and a K-quant format; 43 rows leave ragged row blocks.
+fn fused_cases() -> Vec<FusedCase> {
+    let mut v = Vec::new();
+    for (ty, n_in) in [(QuantType::Q5_0, 41 * 32), (QuantType::Q4K, 3 * 256)] {
+        for (i, n_tok) in [1u32, 3, 8, 13, 37].into_iter().enumerate() {
+            let act = if i % 2 == 0 { Activation::Silu } else { Activation::GeluTanh };
+            let base = FusedCase { ty, n_in, n_tok, max_tokens: n_tok.max(4), kind: Fused::Glu { act, rows: 43 }, seed: 80 + n_tok as u64 };
+            v.push(base);
+            let rows = if i % 2 == 0 { [24, 11, 8] } else { [43, 5, 0] };
+            v.push(FusedCase { kind: Fused::Split { rows, bias: i != 1, accumulate: i >= 2 }, ..base });
+        }
+    }
+    v
+}
+
+#[test]
+fn fused_outputs_adapter_kernels() {
+    run_cases("fused_outputs_adapter_kernels", fused_cases(), |ctx, case| run_fused(ctx, pipelines(), case));
+}
+
+#[test]
+fn fused_outputs_lane_team_kernels() {
+    for subgroups in [true, false] {
+        let Some((ctx, cache)) = gpu_like(subgroups) else { return };
+        run_cases_on(ctx, "fused_outputs_lane_team_kernels", fused_cases(), |ctx, case| run_fused(ctx, cache, case));
+    }
+}
+
+#[test]
+fn rejects_bad_fusions() {
+    use flint_gpu::ops::matmul::{Output, SplitOut};
+    flint_gpu::gpu_test!(ctx => {
+        let batch = Batch::new(ctx, 4, 1, 1, 16).unwrap();
+        let buf = storage_init(ctx, "any", &[0u8; 1 << 16]).unwrap();
+        let ok = MatmulDesc { label: "bad", ty: QuantType::Q8_0, n_in: 64, n_rows: 8, row_offset: 0, y_stride: 8, max_tokens: 4, accumulate: false, ids: None, output: Output::Rows };
+        let glu = Output::Glu(Activation::Silu);
+        let all = [SplitOut { rows: 8, y: &buf, y_stride: 8 }];
+        let three = [SplitOut { rows: 1, y: &buf, y_stride: 8 }; 3];
+        let wide = [SplitOut { rows: 4, y: &buf, y_stride: 2 }];
+        let bad = [
+            (MatmulDesc { output: glu, accumulate: true, ..ok }, None), // the activation takes no accumulation
+            (MatmulDesc { output: glu, ..ok }, Some(&buf)),             // nor a bias
+            (MatmulDesc { output: Output::Split(&all), ..ok }, None),   // no rows left for y
+            (MatmulDesc { output: Output::Split(&three), ..ok }, None), // more outputs than the shader has
+            (MatmulDesc { output: Output::Split(&wide), ..ok }, None),  // rows past an output's stride
+        ];
+        for (d, bias) in bad {
+            assert!(Matmul::new(ctx, pipelines(), &batch.info, &d, &buf, &buf, &buf, bias).await.is_err(), "{d:?}");
+        }
+        ctx.check().unwrap();
     });
 }

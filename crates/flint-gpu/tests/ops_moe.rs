@@ -185,6 +185,7 @@ async fn matmul_case(ctx: &GpuContext, cache: &PipelineCache, c: Case) -> f64 {
             max_tokens: max_tokens as u32,
             accumulate: false,
             ids: Some(ids),
+            output: flint_gpu::ops::matmul::Output::Rows,
         };
         ops_.push(Matmul::new(ctx, cache, &batch.info, &desc, &wb, &xb, &yb, None).await.unwrap_or_else(|e| panic!("{c:?}: {e}")));
     }

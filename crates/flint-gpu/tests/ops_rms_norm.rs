@@ -39,7 +39,7 @@ async fn run(ctx: &GpuContext, Case { row_len, rows, n_tok, in_place }: Case) {
     let wb = storage_init(ctx, "w", bytemuck::cast_slice(&w)).unwrap();
     let ob = if in_place { xb.clone() } else { storage_init(ctx, "out", bytemuck::cast_slice(&vec![SENTINEL; cap])).unwrap() };
     let b = batch(ctx, n_tok as u32);
-    let desc = RmsNormDesc { row_len: row_len as u32, eps: EPS, rows: Rows::PerToken(rows as u32) };
+    let desc = RmsNormDesc { row_len: row_len as u32, eps: EPS, rows: Rows::PerToken(rows as u32), residual: false };
     let op = RmsNorm::new(ctx, pipelines(), &b, desc, &wb, &xb, &ob).await.unwrap();
     submit(ctx, |p| op.encode(p, n_tok as u32));
     ops::rms_norm(&mut x, &w, EPS);
@@ -83,7 +83,7 @@ async fn gather(ctx: &GpuContext, Gather { row_len, rows: gather }: Gather) {
     let head = Batch::new(ctx, max_out, 1, 1, 16).unwrap();
     head.write_rows(ctx, &gather);
     let ob = storage_init(ctx, "out", bytemuck::cast_slice(&vec![SENTINEL; (max_out as usize + 1) * row_len])).unwrap();
-    let desc = RmsNormDesc { row_len: row_len as u32, eps: EPS, rows: Rows::Gather { src_rows } };
+    let desc = RmsNormDesc { row_len: row_len as u32, eps: EPS, rows: Rows::Gather { src_rows }, residual: false };
     let op = RmsNorm::new(ctx, cache, &head, desc, &wb, &xb, &ob).await.unwrap();
     submit(ctx, |p| op.encode(p, gather.len() as u32));
     let got = read_f32(ctx, &ob, 0, (max_out as usize + 1) * row_len).await.unwrap();
@@ -111,4 +111,43 @@ flint_gpu::op_tests! { run;
 
 flint_gpu::op_tests! { gather;
     rms_norm_gathers_output_rows => gathers(),
+}
+
+/// The residual form (gemma's post-norms): out += norm(x) · w over each token's row, bit for
+/// bit what the separate norm and add compute.
+async fn residual(ctx: &GpuContext, (row_len, n_tok): (usize, usize)) {
+    let mut rng = TestRng::new((row_len * 17 + n_tok) as u64);
+    let cap = MAX_TOKENS as usize * row_len;
+    let used = n_tok * row_len;
+    let mut x: Vec<f32> = rng.vec(used).iter().map(|v| v * 3.0).collect();
+    let w: Vec<f32> = rng.vec(row_len).iter().map(|v| 1.0 + 0.5 * v).collect();
+    let res = rng.vec(used);
+    let xb = storage_init(ctx, "x", bytemuck::cast_slice(&padded(&x, cap))).unwrap();
+    let wb = storage_init(ctx, "w", bytemuck::cast_slice(&w)).unwrap();
+    let ob = storage_init(ctx, "out", bytemuck::cast_slice(&padded(&res, cap))).unwrap();
+    let b = batch(ctx, n_tok as u32);
+    let desc = RmsNormDesc { row_len: row_len as u32, eps: EPS, rows: Rows::PerToken(1), residual: true };
+    let op = RmsNorm::new(ctx, pipelines(), &b, desc, &wb, &xb, &ob).await.unwrap();
+    // The same norm alone, into a scratch buffer.
+    let nb = storage_init(ctx, "normed", bytemuck::cast_slice(&vec![SENTINEL; cap])).unwrap();
+    let plain = RmsNorm::new(ctx, pipelines(), &b, RmsNormDesc { residual: false, ..desc }, &wb, &xb, &nb).await.unwrap();
+    submit(ctx, |p| {
+        op.encode(p, n_tok as u32);
+        plain.encode(p, n_tok as u32);
+    });
+    let got = read_f32(ctx, &ob, 0, cap).await.unwrap();
+    let normed = read_f32(ctx, &nb, 0, used).await.unwrap();
+    for i in 0..used {
+        assert_eq!(got[i].to_bits(), (res[i] + normed[i]).to_bits(), "element {i}");
+    }
+    ops::rms_norm(&mut x, &w, EPS);
+    let want: Vec<f32> = res.iter().zip(&x).map(|(r, v)| r + v).collect();
+    let e = nmse(&got[..used], &want);
+    assert!(e <= NMSE_F32, "nmse {e}");
+    assert_untouched(&got[used..], "wrote past the rows");
+    ctx.check().unwrap();
+}
+
+flint_gpu::op_tests! { residual;
+    rms_norm_adds_to_the_residual => [(640usize, 1usize), (640, 13), (2560, 3)],
 }

@@ -70,6 +70,8 @@ pub struct TypedMatmul {
     pub ty: QuantType,
     /// Multiplies by expert (`matmul_id` in profiles).
     pub by_expert: bool,
+    /// What its output fuses: "" (nothing), "+glu" or "+split" (`ops::matmul::Output`).
+    pub fused: &'static str,
     pub op: ops::matmul::Matmul,
 }
 
@@ -78,7 +80,7 @@ impl Encode for TypedMatmul {
         self.op.encode(pass, step.n_tok)
     }
     fn label(&self) -> String {
-        format!("{} {}", if self.by_expert { "matmul_id" } else { "matmul" }, self.ty.name())
+        format!("{}{} {}", if self.by_expert { "matmul_id" } else { "matmul" }, self.fused, self.ty.name())
     }
     fn unbuilt(&self, step: &Step, keys: &mut Vec<crate::pipeline::PipelineKey>) {
         keys.extend(self.op.unbuilt(step.n_tok));
@@ -177,11 +179,12 @@ pub struct Layer {
     kv_write: ops::kv_write::KvWrite,
     attention: ops::attention::Attention,
     attn_out: Vec<TypedMatmul>,
-    /// gemma3's norm of the attention output and its residual add (else fused into attn_out).
-    post_attn: Option<(ops::rms_norm::RmsNorm, ops::add::Add)>,
+    /// gemma3's norm of the attention output added to the residual stream in one pass (else
+    /// the add is fused into attn_out).
+    post_attn: Option<ops::rms_norm::RmsNorm>,
     ffn_norm: ops::rms_norm::RmsNorm,
     ffn: Ffn,
-    post_ffn: Option<(ops::rms_norm::RmsNorm, ops::add::Add)>,
+    post_ffn: Option<ops::rms_norm::RmsNorm>,
 }
 
 /// The feed-forward block: down(act(gate · h) ⊙ (up · h)), for one matrix set or for each
@@ -189,7 +192,8 @@ pub struct Layer {
 enum Ffn {
     Dense {
         gate_up: Vec<TypedMatmul>,
-        glu: ops::glu::Glu,
+        /// None where the gate-and-up matmul ends in the activation (`Output::Glu`).
+        glu: Option<ops::glu::Glu>,
         down: Vec<TypedMatmul>,
     },
     Moe {
@@ -209,7 +213,7 @@ fn mms(m: &[TypedMatmul]) -> Vec<&dyn Encode> {
 impl Ffn {
     fn ops(&self) -> Vec<&dyn Encode> {
         match self {
-            Ffn::Dense { gate_up, glu, down } => [mms(gate_up), vec![glu as &dyn Encode], mms(down)].concat(),
+            Ffn::Dense { gate_up, glu, down } => [mms(gate_up), glu.iter().map(|g| g as &dyn Encode).collect(), mms(down)].concat(),
             Ffn::Moe { router, route, gate_up, glu, down, combine } => {
                 [mms(router), vec![route as &dyn Encode], mms(gate_up), vec![glu as &dyn Encode], mms(down), vec![combine as &dyn Encode]].concat()
             }
@@ -233,9 +237,7 @@ impl Layer {
         }
         v.extend([&self.kv_write as &dyn Encode, &self.attention]);
         v.extend(self.attn_out.iter().map(|m| m as &dyn Encode));
-        if let Some((n, a)) = &self.post_attn {
-            v.extend([n as &dyn Encode, a]);
-        }
+        v.extend(self.post_attn.iter().map(|n| n as &dyn Encode));
         v
     }
 
@@ -243,9 +245,7 @@ impl Layer {
     pub fn ffn_ops(&self) -> Vec<&dyn Encode> {
         let mut v: Vec<&dyn Encode> = vec![&self.ffn_norm];
         v.extend(self.ffn.ops());
-        if let Some((n, a)) = &self.post_ffn {
-            v.extend([n as &dyn Encode, a]);
-        }
+        v.extend(self.post_ffn.iter().map(|n| n as &dyn Encode));
         v
     }
 }
@@ -334,11 +334,83 @@ async fn matmuls(
             max_tokens: info.max_tokens,
             accumulate,
             ids: None,
+            output: ops::matmul::Output::Rows,
         };
         // A bias covers all rows; it is only supported unsplit.
         let b = if p.row_offset == 0 { bias } else { None };
         let op = ops::matmul::Matmul::new(g.ctx, g.cache, &info.info, &desc, &p.buffer, x, y, b).await?;
-        out.push(TypedMatmul { ty: m.ty, by_expert: false, op });
+        out.push(TypedMatmul { ty: m.ty, by_expert: false, fused: "", op });
+    }
+    Ok(out)
+}
+
+/// The matmul of a stack `m` of one part (`Uploader::stack`) with a fused `output`: `n_rows`
+/// rows of products (for `Output::Glu` the gate rows, half the stack).
+#[allow(clippy::too_many_arguments)]
+async fn fused_matmul(
+    g: &GraphInputs<'_>,
+    info: &Batch,
+    m: &GpuMatrix,
+    x: &wgpu::Buffer,
+    (y, y_stride): (&wgpu::Buffer, u32),
+    bias: Option<&wgpu::Buffer>,
+    n_rows: u32,
+    output: ops::matmul::Output<'_>,
+) -> Result<TypedMatmul> {
+    let desc = ops::matmul::MatmulDesc {
+        label: &m.name,
+        ty: m.ty,
+        n_in: m.n_in,
+        n_rows,
+        row_offset: 0,
+        y_stride,
+        max_tokens: info.max_tokens,
+        accumulate: false,
+        ids: None,
+        output,
+    };
+    let fused = if matches!(output, ops::matmul::Output::Glu(_)) { "+glu" } else { "+split" };
+    let op = ops::matmul::Matmul::new(g.ctx, g.cache, &info.info, &desc, &m.parts[0].buffer, x, y, bias).await?;
+    Ok(TypedMatmul { ty: m.ty, by_expert: false, fused, op })
+}
+
+/// Q, K and V of layer `il` (with their biases where the model has them) from `h`: one
+/// matmul for each set of them that shares a weight format, its rows split into their outputs.
+async fn qkv(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<Vec<TypedMatmul>> {
+    let (c, a) = (g.cfg, g.acts);
+    let batch = &g.batches[0];
+    let n = |s: &str| format!("blk.{il}.attn_{s}");
+    let names = [n("q.weight"), n("k.weight"), n("v.weight")];
+    let biases = [n("q.bias"), n("k.bias"), n("v.bias")];
+    let outs = [(&a.q, c.q_dim() as u32), (&a.k, c.kv_dim() as u32), (&a.v, c.v_dim() as u32)];
+    let mut formats = Vec::new();
+    for name in &names {
+        formats.push(up.format(name)?);
+    }
+    let mut out = Vec::new();
+    let mut done = [false; 3];
+    for i in 0..3 {
+        if done[i] {
+            continue;
+        }
+        let set: Vec<usize> = (i..3).filter(|&j| !done[j] && formats[j] == formats[i]).collect();
+        set.iter().for_each(|&j| done[j] = true);
+        let stacked = match set.len() {
+            1 => None,
+            _ => up.stack(&n(&format!("qkv{}", set.len())), &set.iter().map(|&j| names[j].as_str()).collect::<Vec<_>>()).await?,
+        };
+        let Some(m) = stacked else {
+            for j in set {
+                let bias = if c.qkv_bias { Some(up.vector(&biases[j]).await?) } else { None };
+                let m = up.matrix(&names[j]).await?;
+                out.extend(matmuls(g, batch, &m, &a.h, outs[j].0, bias.as_ref(), false).await?);
+            }
+            continue;
+        };
+        let bias = if c.qkv_bias { Some(up.vectors(&m.name, &set.iter().map(|&j| biases[j].as_str()).collect::<Vec<_>>()).await?) } else { None };
+        let rest: Vec<ops::matmul::SplitOut> = set[1..].iter().map(|&j| ops::matmul::SplitOut { rows: outs[j].1, y: outs[j].0, y_stride: outs[j].1 }).collect();
+        let first = outs[set[0]];
+        out.push(fused_matmul(g, batch, &m, &a.h, first, bias.as_ref(), m.n_rows, ops::matmul::Output::Split(&rest)).await?);
     }
     Ok(out)
 }
@@ -377,9 +449,10 @@ async fn expert_matmuls(
             max_tokens: info.max_tokens,
             accumulate: false,
             ids: Some(ids),
+            output: ops::matmul::Output::Rows,
         };
         let op = ops::matmul::Matmul::new(g.ctx, g.cache, &info.info, &desc, &p.buffer, x, y, None).await?;
-        out.push(TypedMatmul { ty: m.ty, by_expert: true, op });
+        out.push(TypedMatmul { ty: m.ty, by_expert: true, fused: "", op });
     }
     Ok(out)
 }
@@ -393,8 +466,14 @@ async fn norm(
     row_len: usize,
     rows: ops::rms_norm::Rows,
 ) -> Result<ops::rms_norm::RmsNorm> {
-    let desc = ops::rms_norm::RmsNormDesc { row_len: row_len as u32, eps: g.cfg.rms_eps, rows };
+    let desc = ops::rms_norm::RmsNormDesc { row_len: row_len as u32, eps: g.cfg.rms_eps, rows, residual: false };
     ops::rms_norm::RmsNorm::new(g.ctx, g.cache, batch, desc, w, x, out).await
+}
+
+/// x += norm(o) · w over every token's row: a post-norm and its residual add in one pass.
+async fn residual_norm(g: &GraphInputs<'_>, batch: &Batch, o: &wgpu::Buffer, w: &wgpu::Buffer, x: &wgpu::Buffer) -> Result<ops::rms_norm::RmsNorm> {
+    let desc = ops::rms_norm::RmsNormDesc { row_len: g.cfg.n_embd as u32, eps: g.cfg.rms_eps, rows: ops::rms_norm::Rows::PerToken(1), residual: true };
+    ops::rms_norm::RmsNorm::new(g.ctx, g.cache, batch, desc, w, o, x).await
 }
 
 /// Layer `il`'s attention shape; `rope_factors` are the model's `rope_freqs.weight`.
@@ -429,12 +508,7 @@ async fn layer(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<
     let batch = &g.batches[0];
     let n = |s: &str| format!("blk.{il}.{s}");
     let attn_norm = norm(g, batch, &a.x, &up.vector(&n("attn_norm.weight")).await?, &a.h, c.n_embd, PerToken(1)).await?;
-    let mut qkv = Vec::new();
-    for (w, out, b) in [("attn_q", &a.q, "attn_q.bias"), ("attn_k", &a.k, "attn_k.bias"), ("attn_v", &a.v, "attn_v.bias")] {
-        let bias = if c.qkv_bias { Some(up.vector(&n(b)).await?) } else { None };
-        let m = up.matrix(&n(&format!("{w}.weight"))).await?;
-        qkv.extend(matmuls(g, batch, &m, &a.h, out, bias.as_ref(), false).await?);
-    }
+    let qkv = qkv(g, up, il).await?;
     let qk_norm = if c.qk_norm {
         let qn = up.vector(&n("attn_q_norm.weight")).await?;
         let kn = up.vector(&n("attn_k_norm.weight")).await?;
@@ -455,9 +529,7 @@ async fn layer(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<
     let (attn_out, post_attn) = if c.post_norms {
         let mm = matmuls(g, batch, &wo, &a.attn, &a.o, None, false).await?;
         let pn = up.vector(&n("post_attention_norm.weight")).await?;
-        let nrm = norm(g, batch, &a.o, &pn, &a.o, c.n_embd, PerToken(1)).await?;
-        let add = ops::add::Add::new(g.ctx, g.cache, batch, ops::add::AddKind::Residual, c.n_embd as u32, &a.x, &a.o).await?;
-        (mm, Some((nrm, add)))
+        (mm, Some(residual_norm(g, batch, &a.o, &pn, &a.x).await?))
     } else {
         (matmuls(g, batch, &wo, &a.attn, &a.x, None, true).await?, None)
     };
@@ -480,19 +552,28 @@ async fn layer(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<
             Ffn::Moe { router, route, gate_up, glu, down, combine }
         }
         _ => {
-            let mut gate_up = matmuls(g, batch, &up.matrix(&n("ffn_gate.weight")).await?, &a.h, &a.gate, None, false).await?;
-            gate_up.extend(matmuls(g, batch, &up.matrix(&n("ffn_up.weight")).await?, &a.h, &a.up, None, false).await?);
-            let glu_desc = ops::glu::GluDesc { act: c.activation, n_ff: c.n_ff as u32 };
-            let glu = ops::glu::Glu::new(g.ctx, g.cache, batch, glu_desc, &a.gate, &a.up, &a.gate).await?;
+            // Gate and up in one matmul that ends in the activation where they share a format,
+            // else two and the activation apart.
+            let (gate, upn) = (n("ffn_gate.weight"), n("ffn_up.weight"));
+            let (gate_up, glu) = match up.stack(&n("ffn_gate_up"), &[&gate, &upn]).await? {
+                Some(m) => {
+                    let n_ff = c.n_ff as u32;
+                    (vec![fused_matmul(g, batch, &m, &a.h, (&a.gate, n_ff), None, n_ff, ops::matmul::Output::Glu(c.activation)).await?], None)
+                }
+                None => {
+                    let mut gate_up = matmuls(g, batch, &up.matrix(&gate).await?, &a.h, &a.gate, None, false).await?;
+                    gate_up.extend(matmuls(g, batch, &up.matrix(&upn).await?, &a.h, &a.up, None, false).await?);
+                    let glu_desc = ops::glu::GluDesc { act: c.activation, n_ff: c.n_ff as u32 };
+                    (gate_up, Some(ops::glu::Glu::new(g.ctx, g.cache, batch, glu_desc, &a.gate, &a.up, &a.gate).await?))
+                }
+            };
             let down = matmuls(g, batch, &up.matrix(&n("ffn_down.weight")).await?, &a.gate, ffn_out, None, accumulate).await?;
             Ffn::Dense { gate_up, glu, down }
         }
     };
     let post_ffn = if c.post_norms {
         let pn = up.vector(&n("post_ffw_norm.weight")).await?;
-        let nrm = norm(g, batch, &a.o, &pn, &a.o, c.n_embd, PerToken(1)).await?;
-        let add = ops::add::Add::new(g.ctx, g.cache, batch, ops::add::AddKind::Residual, c.n_embd as u32, &a.x, &a.o).await?;
-        Some((nrm, add))
+        Some(residual_norm(g, batch, &a.o, &pn, &a.x).await?)
     } else {
         None
     };

@@ -1,6 +1,11 @@
 //! Quantized matmul over one weight part: `y[t, row_offset + r] = Σ_i W[r, i]·x[t, i]`
 //! (+ bias[r]) (+ the old y), weights dequantized in the shader.
 //!
+//! Two fusions ([`Output`]) save dispatches and passes over x: a feed-forward block's gate
+//! and up matrices stacked into one, ending in the gated activation (`Output::Glu`), and
+//! matrices that read the same x (Q, K and V) stacked into one whose rows go to separate
+//! outputs (`Output::Split`).
+//!
 //! Each weight part builds one kernel per token block in [`TOKEN_BLOCKS`] at load, and a step
 //! of n tokens takes the smallest block that holds n (tiles of the largest beyond it), so a
 //! small step never pays for a padded 16-token tile. Every variant computes a (row, token)
@@ -13,6 +18,7 @@
 
 use std::sync::Arc;
 
+use flint_core::arch::Activation;
 use flint_core::quant::QuantType;
 
 use crate::context::GpuContext;
@@ -82,7 +88,35 @@ pub struct MatmulDesc<'a> {
     /// Multiply by expert: W is a stack of experts and each multiplies only the entries
     /// routed to it (a mixture of experts); None for a plain matrix.
     pub ids: Option<MatmulIds<'a>>,
+    /// What the rows' products become.
+    pub output: Output<'a>,
 }
+
+/// What a matmul's rows become (`shaders/matmul_io.wgsl`).
+#[derive(Clone, Copy, Debug)]
+pub enum Output<'a> {
+    /// Row r is column `row_offset + r` of y.
+    Rows,
+    /// W stacks `n_rows` gate rows over as many up rows, and row r of y is
+    /// act(gate_r · x) · (up_r · x): gate, up and the activation in one pass over x.
+    Glu(Activation),
+    /// W stacks matrices that read the same x, and each one's rows go to its own output: the
+    /// first `n_rows − Σ rest` rows to y (from `row_offset`), then each of `rest` in turn (at
+    /// most two, from column 0).
+    Split(&'a [SplitOut<'a>]),
+}
+
+/// One further output of [`Output::Split`].
+#[derive(Clone, Copy, Debug)]
+pub struct SplitOut<'a> {
+    pub rows: u32,
+    pub y: &'a wgpu::Buffer,
+    /// Elements per row of `y`.
+    pub y_stride: u32,
+}
+
+/// Most further outputs of a split (y1, y2 in the shader).
+pub const MAX_SPLIT_OUTS: usize = 2;
 
 /// The expert lists a matmul by expert reads (written by `ops::moe::MoeRoute`). An entry is
 /// `token · n_used + slot`; it reads x row `entry / x_div` and writes y row `entry`.
@@ -117,13 +151,20 @@ struct Params {
     expert_offset: u32,
     n_entries: u32,
     x_div: u32,
-    _pad: [u32; 2],
+    up_bytes: u32,
+    seg1: u32,
+    seg2: u32,
+    stride1: u32,
+    stride2: u32,
+    _pad: u32,
 }
 
 /// `Params::flags`: add the bias.
 const FLAG_BIAS: u32 = 1;
 /// `Params::flags`: add to the old y.
 const FLAG_ACCUMULATE: u32 = 2;
+/// `Params::flags`: rows from `seg1` go to y1, from `seg2` to y2.
+const FLAG_SPLIT: u32 = 4;
 
 /// One kernel variant: the family, its tokens per workgroup, and workgroup size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,13 +177,16 @@ pub struct Shape {
     pub per: u32,
     /// Multiplies by expert (`MatmulIds`).
     pub ids: bool,
+    /// Ends in the gated activation (`Output::Glu`).
+    pub glu: Option<Activation>,
 }
 
 impl Shape {
     /// Rows one workgroup covers.
     pub fn rows_per_group(&self) -> u32 {
         if self.blocked {
-            self.wg * self.per
+            // With GLU half the block's rows are the up rows.
+            self.wg * self.per / if self.glu.is_some() { 2 } else { 1 }
         } else {
             self.wg / self.per
         }
@@ -159,13 +203,13 @@ impl Shape {
         let mut pick = None;
         for &wg in wgs.iter().filter(|&&wg| wg <= most) {
             let per = if blocked { per } else { lanes_per_row(n_in / CHUNK, wg) };
-            let s = Shape { blocked, tokens, wg, per, ids: false };
+            let s = Shape { blocked, tokens, wg, per, ids: false, glu: None };
             pick = Some(s);
             if groups(&s) >= min {
                 break;
             }
         }
-        pick.unwrap_or(Shape { blocked, tokens, wg: 1, per: if blocked { per } else { 1 }, ids: false })
+        pick.unwrap_or(Shape { blocked, tokens, wg: 1, per: if blocked { per } else { 1 }, ids: false, glu: None })
     }
 }
 
@@ -184,8 +228,9 @@ pub fn lanes_per_row(chunks: u32, wg: u32) -> u32 {
 
 /// The body of `shaders/matmul_blocked.wgsl` for `rows` × `tokens` blocks (multiples of 4):
 /// every per-row, per-token and per-quad statement written out, so that the accumulators and
-/// dequantized chunks are indexed by constants only.
-pub fn blocked_code(rows: u32, tokens: u32) -> String {
+/// dequantized chunks are indexed by constants only. With `glu` the first half of the rows
+/// are gate rows and the second half their up rows (rows a multiple of 8).
+pub fn blocked_code(rows: u32, tokens: u32, glu: bool) -> String {
     use std::fmt::Write;
     let (rq, tq) = (rows / 4, tokens.div_ceil(4));
     // One token: vec4 accumulators (4 rows) and activation quads; else 4 × 4 matrices.
@@ -197,8 +242,12 @@ pub fn blocked_code(rows: u32, tokens: u32) -> String {
         }
     }
     s.push_str("}\n\nfn block(r0: u32, t0: u32) {\n");
+    let half = rows / 2;
     for i in 0..rows {
-        let _ = writeln!(s, "    let b{i} = row_base(r0, {i}u);");
+        let _ = match glu && i >= half {
+            true => writeln!(s, "    let b{i} = up_base(r0, {}u);", i - half),
+            false => writeln!(s, "    let b{i} = row_base(r0, {i}u);"),
+        };
     }
     for i in 0..tokens {
         let _ = writeln!(s, "    let x{i} = x_base(t0, {i}u);");
@@ -236,12 +285,19 @@ pub fn blocked_code(rows: u32, tokens: u32) -> String {
         s.push_str("        }\n");
     }
     s.push_str("    }\n");
-    for i in 0..rq {
+    // With GLU gate quad i pairs with up quad i + rq / 2.
+    let out_quads = if glu { rq / 2 } else { rq };
+    for i in 0..out_quads {
         for j in 0..tq {
+            let v = match (glu, tokens == 1) {
+                (false, _) => format!("acc.a{i}_{j}"),
+                (true, true) => format!("glu4(acc.a{i}_{j}, acc.a{}_{j})", i + out_quads),
+                (true, false) => format!("glu44(acc.a{i}_{j}, acc.a{}_{j})", i + out_quads),
+            };
             if tokens == 1 {
-                let _ = writeln!(s, "    store_rows(acc.a{i}_{j}, r0 + {}u, t0);", 4 * i);
+                let _ = writeln!(s, "    store_rows({v}, r0 + {}u, t0);", 4 * i);
             } else {
-                let _ = writeln!(s, "    store(acc.a{i}_{j}, r0 + {}u, t0 + {}u);", 4 * i, 4 * j);
+                let _ = writeln!(s, "    store({v}, r0 + {}u, t0 + {}u);", 4 * i, 4 * j);
             }
         }
     }
@@ -263,19 +319,25 @@ fn blocked_rows(tokens: u32) -> u32 {
     }
 }
 
-/// The shader variant of `shape` for `ty`.
-/// Bias and accumulation are run-time flags (`Params::flags`), so they need no variant.
-fn key(caps: &crate::Caps, ty: QuantType, shape: Shape) -> PipelineKey {
+/// The shader variant of `shape` for `ty`; `wrong`: the test-only wrong variant of the gated
+/// activation (see `GpuContext::wrong_kernel`, which names it `glu`).
+/// Bias, accumulation and split outputs are run-time flags (`Params::flags`), so they need no
+/// variant.
+fn key(caps: &crate::Caps, ty: QuantType, shape: Shape, wrong: bool) -> PipelineKey {
+    let glu = |d: ShaderDefs| {
+        let on = shape.glu.is_some();
+        d.flag("GLU", on).flag("GELU_TANH", shape.glu == Some(Activation::GeluTanh)).flag("WRONG", on && wrong)
+    };
     if shape.blocked {
         let defs = ShaderDefs::new()
             .quant(ty)
             .u32("WG", shape.wg)
             .u32("RB", shape.per)
             .u32("TB", shape.tokens)
-            .code("BLOCK_CODE", blocked_code(shape.per, shape.tokens))
+            .code("BLOCK_CODE", blocked_code(shape.per, shape.tokens, shape.glu.is_some()))
             .flag("ONE_TOKEN", shape.tokens == 1)
             .flag("IDS", shape.ids);
-        return PipelineKey::new("matmul_blocked.wgsl", "main", defs);
+        return PipelineKey::new("matmul_blocked.wgsl", "main", glu(defs));
     }
     let defs = ShaderDefs::new()
         .quant(ty)
@@ -285,24 +347,26 @@ fn key(caps: &crate::Caps, ty: QuantType, shape: Shape) -> PipelineKey {
         .flag("TILE", shape.tokens > 1)
         .flag("SUBGROUP_REDUCE", subgroup_reduce(caps, shape.per))
         .flag("IDS", shape.ids);
-    PipelineKey::new(SHADER, "main", defs)
+    PipelineKey::new(SHADER, "main", glu(defs))
 }
 
 /// Every variant the engine may build on an adapter with `caps` (both families, plain and by
 /// expert, so the naga test covers the GPU kernels on any machine).
 pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = Vec::new();
+    // Plain, by expert, and ending in either activation (plain matrices only).
+    let kinds = [(false, None), (true, None), (false, Some(Activation::Silu)), (false, Some(Activation::GeluTanh))];
     for ty in QuantType::ALL {
         for tokens in TOKEN_BLOCKS {
-            for ids in [false, true] {
+            for (ids, glu) in kinds {
                 for wg in GPU_WGS {
                     for tpr in LANES_PER_ROW.into_iter().filter(|&t| t <= wg) {
-                        let s = Shape { blocked: false, tokens, wg, per: tpr, ids };
-                        v.push(key(&crate::Caps { cpu_like: false, ..*caps }, ty, s));
+                        let s = Shape { blocked: false, tokens, wg, per: tpr, ids, glu };
+                        v.push(key(&crate::Caps { cpu_like: false, ..*caps }, ty, s, false));
                     }
                 }
                 for wg in CPU_WGS {
-                    v.push(key(caps, ty, Shape { blocked: true, tokens, wg, per: blocked_rows(tokens), ids }));
+                    v.push(key(caps, ty, Shape { blocked: true, tokens, wg, per: blocked_rows(tokens), ids, glu }, false));
                 }
             }
         }
@@ -379,14 +443,18 @@ impl Matmul {
         if d.n_in == 0 || !d.n_in.is_multiple_of(CHUNK) || !d.n_in.is_multiple_of(block) {
             return Err(unsupported(format!("{}: n_in {} of {} is not a multiple of {}", d.label, d.n_in, d.ty, CHUNK.max(block))));
         }
-        if d.n_rows == 0 || d.row_offset as u64 + d.n_rows as u64 > d.y_stride as u64 {
-            return Err(unsupported(format!(
-                "{}: rows {}..{} do not fit y_stride {}",
-                d.label,
-                d.row_offset,
-                d.row_offset as u64 + d.n_rows as u64,
-                d.y_stride
-            )));
+        // Rows of the split's further outputs; the rest are y's.
+        let rest = match d.output {
+            Output::Split(rest) => rest,
+            _ => &[],
+        };
+        let rest_rows = rest.iter().map(|o| o.rows as u64).sum::<u64>();
+        if rest.len() > MAX_SPLIT_OUTS || rest_rows >= d.n_rows as u64 || rest.iter().any(|o| o.rows == 0 || o.rows > o.y_stride) {
+            return Err(unsupported(format!("{}: a split of {} rows into y and {:?}", d.label, d.n_rows, rest)));
+        }
+        let y_cols = d.n_rows as u64 - rest_rows;
+        if d.n_rows == 0 || d.row_offset as u64 + y_cols > d.y_stride as u64 {
+            return Err(unsupported(format!("{}: rows {}..{} do not fit y_stride {}", d.label, d.row_offset, d.row_offset as u64 + y_cols, d.y_stride)));
         }
         if d.max_tokens == 0 {
             return Err(unsupported(format!("{}: max_tokens is 0", d.label)));
@@ -394,7 +462,16 @@ impl Matmul {
         let row_bytes = crate::weights::layout::row_bytes(d.ty, d.n_in as u64).unwrap_or(u64::MAX);
         let tokens = d.max_tokens as u64;
         let n_expert = d.ids.map_or(1, |i| i.n_expert as u64);
-        let w_bytes = row_bytes.saturating_mul(d.n_rows as u64).saturating_mul(n_expert);
+        // GLU's weights hold the up rows after the gate rows.
+        let stacked = if matches!(d.output, Output::Glu(_)) { 2 } else { 1 };
+        let fused = !matches!(d.output, Output::Rows);
+        if fused && d.ids.is_some() {
+            return Err(unsupported(format!("{}: a fused output takes a plain matrix, not experts", d.label)));
+        }
+        if matches!(d.output, Output::Glu(_)) && (bias.is_some() || d.accumulate) {
+            return Err(unsupported(format!("{}: the gated activation takes no bias or accumulation", d.label)));
+        }
+        let w_bytes = row_bytes.saturating_mul(d.n_rows as u64).saturating_mul(n_expert).saturating_mul(stacked);
         if w_bytes > u32::MAX as u64 {
             // The shader addresses weight bytes with u32.
             return Err(GpuError::Limit { what: "matmul weight part bytes", need: w_bytes, limit: u32::MAX as u64 });
@@ -415,8 +492,11 @@ impl Matmul {
             }
         };
         check_buffer(ctx, "matmul x bytes", x, x_rows * d.n_in as u64 * 4)?;
-        let y_need = ((y_rows - 1) * d.y_stride as u64 + d.row_offset as u64 + d.n_rows as u64) * 4;
+        let y_need = ((y_rows - 1) * d.y_stride as u64 + d.row_offset as u64 + y_cols) * 4;
         check_buffer(ctx, "matmul y bytes", y, y_need)?;
+        for o in rest {
+            check_buffer(ctx, "matmul split output bytes", o.y, ((tokens - 1) * o.y_stride as u64 + o.rows as u64) * 4)?;
+        }
         if let Some(b) = bias {
             check_buffer(ctx, "matmul bias bytes", b, d.n_rows as u64 * 4)?;
         }
@@ -434,7 +514,11 @@ impl Matmul {
                 break;
             }
             let step_tokens = if i + 1 == TOKEN_BLOCKS.len() { d.max_tokens } else { tb.min(d.max_tokens) };
-            let shape = Shape { ids: d.ids.is_some(), ..Shape::choose(&ctx.caps, &ctx.limits, d.n_in, d.n_rows, tb, step_tokens) };
+            let glu = match d.output {
+                Output::Glu(act) => Some(act),
+                _ => None,
+            };
+            let shape = Shape { ids: d.ids.is_some(), glu, ..Shape::choose(&ctx.caps, &ctx.limits, d.n_in, d.n_rows, tb, step_tokens) };
             let groups = fold_groups(d.n_rows.div_ceil(shape.rows_per_group()));
             let p = Params {
                 n_in: d.n_in,
@@ -443,14 +527,22 @@ impl Matmul {
                 y_stride: d.y_stride,
                 groups_x: groups.0,
                 row_bytes: row_bytes as u32,
-                flags: if bias.is_some() { FLAG_BIAS } else { 0 } | if d.accumulate { FLAG_ACCUMULATE } else { 0 },
+                flags: if bias.is_some() { FLAG_BIAS } else { 0 }
+                    | if d.accumulate { FLAG_ACCUMULATE } else { 0 }
+                    | if rest.is_empty() { 0 } else { FLAG_SPLIT },
                 expert_offset: d.ids.map_or(0, |i| i.expert_offset),
                 n_entries: d.max_tokens,
                 x_div: d.ids.map_or(1, |i| i.x_div),
-                _pad: [0; 2],
+                up_bytes: if stacked == 2 { (row_bytes * d.n_rows as u64) as u32 } else { 0 },
+                // Rows past the last output's end never occur, so an absent y2 starts at n_rows.
+                seg1: y_cols as u32,
+                seg2: (y_cols + rest.first().map_or(0, |o| o.rows as u64)).min(d.n_rows as u64) as u32,
+                stride1: rest.first().map_or(0, |o| o.y_stride),
+                stride2: rest.get(1).map_or(0, |o| o.y_stride),
+                _pad: 0,
             };
             let params = params(ctx, &format!("{}.params", d.label), &p);
-            let key = key(&ctx.caps, d.ty, shape);
+            let key = key(&ctx.caps, d.ty, shape, ctx.wrong("glu"));
             variants.push(Variant { shape, key, params, groups, kernel: std::cell::OnceCell::new(), dispatched: std::cell::Cell::new(false) });
         }
         let mut buffers = vec![w.clone(), x.clone(), y.clone()];
@@ -459,8 +551,17 @@ impl Matmul {
             None => crate::buffer::storage(ctx, &format!("{}.no_bias", d.label), 16)?,
         });
         buffers.push(info.clone());
-        if let Some(i) = d.ids {
-            buffers.extend([i.count.clone(), i.rows.clone()]);
+        match d.ids {
+            Some(i) => buffers.extend([i.count.clone(), i.rows.clone()]),
+            // The split outputs, or small unused buffers.
+            None => {
+                for k in 0..MAX_SPLIT_OUTS {
+                    buffers.push(match rest.get(k) {
+                        Some(o) => o.y.clone(),
+                        None => crate::buffer::storage(ctx, &format!("{}.no_y{}", d.label, k + 1), 16)?,
+                    });
+                }
+            }
         }
         let n_expert = d.ids.map_or(0, |i| i.n_expert);
         let mm = Matmul { variants, buffers, n_expert, device: ctx.device.clone(), cache: cache.clone(), label: d.label.to_string() };
@@ -476,16 +577,18 @@ impl Matmul {
         Ok(mm)
     }
 
+    /// Bindings as `shaders/matmul_io.wgsl` numbers them: 0 params, 1 w, 2 x, 3 y, 4 bias,
+    /// 5 the batch (where the variant reads it), 6 and 7 the expert lists or the split outputs.
     fn bind(&self, v: &Variant, pipeline: &wgpu::ComputePipeline) -> wgpu::BindGroup {
-        let mut bufs: Vec<&wgpu::Buffer> = vec![&v.params, &self.buffers[0], &self.buffers[1], &self.buffers[2], &self.buffers[3]];
+        let mut bufs: Vec<(u32, &wgpu::Buffer)> =
+            vec![(0, &v.params), (1, &self.buffers[0]), (2, &self.buffers[1]), (3, &self.buffers[2]), (4, &self.buffers[3])];
         if v.shape.tokens > 1 || v.shape.ids {
-            bufs.push(&self.buffers[4]);
+            bufs.push((5, &self.buffers[4]));
         }
-        bufs.extend(&self.buffers[5..]);
+        bufs.extend(self.buffers[5..].iter().enumerate().map(|(i, b)| (6 + i as u32, b)));
         let label = format!("{}:{}", self.label, v.key.label());
         let layout = pipeline.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry> =
-            bufs.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() }).collect();
+        let entries: Vec<wgpu::BindGroupEntry> = bufs.iter().map(|&(i, b)| wgpu::BindGroupEntry { binding: i, resource: b.as_entire_binding() }).collect();
         self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&label), layout: &layout, entries: &entries })
     }
 

@@ -1,6 +1,6 @@
 //! RMSNorm over rows (`shaders/rms_norm.wgsl`): out = x / sqrt(mean(x²) + eps) · w, for
 //! every token's rows (n_embd rows, or head_dim rows for QK-norm), or for the rows a list
-//! gathers (the head's output rows).
+//! gathers (the head's output rows); or out += that, a residual add in the same pass.
 
 use std::sync::Arc;
 
@@ -35,6 +35,8 @@ pub struct RmsNormDesc {
     pub row_len: u32,
     pub eps: f32,
     pub rows: Rows,
+    /// Add the normalized rows to `out` (a residual stream) instead of storing them.
+    pub residual: bool,
 }
 
 #[repr(C)]
@@ -53,7 +55,7 @@ pub struct RmsNorm {
     _params: wgpu::Buffer,
 }
 
-fn key(caps: &crate::Caps, row_len: u32, in_place: bool, gather: bool) -> PipelineKey {
+fn key(caps: &crate::Caps, row_len: u32, in_place: bool, gather: bool, residual: bool) -> PipelineKey {
     let wg = if caps.cpu_like {
         WG_CPU
     } else if row_len < SHORT_ROW {
@@ -61,14 +63,15 @@ fn key(caps: &crate::Caps, row_len: u32, in_place: bool, gather: bool) -> Pipeli
     } else {
         WG_LONG
     };
-    PipelineKey::new(SHADER, "main", ShaderDefs::new().u32("WG", wg).flag("IN_PLACE", in_place).flag("GATHER", gather))
+    let defs = ShaderDefs::new().u32("WG", wg).flag("IN_PLACE", in_place).flag("GATHER", gather).flag("RESIDUAL", residual);
+    PipelineKey::new(SHADER, "main", defs)
 }
 
 pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
     let mut v = Vec::new();
     for row_len in [WG_SHORT, SHORT_ROW] {
-        for (in_place, gather) in [(false, false), (true, false), (false, true)] {
-            let k = key(caps, row_len, in_place, gather);
+        for (in_place, gather, residual) in [(false, false, false), (true, false, false), (false, true, false), (false, false, true)] {
+            let k = key(caps, row_len, in_place, gather, residual);
             if !v.contains(&k) {
                 v.push(k);
             }
@@ -107,10 +110,13 @@ impl RmsNorm {
         if gather && in_place {
             return Err(GpuError::Unsupported { op: "rms_norm", message: "a gathering norm cannot work in place".into() });
         }
+        if desc.residual && (gather || in_place) {
+            return Err(GpuError::Unsupported { op: "rms_norm", message: "a residual norm adds per token into another buffer".into() });
+        }
         check("w", w, row)?;
         check("x", x, x_rows * row)?;
         check("out", out, batch.max_tokens as u64 * rows_per_token as u64 * row)?;
-        let key = key(&ctx.caps, desc.row_len, in_place, gather);
+        let key = key(&ctx.caps, desc.row_len, in_place, gather, desc.residual);
         let pipeline = cache.get(ctx, &key).await?;
         let p = Params { row_len: desc.row_len, rows_per_token, eps: desc.eps, _pad: 0 };
         let label = key.label();
