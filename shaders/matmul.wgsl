@@ -19,9 +19,13 @@
 // With GLU (matmul_io.wgsl) a team owns a gate row and its up row: each lane dequantizes a
 // chunk of both and multiplies them with the same activations, and the team stores
 // act(gate) · up.
+// With NORM (matmul_io.wgsl) the workgroup first sums its tokens' squares: lane l < 64 takes
+// the row's vec4 l, l + 64, ... and a fixed tree adds the 64 sums (the same order for every WG
+// and TOK). Lanes multiply each dequantized chunk by the norm weight, and a row's sums are
+// scaled by the token's 1 / rms before the store.
 //
 // Defines: the format (ShaderDefs::quant), WG, TPR, TOK, TILE, SUBGROUP_REDUCE, IDS, GLU,
-// GELU_TANH.
+// GELU_TANH, NORM.
 
 #ifdef TILE
 #define HAS_BATCH
@@ -42,6 +46,40 @@ const SUMS: u32 = TOK;
 #ifndef SUBGROUP_REDUCE
 // Lane partial sums, [TOK][WG]: a team's lanes are contiguous.
 var<workgroup> partial: array<f32, TOK * WG>;
+#endif
+
+#ifdef NORM
+// Lanes that sum a row's squares (WG is at least this).
+const NORM_LANES: u32 = 64u;
+// Their sums, [TOK][NORM_LANES] (without SUBGROUP_REDUCE, `partial` holds them).
+#ifdef SUBGROUP_REDUCE
+var<workgroup> norm_part: array<f32, TOK * NORM_LANES>;
+#endif
+
+fn norm_set(i: u32, v: f32) {
+#ifdef SUBGROUP_REDUCE
+    norm_part[i] = v;
+#else
+    partial[i] = v;
+#endif
+}
+
+fn norm_get(i: u32) -> f32 {
+#ifdef SUBGROUP_REDUCE
+    return norm_part[i];
+#else
+    return partial[i];
+#endif
+}
+
+// Chunk c of the dequantized row q times the norm weight.
+fn norm_weighted(q: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
+    var o = q;
+    for (var k = 0u; k < 8u; k++) {
+        o[k] *= norm_w[c * 8u + k];
+    }
+    return o;
+}
 #endif
 
 // Σ_k wq[k] · x[xb + k] over a chunk, in one fixed order.
@@ -71,6 +109,39 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #endif
     let live = r < p.n_rows && t0 < n_tok;
 
+#ifdef NORM
+    // Each token's 1 / rms (workgroup-uniform control flow: every lane reaches the barriers).
+    var scale: array<f32, TOK>;
+    let row_vec4s = p.n_in / 4u;
+    for (var j = 0u; j < TOK; j++) {
+        if (lid < NORM_LANES) {
+            var ss = 0.0;
+            if (t0 + j < n_tok) {
+                let xb = x_index(t0 + j) * row_vec4s;
+                for (var i = lid; i < row_vec4s; i += NORM_LANES) {
+                    let v = x[xb + i];
+                    ss += dot(v, v);
+                }
+            }
+            norm_set(j * NORM_LANES + lid, ss);
+        }
+    }
+    for (var s = NORM_LANES / 2u; s > 0u; s >>= 1u) {
+        workgroupBarrier();
+        if (lid < s) {
+            for (var j = 0u; j < TOK; j++) {
+                norm_set(j * NORM_LANES + lid, norm_get(j * NORM_LANES + lid) + norm_get(j * NORM_LANES + lid + s));
+            }
+        }
+    }
+    workgroupBarrier();
+    for (var j = 0u; j < TOK; j++) {
+        scale[j] = norm_scale(norm_get(j * NORM_LANES));
+    }
+    // `partial` is written again below.
+    workgroupBarrier();
+#endif
+
     // acc[j]: token j's sum (with GLU acc[TOK + j]: its up row's).
     var acc: array<f32, SUMS>;
     if (live) {
@@ -83,9 +154,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             xs[j] = x_index(min(t0 + j, n_tok - 1u)) * x_row;
         }
         for (var c = lane; c < n_chunks; c += TPR) {
+#ifdef NORM
+            let wq = norm_weighted(dequant_chunk(row_base, c), c);
+#else
             let wq = dequant_chunk(row_base, c);
+#endif
 #ifdef GLU
+#ifdef NORM
+            let wu = norm_weighted(dequant_chunk(row_base + p.up_bytes, c), c);
+#else
             let wu = dequant_chunk(row_base + p.up_bytes, c);
+#endif
 #endif
             for (var j = 0u; j < TOK; j++) {
                 if (t0 + j < n_tok) {
@@ -128,6 +207,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             acc[h + j] = partial[j * WG + team * TPR];
         }
         workgroupBarrier();
+    }
+#endif
+
+#ifdef NORM
+    for (var j = 0u; j < SUMS; j++) {
+        acc[j] *= scale[j % TOK];
     }
 #endif
 

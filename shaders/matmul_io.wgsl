@@ -13,6 +13,19 @@
 // 1 when it holds the entries) and its output row is the entry. The grid's z walks the
 // part's experts, each in tiles of the step's tokens (an expert gets at most one entry per
 // token); tiles past an expert's count compute nothing.
+//
+// Fusions that save dispatches (ops::matmul::Output and MatmulNorm), plain matrices only:
+//   GLU (a define): W stacks the gate rows over as many up rows (up row r starts up_bytes
+//     after gate row r), and row r's output is act(gate_r · x) · (up_r · x): the feed-forward
+//     block's gate, up and activation in one pass over x.
+//   FLAG_SPLIT (at run time): W stacks matrices that read the same x (Q, K and V) and each
+//     one's rows go to its own output: rows below seg1 to y, rows seg1.. to y1 (stride1),
+//     rows seg2.. to y2 (stride2), each from its column 0.
+//   NORM (a define; lane-team kernels, ops::matmul::folds_norms): the RMSNorm before the
+//     matmul, folded into it. x is the residual stream
+//     and y = (W · (x ⊙ norm_w)) / sqrt(mean(x²) + eps); each workgroup sums its tokens'
+//     squares itself, in an order that depends on neither the workgroup size nor the token
+//     block, so the fold keeps batch invariance.
 #ifdef IDS
 #define HAS_BATCH
 #endif
@@ -35,7 +48,7 @@ struct Params {
     seg2: u32,       // FLAG_SPLIT: the first row written to y2
     stride1: u32,    // FLAG_SPLIT: elements per row of y1
     stride2: u32,    // FLAG_SPLIT: elements per row of y2
-    _pad: u32,
+    eps: f32,        // NORM: the norm's epsilon
 }
 
 // y += bias[r]
@@ -68,6 +81,10 @@ const FLAG_SPLIT: u32 = 4u;
 @group(0) @binding(6) var<storage, read_write> y1: array<f32>;
 @group(0) @binding(7) var<storage, read_write> y2: array<f32>;
 #endif
+#ifdef NORM
+// norm_w: [n_in] f32, the folded norm's weight
+@group(0) @binding(8) var<storage, read> norm_w: array<vec4<f32>>;
+#endif
 #ifdef IDS
 // id_count: [n_expert] entries routed to each expert (all experts, not only the part's)
 @group(0) @binding(6) var<storage, read> id_count: array<u32>;
@@ -89,6 +106,11 @@ fn ids_tile(z: u32, tok: u32) -> u32 {
     return z % tiles;
 }
 #endif
+
+// The NORM scale of a row whose squares sum to ss: 1 / sqrt(mean(x²) + eps), as rms_norm.wgsl.
+fn norm_scale(ss: f32) -> f32 {
+    return 1.0 / sqrt(ss / f32(p.n_in) + p.eps);
+}
 
 // Byte offset in w of row r (of the workgroup's expert with IDS).
 fn w_row(r: u32) -> u32 {

@@ -122,13 +122,14 @@ fn profile_steps(engine: &Engine, prompt: &[u32]) -> Result<(Profile, Vec<Profil
 
 fn by_kind(ops: OpTimes) -> Profile {
     let mut by_kind: Profile = Vec::new();
-    for (label, ns) in ops {
-        match by_kind.iter_mut().find(|k| k.0 == label) {
+    for op in ops {
+        let n = op.dispatches as usize;
+        match by_kind.iter_mut().find(|k| k.0 == op.op) {
             Some(k) => {
-                k.1 += ns / 1e3;
-                k.2 += 1;
+                k.1 += op.ns / 1e3;
+                k.2 += n;
             }
-            None => by_kind.push((label, ns / 1e3, 1)),
+            None => by_kind.push((op.op, op.ns / 1e3, n)),
         }
     }
     by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -141,9 +142,10 @@ fn profile_json(p: &Profile) -> serde_json::Value {
 
 fn print_profile(what: &str, p: &Profile) {
     let total: f64 = p.iter().map(|r| r.1).sum();
-    println!("{what} profile (GPU time, one op per timed pass): {:.1} ms", total / 1e3);
+    let ops: usize = p.iter().map(|r| r.2).sum();
+    println!("{what} profile (GPU time, one op per timed pass): {:.1} ms in {ops} dispatches", total / 1e3);
     for (k, us, n) in p {
-        println!("  {k:<14} {:>9.1} ms {:>5.1}%  ({n} dispatches)", us / 1e3, 100.0 * us / total);
+        println!("  {k:<18} {:>9.1} ms {:>5.1}%  ({n} dispatches)", us / 1e3, 100.0 * us / total);
     }
 }
 

@@ -153,6 +153,17 @@ pub struct StepResult {
     pub logits: Vec<Vec<f32>>,
 }
 
+/// One op of a profiled step (`Backend::profile`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpTime {
+    /// What the op is: `rms_norm`, `matmul Q4_K`, ...
+    pub op: String,
+    /// Device time in nanoseconds.
+    pub ns: f64,
+    /// Kernel dispatches the op recorded.
+    pub dispatches: u32,
+}
+
 /// A model instance whose KV storage is laid out as [`Backend::kv_layout`] says.
 pub trait Backend {
     fn config(&self) -> &ModelConfig;
@@ -168,8 +179,8 @@ pub trait Backend {
         apply_masks(&mut batch.entries, masks());
         self.step(batch)
     }
-    /// Runs one step with per-op device timings: (op label, nanoseconds). Nothing is sampled.
-    fn profile<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<Vec<(String, f64)>, BackendError>> {
+    /// Runs one step with per-op device timings. Nothing is sampled.
+    fn profile<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<Vec<OpTime>, BackendError>> {
         let _ = batch;
         Box::pin(async { Err(BackendError::Device { cause: format!("{} has no per-op profiler", self.name()) }) })
     }

@@ -1,6 +1,8 @@
 //! Times one quantized matmul on the default adapter (wall clock), for kernel tuning:
-//!   cargo run --release -p flint-gpu --example matmul_speed -- Q5_0 896 4864 128 [reps]
-//! (format, n_in, n_rows, tokens). Prints milliseconds per dispatch and GMAC/s; the first
+//!   cargo run --release -p flint-gpu --example matmul_speed -- Q5_0 896 4864 128 [reps] [fusion]
+//! (format, n_in, n_rows, tokens; fusion: `norm` folds an RMSNorm in, `glu` stacks as many up
+//! rows and ends in SiLU, `glu+norm` both). Prints milliseconds per dispatch, the bytes it moves per
+//! second (weights, activations and outputs, each once) and TFLOP/s; the first
 //! dispatch (pipeline warm-up) is not timed, but printed apart with the pipeline's creation
 //! (with an empty `MESA_SHADER_CACHE_DIR`, that is the kernel's compile time on lavapipe).
 
@@ -17,6 +19,8 @@ fn main() {
     let ty = QuantType::ALL.into_iter().find(|t| t.to_string().eq_ignore_ascii_case(args.first().map_or("Q5_0", |s| s))).expect("unknown format");
     let num = |i: usize, d: u32| args.get(i).map_or(d, |s| s.parse().expect("a number"));
     let (n_in, n_rows, n_tok, reps) = (num(1, 896), num(2, 4864), num(3, 128), num(4, 3));
+    let fusion = args.get(5).map_or("", |s| s.as_str());
+    let (glu, norm) = (fusion.contains("glu"), fusion.contains("norm"));
     futures::executor::block_on(async {
         let ctx = GpuContext::new().await.expect("adapter");
         let cache = PipelineCache::new();
@@ -24,7 +28,9 @@ fn main() {
         let pos: Vec<u32> = (0..n_tok).collect();
         batch.write(&ctx, &vec![0; n_tok as usize], &pos, &vec![0; n_tok as usize], &[&[0]]);
         let mut rng = TestRng::new(7);
-        let raw = random_quant(ty, (n_in * n_rows) as usize, &mut rng, f16_nearest);
+        let w_rows = if glu { 2 * n_rows } else { n_rows };
+        let raw = random_quant(ty, (n_in * w_rows) as usize, &mut rng, f16_nearest);
+        let g = storage_init(&ctx, "norm_w", bytemuck::cast_slice(&rng.vec(n_in as usize))).unwrap();
         let w = storage_init(&ctx, "w", &flint_gpu::weights::layout::to_gpu(ty, n_in as usize, &raw)).unwrap();
         let x = storage_init(&ctx, "x", bytemuck::cast_slice(&rng.vec((n_in * n_tok) as usize))).unwrap();
         let y = storage_init(&ctx, "y", &vec![0u8; (n_rows * n_tok * 4) as usize]).unwrap();
@@ -38,7 +44,8 @@ fn main() {
             max_tokens: n_tok,
             accumulate: false,
             ids: None,
-            output: flint_gpu::ops::matmul::Output::Rows,
+            output: if glu { flint_gpu::ops::matmul::Output::Glu(flint_core::arch::Activation::Silu) } else { flint_gpu::ops::matmul::Output::Rows },
+            norm: norm.then_some(flint_gpu::ops::matmul::MatmulNorm { w: &g, eps: 1e-6 }),
         };
         let t_build = std::time::Instant::now();
         let mm = Matmul::new(&ctx, &cache, &batch.info, &desc, &w, &x, &y, None).await.unwrap();
@@ -57,9 +64,12 @@ fn main() {
         run(reps);
         read_f32(&ctx, &y, 0, 1).await.unwrap();
         let ms = t0.elapsed().as_secs_f64() * 1e3 / reps as f64;
-        let gmac = n_in as f64 * n_rows as f64 * n_tok as f64 / (ms * 1e6);
+        let flops = 2.0 * n_in as f64 * w_rows as f64 * n_tok as f64;
+        let bytes = w.size() as f64 + 4.0 * n_tok as f64 * (n_in + n_rows) as f64;
+        let fusion = if fusion.is_empty() { "plain" } else { fusion };
+        let (gbs, tflops) = (bytes / (ms * 1e6), flops / (ms * 1e9));
         println!(
-            "{ty} {n_in}x{n_rows} x {n_tok} tokens ({:?}) on {}: {ms:.2} ms, {gmac:.2} GMAC/s; pipeline + first dispatch {first_s:.1} s",
+            "{ty} {n_in}x{n_rows} x {n_tok} tokens, {fusion} ({:?}) on {}: {ms:.3} ms, {gbs:.1} GB/s, {tflops:.3} TFLOP/s; pipeline + first dispatch {first_s:.1} s",
             mm.shape(n_tok),
             ctx.adapter_name()
         );

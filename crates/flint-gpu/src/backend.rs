@@ -117,7 +117,7 @@ impl Backend for GpuBackend {
             r.map_err(|e| self.failed(e))
         })
     }
-    fn profile<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<Vec<(String, f64)>, BackendError>> {
+    fn profile<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<Vec<flint_core::backend::OpTime>, BackendError>> {
         Box::pin(async move {
             self.check(&batch)?;
             let r = self.model.profile(batch).await;

@@ -161,13 +161,25 @@ impl GpuContext {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let features = adapter.features();
+        let switch = |name: &str| {
+            #[cfg(not(target_arch = "wasm32"))]
+            return std::env::var(name).ok().filter(|s| !s.is_empty());
+            #[cfg(target_arch = "wasm32")]
+            return {
+                let _ = name;
+                None
+            };
+        };
         let mut required = wgpu::Features::empty();
         let caps = Caps {
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups: features.contains(wgpu::Features::SUBGROUP),
             subgroup_min_size: if features.contains(wgpu::Features::SUBGROUP) { info.subgroup_min_size } else { 0 },
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
-            cpu_like: info.device_type == wgpu::DeviceType::Cpu,
+            // FLINT_TEST_GPU_KERNELS=1 (a test-only switch, native) runs a CPU-type adapter as
+            // a GPU: the GPU kernels and graph (lane teams, folded norms, split attention) then
+            // run in CI on lavapipe.
+            cpu_like: info.device_type == wgpu::DeviceType::Cpu && switch("FLINT_TEST_GPU_KERNELS").is_none(),
         };
         // The driver's pipeline cache is kept on disk where the backend has one (Vulkan).
         let disk_path = crate::disk_cache::path_for(&info).filter(|_| features.contains(wgpu::Features::PIPELINE_CACHE));
@@ -212,15 +224,6 @@ impl GpuContext {
                 g.lost = Some(format!("{reason:?}: {message}"));
             }
         });
-        let switch = |name: &str| {
-            #[cfg(not(target_arch = "wasm32"))]
-            return std::env::var(name).ok().filter(|s| !s.is_empty());
-            #[cfg(target_arch = "wasm32")]
-            return {
-                let _ = name;
-                None
-            };
-        };
         let (wrong_kernel, fail_alloc) = (switch("FLINT_TEST_WRONG_KERNEL"), switch("FLINT_TEST_FAIL_ALLOC"));
         let pipelines = PipelineCache::with_disk(disk_path.map(|p| crate::disk_cache::DiskCache::open(&device, p)));
         Ok(GpuContext { adapter, device, queue, limits, caps, info, pipelines, wrong_kernel, fail_alloc, sink })

@@ -58,6 +58,13 @@ impl Costs {
                 layers[l] += t.n_bytes;
             }
         }
+        // Q, K and V recoded to share a stack's format (`weights::stack_format`) grow.
+        for (il, w) in layers.iter_mut().enumerate() {
+            let ts: Vec<_> = ["q", "k", "v"].iter().filter_map(|m| file.tensor(&format!("blk.{il}.attn_{m}.weight"))).collect();
+            if let Some(ty) = crate::weights::stack_format(&ts.iter().map(|t| t.ty).collect::<Vec<_>>()) {
+                *w += ts.iter().filter(|t| t.ty != ty).map(|t| ty.bytes_for(t.n_elems).unwrap_or(0).saturating_sub(t.n_bytes)).sum::<u64>();
+            }
+        }
         let per_position = flint_core::kv::layout::row_bytes(cfg, layout.k_type, layout.v_type);
         let mut kv = 0;
         for (il, w) in layers.iter_mut().enumerate() {

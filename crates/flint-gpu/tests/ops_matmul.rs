@@ -93,6 +93,7 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> f64 {
         accumulate,
         ids: None,
         output: flint_gpu::ops::matmul::Output::Rows,
+        norm: None,
     };
     let mm = Matmul::new(ctx, cache, &batch.info, &desc, &w_buf, &x_buf, &y_buf, bias.then_some(&b_buf)).await.unwrap_or_else(|e| panic!("{case:?}: {e}"));
     submit(ctx, |p| mm.encode(p, n_tok));
@@ -235,7 +236,7 @@ fn rejects_bad_shapes() {
     flint_gpu::gpu_test!(ctx => {
         let batch = Batch::new(ctx, 4, 1, 1, 16).unwrap();
         let buf = storage_init(ctx, "any", &[0u8; 1 << 16]).unwrap();
-        let ok = MatmulDesc { label: "bad", ty: QuantType::Q4K, n_in: 256, n_rows: 4, row_offset: 0, y_stride: 4, max_tokens: 4, accumulate: false, ids: None, output: flint_gpu::ops::matmul::Output::Rows };
+        let ok = MatmulDesc { label: "bad", ty: QuantType::Q4K, n_in: 256, n_rows: 4, row_offset: 0, y_stride: 4, max_tokens: 4, accumulate: false, ids: None, output: flint_gpu::ops::matmul::Output::Rows, norm: None };
         let bad = [
             MatmulDesc { n_in: 128, ..ok },           // not whole super-blocks
             MatmulDesc { ty: QuantType::F32, n_in: 48, ..ok }, // not whole chunks
@@ -250,11 +251,14 @@ fn rejects_bad_shapes() {
     });
 }
 
-/// Every token's y row for steps of each size in `sizes` (one op, x shared), per size.
-async fn rows_by_step(ctx: &GpuContext, cache: &PipelineCache, ty: QuantType, n_in: u32, n_rows: u32, sizes: &[u32]) -> Vec<Vec<Vec<f32>>> {
+/// Every token's y row for steps of each size in `sizes` (one op, x shared), per size; with
+/// `fused`, of a gate-and-up matmul with its norm folded.
+async fn rows_by_step(ctx: &GpuContext, cache: &PipelineCache, Invariance { ty, n_in, n_rows, fused }: Invariance, sizes: &[u32]) -> Vec<Vec<Vec<f32>>> {
     let max = *sizes.iter().max().unwrap();
     let mut rng = TestRng::new(77);
-    let w = storage_init(ctx, "w", &layout::to_gpu(ty, n_in as usize, &random_weights(ty, (n_rows * n_in) as usize, &mut rng))).unwrap();
+    let w_rows = if fused { 2 * n_rows } else { n_rows };
+    let w = storage_init(ctx, "w", &layout::to_gpu(ty, n_in as usize, &random_weights(ty, (w_rows * n_in) as usize, &mut rng))).unwrap();
+    let g = storage_init(ctx, "norm_w", bytemuck::cast_slice(&rng.vec(n_in as usize))).unwrap();
     let x = storage_init(ctx, "x", bytemuck::cast_slice(&rng.vec((max * n_in) as usize))).unwrap();
     let y = storage_init(ctx, "y", &vec![0u8; (max * n_rows * 4) as usize]).unwrap();
     let batch = Batch::new(ctx, max, 1, 1, 16).unwrap();
@@ -268,7 +272,8 @@ async fn rows_by_step(ctx: &GpuContext, cache: &PipelineCache, ty: QuantType, n_
         max_tokens: max,
         accumulate: false,
         ids: None,
-        output: flint_gpu::ops::matmul::Output::Rows,
+        output: if fused { flint_gpu::ops::matmul::Output::Glu(Activation::Silu) } else { flint_gpu::ops::matmul::Output::Rows },
+        norm: fused.then_some(flint_gpu::ops::matmul::MatmulNorm { w: &g, eps: NORM_EPS }),
     };
     let mm = Matmul::new(ctx, cache, &batch.info, &desc, &w, &x, &y, None).await.unwrap();
     let mut out = Vec::new();
@@ -285,21 +290,30 @@ async fn rows_by_step(ctx: &GpuContext, cache: &PipelineCache, ty: QuantType, n_
     out
 }
 
-/// One format per block layout family (legacy, K-quant): the block code is the same for all.
+/// One format per block layout family (legacy, K-quant): the block code is the same for all;
+/// and the fused gate-and-up matmul with its norm folded (each workgroup sums its tokens'
+/// squares itself).
 #[derive(Clone, Copy, Debug)]
 struct Invariance {
     ty: QuantType,
     n_in: u32,
     n_rows: u32,
+    fused: bool,
 }
 
-const INVARIANCE: [Invariance; 2] = [Invariance { ty: QuantType::Q5_0, n_in: 5 * 32, n_rows: 70 }, Invariance { ty: QuantType::Q6K, n_in: 256, n_rows: 1100 }];
+const INVARIANCE: [Invariance; 2] =
+    [Invariance { ty: QuantType::Q5_0, n_in: 5 * 32, n_rows: 70, fused: false }, Invariance { ty: QuantType::Q6K, n_in: 256, n_rows: 1100, fused: false }];
+
+/// The lane-team kernels also with the gate-and-up matmul and its norm folded (CPU adapters do
+/// not fold norms).
+const INVARIANCE_FUSED: Invariance = Invariance { ty: QuantType::Q5_0, n_in: 41 * 32, n_rows: 70, fused: true };
 
 /// Steps of 1, 3 (block 4), 8, 9 and 16 (block 16) and 37 (tiles) tokens over the same x:
 /// token t's row must not change with the step.
-async fn rows_are_bit_identical(ctx: &GpuContext, cache: &PipelineCache, Invariance { ty, n_in, n_rows }: Invariance) {
+async fn rows_are_bit_identical(ctx: &GpuContext, cache: &PipelineCache, case: Invariance) {
+    let ty = case.ty;
     let sizes = [1u32, 3, 8, 9, 16, 37];
-    let by_step = rows_by_step(ctx, cache, ty, n_in, n_rows, &sizes).await;
+    let by_step = rows_by_step(ctx, cache, case, &sizes).await;
     for (k, rows) in by_step.iter().enumerate() {
         for (t, row) in rows.iter().enumerate() {
             // Token t's row in the largest step is the reference.
@@ -317,9 +331,8 @@ fn token_rows_are_bit_identical_whatever_the_step_size_adapter_kernels() {
 #[test]
 fn token_rows_are_bit_identical_whatever_the_step_size_lane_team_kernels() {
     let Some((ctx, cache)) = gpu_like(true) else { return };
-    run_cases_on(ctx, "token_rows_are_bit_identical_whatever_the_step_size_lane_team_kernels", INVARIANCE, |ctx, case| {
-        rows_are_bit_identical(ctx, cache, case)
-    });
+    let cases = INVARIANCE.into_iter().chain([INVARIANCE_FUSED]);
+    run_cases_on(ctx, "token_rows_are_bit_identical_whatever_the_step_size_lane_team_kernels", cases, |ctx, case| rows_are_bit_identical(ctx, cache, case));
 }
 
 /// A fused output (`Output::Glu`, `Output::Split`) against the CPU reference.
@@ -331,6 +344,8 @@ struct FusedCase {
     /// The op's most tokens (at least n_tok).
     max_tokens: u32,
     kind: Fused,
+    /// Fold an RMSNorm of x into the matmul.
+    norm: bool,
     seed: u64,
 }
 
@@ -353,7 +368,7 @@ fn act_f64(act: Activation, v: f64) -> f64 {
 
 async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) {
     use flint_gpu::ops::matmul::{Output, SplitOut};
-    let FusedCase { ty, n_in, n_tok, max_tokens, kind, seed } = case;
+    let FusedCase { ty, n_in, n_tok, max_tokens, kind, norm, seed } = case;
     let (n_in_u, n_tok_u) = (n_in as usize, n_tok as usize);
     let mut rng = TestRng::new(seed);
     let buf_tok = max_tokens as usize + SPARE_TOKENS;
@@ -367,8 +382,19 @@ async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) {
     let w_bytes = random_weights(ty, w_rows * n_in_u, &mut rng);
     let mut w = vec![0f32; w_rows * n_in_u];
     quant::dequantize(ty, &w_bytes, &mut w).unwrap();
-    let x = rng.vec(buf_tok * n_in_u);
-    let dot = |r: usize, t: usize| -> f64 { w[r * n_in_u..][..n_in_u].iter().zip(&x[t * n_in_u..][..n_in_u]).map(|(&a, &b)| a as f64 * b as f64).sum() };
+    // Scaled so the mean square is far from 1 where a norm is folded.
+    let x: Vec<f32> = rng.vec(buf_tok * n_in_u).iter().map(|v| if norm { v * 3.0 } else { *v }).collect();
+    let norm_w: Vec<f32> = rng.vec(n_in_u).iter().map(|v| 1.0 + 0.5 * v).collect();
+    // The matmul's input as the reference sees it: x, or the normalized x.
+    let xin: Vec<f64> = x
+        .chunks_exact(n_in_u)
+        .flat_map(|row| {
+            let rms = (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n_in_u as f64 + NORM_EPS as f64).sqrt();
+            row.iter().zip(&norm_w).map(move |(&v, &g)| if norm { v as f64 / rms * g as f64 } else { v as f64 }).collect::<Vec<_>>()
+        })
+        .collect();
+    let dot = |r: usize, t: usize| -> f64 { w[r * n_in_u..][..n_in_u].iter().zip(&xin[t * n_in_u..][..n_in_u]).map(|(&a, &b)| a as f64 * b).sum() };
+    let g_buf = storage_init(ctx, "norm_w", bytemuck::cast_slice(&norm_w)).unwrap();
     let w_buf = storage_init(ctx, "w", &layout::to_gpu(ty, n_in_u, &w_bytes)).unwrap();
     let x_buf = storage_init(ctx, "x", bytemuck::cast_slice(&x)).unwrap();
     // Outputs: (row offset, rows, stride) each; old values inside the written range.
@@ -393,8 +419,20 @@ async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) {
         Fused::Glu { act, .. } => (Output::Glu(act), false, false),
         Fused::Split { bias, accumulate, .. } => (Output::Split(&rest), bias, accumulate),
     };
-    let desc =
-        MatmulDesc { label: "fused", ty, n_in, n_rows, row_offset: outs[0].0 as u32, y_stride: outs[0].2 as u32, max_tokens, accumulate, ids: None, output };
+    let folded = norm.then_some(flint_gpu::ops::matmul::MatmulNorm { w: &g_buf, eps: NORM_EPS });
+    let desc = MatmulDesc {
+        label: "fused",
+        ty,
+        n_in,
+        n_rows,
+        row_offset: outs[0].0 as u32,
+        y_stride: outs[0].2 as u32,
+        max_tokens,
+        accumulate,
+        ids: None,
+        output,
+        norm: folded,
+    };
     let mm =
         Matmul::new(ctx, cache, &batch.info, &desc, &w_buf, &x_buf, &bufs[0], use_bias.then_some(&b_buf)).await.unwrap_or_else(|e| panic!("{case:?}: {e}"));
     submit(ctx, |p| mm.encode(p, n_tok));
@@ -430,17 +468,28 @@ async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) {
     eprintln!("{case:?}: nmse {e:.2e}");
 }
 
-/// Both fusions through every token block (1, 3, 8, 13 and 37 tokens: tiles) with a legacy
-/// and a K-quant format; 43 rows leave ragged row blocks.
-fn fused_cases() -> Vec<FusedCase> {
+/// The folded norms' epsilon.
+const NORM_EPS: f32 = 1e-6;
+
+/// Both fusions through every token block (1, 3, 8 and 37 tokens: 16-token tiles), a legacy
+/// format through 1, 3 and 37 and a K-quant through 8 (the fusions' code does not depend on
+/// the format); 43 rows leave ragged row blocks. With `norms` (the lane-team kernels: CPU
+/// adapters do not fold norms) each also with a folded norm, and a folded norm alone on plain
+/// rows. (On CPU adapters every variant costs seconds to compile.)
+fn fused_cases(norms: bool) -> Vec<FusedCase> {
     let mut v = Vec::new();
-    for (ty, n_in) in [(QuantType::Q5_0, 41 * 32), (QuantType::Q4K, 3 * 256)] {
-        for (i, n_tok) in [1u32, 3, 8, 13, 37].into_iter().enumerate() {
+    for (ty, n_in, n_toks) in [(QuantType::Q5_0, 41 * 32, &[1u32, 3, 37][..]), (QuantType::Q4K, 3 * 256, &[8][..])] {
+        for (i, &n_tok) in n_toks.iter().enumerate() {
             let act = if i % 2 == 0 { Activation::Silu } else { Activation::GeluTanh };
-            let base = FusedCase { ty, n_in, n_tok, max_tokens: n_tok.max(4), kind: Fused::Glu { act, rows: 43 }, seed: 80 + n_tok as u64 };
-            v.push(base);
+            let base = FusedCase { ty, n_in, n_tok, max_tokens: n_tok.max(4), kind: Fused::Glu { act, rows: 43 }, norm: false, seed: 80 + n_tok as u64 };
             let rows = if i % 2 == 0 { [24, 11, 8] } else { [43, 5, 0] };
-            v.push(FusedCase { kind: Fused::Split { rows, bias: i != 1, accumulate: i >= 2 }, ..base });
+            let split = FusedCase { kind: Fused::Split { rows, bias: i != 1, accumulate: i >= 2 }, ..base };
+            v.extend([base, split]);
+            if norms {
+                v.extend([FusedCase { norm: true, ..base }, FusedCase { norm: true, ..split }]);
+                // A plain matmul (a split into one output) with the norm folded.
+                v.push(FusedCase { kind: Fused::Split { rows: [43, 0, 0], bias: false, accumulate: false }, norm: true, ..base });
+            }
         }
     }
     v
@@ -448,14 +497,14 @@ fn fused_cases() -> Vec<FusedCase> {
 
 #[test]
 fn fused_outputs_adapter_kernels() {
-    run_cases("fused_outputs_adapter_kernels", fused_cases(), |ctx, case| run_fused(ctx, pipelines(), case));
+    run_cases("fused_outputs_adapter_kernels", fused_cases(false), |ctx, case| run_fused(ctx, pipelines(), case));
 }
 
 #[test]
 fn fused_outputs_lane_team_kernels() {
     for subgroups in [true, false] {
         let Some((ctx, cache)) = gpu_like(subgroups) else { return };
-        run_cases_on(ctx, "fused_outputs_lane_team_kernels", fused_cases(), |ctx, case| run_fused(ctx, cache, case));
+        run_cases_on(ctx, "fused_outputs_lane_team_kernels", fused_cases(true), |ctx, case| run_fused(ctx, cache, case));
     }
 }
 
@@ -465,7 +514,7 @@ fn rejects_bad_fusions() {
     flint_gpu::gpu_test!(ctx => {
         let batch = Batch::new(ctx, 4, 1, 1, 16).unwrap();
         let buf = storage_init(ctx, "any", &[0u8; 1 << 16]).unwrap();
-        let ok = MatmulDesc { label: "bad", ty: QuantType::Q8_0, n_in: 64, n_rows: 8, row_offset: 0, y_stride: 8, max_tokens: 4, accumulate: false, ids: None, output: Output::Rows };
+        let ok = MatmulDesc { label: "bad", ty: QuantType::Q8_0, n_in: 64, n_rows: 8, row_offset: 0, y_stride: 8, max_tokens: 4, accumulate: false, ids: None, output: Output::Rows, norm: None };
         let glu = Output::Glu(Activation::Silu);
         let all = [SplitOut { rows: 8, y: &buf, y_stride: 8 }];
         let three = [SplitOut { rows: 1, y: &buf, y_stride: 8 }; 3];

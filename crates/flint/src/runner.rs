@@ -32,8 +32,8 @@ const COLD_PROMPT_TOKENS: usize = 16;
 /// What a request's stream yields.
 pub type EventResult = Result<Event, EngineError>;
 
-/// Timings of each op of one step (label, nanoseconds).
-pub type OpTimes = Vec<(String, f64)>;
+/// Timings of each op of one step.
+pub type OpTimes = Vec<flint_core::backend::OpTime>;
 
 pub(crate) enum Command {
     Submit {

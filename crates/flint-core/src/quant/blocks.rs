@@ -196,6 +196,32 @@ fn q5_pair(q: u8, qh: u32, j: usize) -> (u8, u8) {
     ((q & 0xf) | h0, (q >> 4) | h1)
 }
 
+impl BlockQ4_0 {
+    /// The block's quants as the signed integers its scale multiplies.
+    pub fn integers(&self) -> [i8; QK] {
+        let mut q = [0i8; QK];
+        for (j, &b) in self.qs.iter().enumerate() {
+            q[j] = (b & 0xf) as i8 - 8;
+            q[j + QK / 2] = (b >> 4) as i8 - 8;
+        }
+        q
+    }
+}
+
+impl BlockQ5_0 {
+    /// The block's quants as the signed integers its scale multiplies.
+    pub fn integers(&self) -> [i8; QK] {
+        let qh = u32::from_le_bytes(self.qh);
+        let mut q = [0i8; QK];
+        for (j, &b) in self.qs.iter().enumerate() {
+            let (q0, q1) = q5_pair(b, qh, j);
+            q[j] = q0 as i8 - 16;
+            q[j + QK / 2] = q1 as i8 - 16;
+        }
+        q
+    }
+}
+
 impl QuantBlock<QK> for BlockQ5_0 {
     const TYPE: QuantType = QuantType::Q5_0;
     #[inline]

@@ -208,6 +208,31 @@ pub fn dequantize(ty: QuantType, src: &[u8], dst: &mut [f32]) -> Result<(), Quan
     Ok(())
 }
 
+/// Whole blocks of `ty` re-encoded as Q8_0 blocks that hold the same values bit for bit: a
+/// Q4_0 or Q5_0 block is an f16 scale times small integers, which Q8_0 holds with the same
+/// scale (and the same f32 product when dequantized). None for any other format, whose values
+/// need a minimum or finer scales, or for a partial block.
+pub fn exact_q8_0(ty: QuantType, src: &[u8]) -> Option<Vec<u8>> {
+    fn recode<B: bytemuck::Pod>(src: &[u8], parts: impl Fn(&B) -> (u16, [i8; QK])) -> Option<Vec<u8>> {
+        let size = size_of::<B>();
+        if !src.len().is_multiple_of(size) {
+            return None;
+        }
+        let mut out = Vec::with_capacity(src.len() / size * size_of::<BlockQ8_0>());
+        for b in src.chunks_exact(size) {
+            let (d, qs) = parts(&bytemuck::pod_read_unaligned::<B>(b));
+            out.extend_from_slice(bytemuck::bytes_of(&BlockQ8_0 { d, qs }));
+        }
+        Some(out)
+    }
+    match ty {
+        QuantType::Q8_0 => src.len().is_multiple_of(size_of::<BlockQ8_0>()).then(|| src.to_vec()),
+        QuantType::Q4_0 => recode::<BlockQ4_0>(src, |b| (b.d, b.integers())),
+        QuantType::Q5_0 => recode::<BlockQ5_0>(src, |b| (b.d, b.integers())),
+        _ => None,
+    }
+}
+
 /// dot(dequantize(row), x) without allocating: the CPU reference forward pass's inner loop.
 /// `row` holds `x.len()` elements of `ty`. The sum is taken in a fixed order (16 lanes, then
 /// pairwise), so it is deterministic across targets but not bit-equal to a sequential sum.
@@ -236,6 +261,29 @@ pub fn dot_row(ty: QuantType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn q4_0_and_q5_0_recode_to_q8_0_with_the_same_values() {
+        // Every byte value in every position over a few blocks, with f16 scales of both signs.
+        for ty in [QuantType::Q4_0, QuantType::Q5_0, QuantType::Q8_0] {
+            let n_blocks = 300;
+            let size = ty.block_bytes();
+            let mut src: Vec<u8> = (0..n_blocks * size).map(|i| (i * 37 + i / size * 11) as u8).collect();
+            for (k, b) in src.chunks_exact_mut(size).enumerate() {
+                // Finite scales: 0x3c00 is 1.0, 0xb800 is -0.5, 0x1400 a small normal.
+                b[..2].copy_from_slice(&[0x3c00u16, 0xb800, 0x1400][k % 3].to_le_bytes());
+            }
+            let q8 = exact_q8_0(ty, &src).unwrap();
+            let n = n_blocks * QK;
+            let (mut want, mut got) = (vec![0f32; n], vec![0f32; n]);
+            dequantize(ty, &src, &mut want).unwrap();
+            dequantize(QuantType::Q8_0, &q8, &mut got).unwrap();
+            assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty}");
+        }
+        assert!(exact_q8_0(QuantType::Q4_1, &[0; 20]).is_none());
+        assert!(exact_q8_0(QuantType::Q4K, &[0; 144]).is_none());
+        assert!(exact_q8_0(QuantType::Q5_0, &[0; 21]).is_none());
+    }
 
     fn check_block<const N: usize, B: QuantBlock<N>>() {
         assert_eq!(B::TYPE.block_elems(), N, "{}", B::TYPE);

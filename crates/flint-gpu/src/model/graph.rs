@@ -173,7 +173,8 @@ impl Activations {
 
 /// One transformer block's ops, in execution order.
 pub struct Layer {
-    attn_norm: ops::rms_norm::RmsNorm,
+    /// None where the norm is folded into the Q, K and V matmuls.
+    attn_norm: Option<ops::rms_norm::RmsNorm>,
     qkv: Vec<TypedMatmul>,
     qk_norm: Option<(ops::rms_norm::RmsNorm, ops::rms_norm::RmsNorm)>,
     kv_write: ops::kv_write::KvWrite,
@@ -182,7 +183,8 @@ pub struct Layer {
     /// gemma3's norm of the attention output added to the residual stream in one pass (else
     /// the add is fused into attn_out).
     post_attn: Option<ops::rms_norm::RmsNorm>,
-    ffn_norm: ops::rms_norm::RmsNorm,
+    /// None where the norm is folded into the gate and up matmuls.
+    ffn_norm: Option<ops::rms_norm::RmsNorm>,
     ffn: Ffn,
     post_ffn: Option<ops::rms_norm::RmsNorm>,
 }
@@ -230,7 +232,7 @@ impl Layer {
     /// The attention block's ops: after them `x` holds the residual stream with attention's
     /// output added.
     pub fn attention_ops(&self) -> Vec<&dyn Encode> {
-        let mut v: Vec<&dyn Encode> = vec![&self.attn_norm];
+        let mut v: Vec<&dyn Encode> = self.attn_norm.iter().map(|n| n as &dyn Encode).collect();
         v.extend(self.qkv.iter().map(|m| m as &dyn Encode));
         if let Some((q, k)) = &self.qk_norm {
             v.extend([q as &dyn Encode, k]);
@@ -243,7 +245,7 @@ impl Layer {
 
     /// The feed-forward block's ops: after them `x` holds the layer's output.
     pub fn ffn_ops(&self) -> Vec<&dyn Encode> {
-        let mut v: Vec<&dyn Encode> = vec![&self.ffn_norm];
+        let mut v: Vec<&dyn Encode> = self.ffn_norm.iter().map(|n| n as &dyn Encode).collect();
         v.extend(self.ffn.ops());
         v.extend(self.post_ffn.iter().map(|n| n as &dyn Encode));
         v
@@ -310,7 +312,8 @@ pub struct GraphInputs<'a> {
     pub kv_types: (KvType, KvType),
 }
 
-/// Every part's matmul of `m`: x → y (+ bias) (+ y with `accumulate`), `info` counting tokens.
+/// Every part's matmul of `m`: x → y (+ bias) (+ y with `accumulate`), `info` counting tokens;
+/// with `norm`, of x normalized.
 #[allow(clippy::too_many_arguments)]
 async fn matmuls(
     g: &GraphInputs<'_>,
@@ -320,6 +323,7 @@ async fn matmuls(
     y: &wgpu::Buffer,
     bias: Option<&wgpu::Buffer>,
     accumulate: bool,
+    norm: Option<ops::matmul::MatmulNorm<'_>>,
 ) -> Result<Vec<TypedMatmul>> {
     let mut out = Vec::new();
     for p in &m.parts {
@@ -335,6 +339,7 @@ async fn matmuls(
             accumulate,
             ids: None,
             output: ops::matmul::Output::Rows,
+            norm,
         };
         // A bias covers all rows; it is only supported unsplit.
         let b = if p.row_offset == 0 { bias } else { None };
@@ -356,6 +361,7 @@ async fn fused_matmul(
     bias: Option<&wgpu::Buffer>,
     n_rows: u32,
     output: ops::matmul::Output<'_>,
+    norm: Option<ops::matmul::MatmulNorm<'_>>,
 ) -> Result<TypedMatmul> {
     let desc = ops::matmul::MatmulDesc {
         label: &m.name,
@@ -368,15 +374,18 @@ async fn fused_matmul(
         accumulate: false,
         ids: None,
         output,
+        norm,
     };
     let fused = if matches!(output, ops::matmul::Output::Glu(_)) { "+glu" } else { "+split" };
     let op = ops::matmul::Matmul::new(g.ctx, g.cache, &info.info, &desc, &m.parts[0].buffer, x, y, bias).await?;
     Ok(TypedMatmul { ty: m.ty, by_expert: false, fused, op })
 }
 
-/// Q, K and V of layer `il` (with their biases where the model has them) from `h`: one
-/// matmul for each set of them that shares a weight format, its rows split into their outputs.
-async fn qkv(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<Vec<TypedMatmul>> {
+/// Q, K and V of layer `il` (with their biases where the model has them) from `x`, normalized
+/// by `norm` where it is folded: one matmul for all three where their formats stack
+/// (`weights::stack_format`), else one for each set that shares a format, its rows split into
+/// their outputs.
+async fn qkv(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize, x: &wgpu::Buffer, norm: Option<ops::matmul::MatmulNorm<'_>>) -> Result<Vec<TypedMatmul>> {
     let (c, a) = (g.cfg, g.acts);
     let batch = &g.batches[0];
     let n = |s: &str| format!("blk.{il}.attn_{s}");
@@ -393,7 +402,10 @@ async fn qkv(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<Ve
         if done[i] {
             continue;
         }
-        let set: Vec<usize> = (i..3).filter(|&j| !done[j] && formats[j] == formats[i]).collect();
+        // All three where they have a stack format (`weights::stack_format`), else each set
+        // that shares one.
+        let all = crate::weights::stack_format(&formats.iter().map(|f| f.0).collect::<Vec<_>>()).is_some() && formats.iter().all(|f| f.1 == formats[0].1);
+        let set: Vec<usize> = (i..3).filter(|&j| !done[j] && (all || formats[j] == formats[i])).collect();
         set.iter().for_each(|&j| done[j] = true);
         let stacked = match set.len() {
             1 => None,
@@ -403,14 +415,14 @@ async fn qkv(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<Ve
             for j in set {
                 let bias = if c.qkv_bias { Some(up.vector(&biases[j]).await?) } else { None };
                 let m = up.matrix(&names[j]).await?;
-                out.extend(matmuls(g, batch, &m, &a.h, outs[j].0, bias.as_ref(), false).await?);
+                out.extend(matmuls(g, batch, &m, x, outs[j].0, bias.as_ref(), false, norm).await?);
             }
             continue;
         };
         let bias = if c.qkv_bias { Some(up.vectors(&m.name, &set.iter().map(|&j| biases[j].as_str()).collect::<Vec<_>>()).await?) } else { None };
         let rest: Vec<ops::matmul::SplitOut> = set[1..].iter().map(|&j| ops::matmul::SplitOut { rows: outs[j].1, y: outs[j].0, y_stride: outs[j].1 }).collect();
         let first = outs[set[0]];
-        out.push(fused_matmul(g, batch, &m, &a.h, first, bias.as_ref(), m.n_rows, ops::matmul::Output::Split(&rest)).await?);
+        out.push(fused_matmul(g, batch, &m, x, first, bias.as_ref(), m.n_rows, ops::matmul::Output::Split(&rest), norm).await?);
     }
     Ok(out)
 }
@@ -450,6 +462,7 @@ async fn expert_matmuls(
             accumulate: false,
             ids: Some(ids),
             output: ops::matmul::Output::Rows,
+            norm: None,
         };
         let op = ops::matmul::Matmul::new(g.ctx, g.cache, &info.info, &desc, &p.buffer, x, y, None).await?;
         out.push(TypedMatmul { ty: m.ty, by_expert: true, fused: "", op });
@@ -507,8 +520,17 @@ async fn layer(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<
     let (c, a) = (g.cfg, g.acts);
     let batch = &g.batches[0];
     let n = |s: &str| format!("blk.{il}.{s}");
-    let attn_norm = norm(g, batch, &a.x, &up.vector(&n("attn_norm.weight")).await?, &a.h, c.n_embd, PerToken(1)).await?;
-    let qkv = qkv(g, up, il).await?;
+    // The norms before attention and the feed-forward block are folded into the matmuls that
+    // read them where the adapter folds norms (`ops::matmul::folds_norms`), except in a mixture
+    // of experts, whose router and experts read the norm apart.
+    let fold = c.moe.is_none() && ops::matmul::folds_norms(&g.ctx.caps);
+    let attn_norm_w = up.vector(&n("attn_norm.weight")).await?;
+    let (attn_norm, qkv) = if fold {
+        let folded = ops::matmul::MatmulNorm { w: &attn_norm_w, eps: c.rms_eps };
+        (None, qkv(g, up, il, &a.x, Some(folded)).await?)
+    } else {
+        (Some(norm(g, batch, &a.x, &attn_norm_w, &a.h, c.n_embd, PerToken(1)).await?), qkv(g, up, il, &a.h, None).await?)
+    };
     let qk_norm = if c.qk_norm {
         let qn = up.vector(&n("attn_q_norm.weight")).await?;
         let kn = up.vector(&n("attn_k_norm.weight")).await?;
@@ -527,19 +549,22 @@ async fn layer(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<
     let wo = up.matrix(&n("attn_output.weight")).await?;
     // Without a post-norm the residual add is fused into the projections.
     let (attn_out, post_attn) = if c.post_norms {
-        let mm = matmuls(g, batch, &wo, &a.attn, &a.o, None, false).await?;
+        let mm = matmuls(g, batch, &wo, &a.attn, &a.o, None, false, None).await?;
         let pn = up.vector(&n("post_attention_norm.weight")).await?;
         (mm, Some(residual_norm(g, batch, &a.o, &pn, &a.x).await?))
     } else {
-        (matmuls(g, batch, &wo, &a.attn, &a.x, None, true).await?, None)
+        (matmuls(g, batch, &wo, &a.attn, &a.x, None, true, None).await?, None)
     };
-    let ffn_norm = norm(g, batch, &a.x, &up.vector(&n("ffn_norm.weight")).await?, &a.h, c.n_embd, PerToken(1)).await?;
+    let ffn_norm_w = up.vector(&n("ffn_norm.weight")).await?;
+    let ffn_norm = if fold { None } else { Some(norm(g, batch, &a.x, &ffn_norm_w, &a.h, c.n_embd, PerToken(1)).await?) };
+    // What the gate and up matmuls read: x with the norm folded, else the norm's output.
+    let (ffn_x, folded) = if fold { (&a.x, Some(ops::matmul::MatmulNorm { w: &ffn_norm_w, eps: c.rms_eps })) } else { (&a.h, None) };
     // Without a post-norm the residual add is fused into the last op.
     let (ffn_out, accumulate) = if c.post_norms { (&a.o, false) } else { (&a.x, true) };
     let ffn = match (c.moe, &a.moe) {
         (Some(moe), Some(ma)) => {
             let k = moe.n_used as u32;
-            let router = matmuls(g, batch, &up.matrix(&n("ffn_gate_inp.weight")).await?, &a.h, &ma.logits, None, false).await?;
+            let router = matmuls(g, batch, &up.matrix(&n("ffn_gate_inp.weight")).await?, &a.h, &ma.logits, None, false, None).await?;
             let desc = ops::moe::MoeDesc { n_expert: moe.n_expert as u32, n_used: k };
             let route = ops::moe::MoeRoute::new(g.ctx, g.cache, batch, desc, &ma.logits, &ma.routes).await?;
             let mut gate_up = expert_matmuls(g, batch, &up.experts(&n("ffn_gate_exps.weight")).await?, &ma.routes, k, true, &a.h, &ma.gate).await?;
@@ -558,16 +583,17 @@ async fn layer(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<
             let (gate_up, glu) = match up.stack(&n("ffn_gate_up"), &[&gate, &upn]).await? {
                 Some(m) => {
                     let n_ff = c.n_ff as u32;
-                    (vec![fused_matmul(g, batch, &m, &a.h, (&a.gate, n_ff), None, n_ff, ops::matmul::Output::Glu(c.activation)).await?], None)
+                    let glu = ops::matmul::Output::Glu(c.activation);
+                    (vec![fused_matmul(g, batch, &m, ffn_x, (&a.gate, n_ff), None, n_ff, glu, folded).await?], None)
                 }
                 None => {
-                    let mut gate_up = matmuls(g, batch, &up.matrix(&gate).await?, &a.h, &a.gate, None, false).await?;
-                    gate_up.extend(matmuls(g, batch, &up.matrix(&upn).await?, &a.h, &a.up, None, false).await?);
+                    let mut gate_up = matmuls(g, batch, &up.matrix(&gate).await?, ffn_x, &a.gate, None, false, folded).await?;
+                    gate_up.extend(matmuls(g, batch, &up.matrix(&upn).await?, ffn_x, &a.up, None, false, folded).await?);
                     let glu_desc = ops::glu::GluDesc { act: c.activation, n_ff: c.n_ff as u32 };
                     (gate_up, Some(ops::glu::Glu::new(g.ctx, g.cache, batch, glu_desc, &a.gate, &a.up, &a.gate).await?))
                 }
             };
-            let down = matmuls(g, batch, &up.matrix(&n("ffn_down.weight")).await?, &a.gate, ffn_out, None, accumulate).await?;
+            let down = matmuls(g, batch, &up.matrix(&n("ffn_down.weight")).await?, &a.gate, ffn_out, None, accumulate, None).await?;
             Ffn::Dense { gate_up, glu, down }
         }
     };
@@ -610,7 +636,7 @@ pub async fn build(g: &GraphInputs<'_>, up: &mut Uploader<'_>) -> Result<Graph> 
         (true, None) => up.matrix("token_embd.weight").await?,
         (false, _) => up.matrix("output.weight").await?,
     };
-    let output = matmuls(g, g.head, &output, &a.last, &a.logits, None, false).await?;
+    let output = matmuls(g, g.head, &output, &a.last, &a.logits, None, false, None).await?;
     let softcap = match c.final_softcap {
         Some(cap) => Some(ops::softcap::SoftCap::new(g.ctx, g.cache, g.head, c.n_vocab as u32, cap, &a.logits).await?),
         None => None,

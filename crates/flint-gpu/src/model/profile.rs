@@ -2,15 +2,16 @@
 //! sampler when the step has output rows) in its own timed compute pass, with GPU timestamp
 //! queries. The draws are made (each output's sampler advances) but not read.
 
-use flint_core::backend::StepBatch;
+use flint_core::backend::{OpTime, StepBatch};
 
 use super::graph::{Encode, Step};
 use super::GpuModel;
 use crate::error::{GpuError, Result};
 
 impl GpuModel {
-    /// Runs `batch` with each op timed; returns (op label, GPU nanoseconds) in execution order.
-    pub async fn profile(&mut self, mut batch: StepBatch<'_>) -> Result<Vec<(String, f64)>> {
+    /// Runs `batch` with each op timed; returns each op's label, GPU time and dispatches in
+    /// execution order.
+    pub async fn profile(&mut self, mut batch: StepBatch<'_>) -> Result<Vec<OpTime>> {
         if !self.ctx.caps.timestamps {
             return Err(GpuError::Unsupported { op: "profile", message: "the adapter has no timestamp queries".into() });
         }
@@ -40,7 +41,9 @@ impl GpuModel {
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        let timed = |enc: &mut wgpu::CommandEncoder, i: usize, record: &mut dyn FnMut(&mut wgpu::ComputePass<'_>)| {
+        let mut dispatches = vec![0u32; n as usize];
+        let mut timed = |enc: &mut wgpu::CommandEncoder, i: usize, record: &mut dyn FnMut(&mut wgpu::ComputePass<'_>)| {
+            let before = crate::ops::dispatches();
             let i = i as u32;
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("profiled op"),
@@ -51,6 +54,7 @@ impl GpuModel {
                 }),
             });
             record(&mut pass);
+            dispatches[i as usize] = (crate::ops::dispatches() - before) as u32;
         };
         for (i, (op, step)) in ops.iter().enumerate() {
             timed(&mut enc, i, &mut |pass| op.encode(pass, step));
@@ -64,6 +68,7 @@ impl GpuModel {
         let bytes = crate::buffer::read(&self.ctx, &resolved, 0, 16 * n as u64).await?;
         let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes);
         let period = self.ctx.queue.get_timestamp_period() as f64;
-        Ok(labels.into_iter().enumerate().map(|(i, label)| (label, ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period)).collect())
+        let ns = |i: usize| ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period;
+        Ok(labels.into_iter().enumerate().map(|(i, op)| OpTime { op, ns: ns(i), dispatches: dispatches[i] }).collect())
     }
 }

@@ -437,18 +437,18 @@ impl Attention {
             Some((rows, bind)) => {
                 pass.set_pipeline(rows);
                 pass.set_bind_group(0, bind, &[]);
-                pass.dispatch_workgroups((n_tok * self.n_head).div_ceil(ROWS_WG), n_split, 1);
+                crate::ops::dispatch(pass, (n_tok * self.n_head).div_ceil(ROWS_WG), n_split, 1);
             }
             None => {
                 pass.set_pipeline(&self.split);
                 pass.set_bind_group(0, &self.split_bind, &[]);
-                pass.dispatch_workgroups(n_split, self.n_head, n_tok);
+                crate::ops::dispatch(pass, n_split, self.n_head, n_tok);
             }
         }
         if n_split > 1 {
             pass.set_pipeline(&self.combine);
             pass.set_bind_group(0, &self.combine_bind, &[]);
-            pass.dispatch_workgroups(n_split, self.n_head, n_tok);
+            crate::ops::dispatch(pass, n_split, self.n_head, n_tok);
         }
     }
 }

@@ -89,7 +89,7 @@ impl KvWrite {
         }
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind, &[]);
-        pass.dispatch_workgroups(self.groups_x, n_tok, 1);
+        crate::ops::dispatch(pass, self.groups_x, n_tok, 1);
     }
 }
 

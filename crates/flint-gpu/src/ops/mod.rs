@@ -52,6 +52,23 @@ pub fn fold_groups(n: u32) -> (u32, u32) {
     }
 }
 
+std::thread_local! {
+    /// Dispatches this thread has recorded (see [`dispatch`]).
+    static DISPATCHES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Records a dispatch of x × y × z workgroups; every op records through here, so that a
+/// profile can count each op's dispatches ([`dispatches`]).
+pub fn dispatch(pass: &mut wgpu::ComputePass<'_>, x: u32, y: u32, z: u32) {
+    DISPATCHES.with(|d| d.set(d.get() + 1));
+    pass.dispatch_workgroups(x, y, z);
+}
+
+/// Dispatches recorded on this thread so far.
+pub fn dispatches() -> u64 {
+    DISPATCHES.with(|d| d.get())
+}
+
 /// Records `groups` workgroups of `pipeline` (folded into a 2-D grid), or nothing for 0.
 pub fn dispatch_folded(pass: &mut wgpu::ComputePass<'_>, pipeline: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, groups: u32) {
     if groups == 0 {
@@ -60,7 +77,7 @@ pub fn dispatch_folded(pass: &mut wgpu::ComputePass<'_>, pipeline: &wgpu::Comput
     let (gx, gy) = fold_groups(groups);
     pass.set_pipeline(pipeline);
     pass.set_bind_group(0, bind, &[]);
-    pass.dispatch_workgroups(gx, gy, 1);
+    dispatch(pass, gx, gy, 1);
 }
 
 /// The per-step batch description shared by every op: `BatchInfo` (uniform) and the

@@ -198,13 +198,13 @@ impl Penalize {
             let k = &self.kernels[EDIT];
             pass.set_pipeline(&k.pipeline);
             pass.set_bind_group(0, &k.bind, &[]);
-            pass.dispatch_workgroups(x, y, 1);
+            crate::ops::dispatch(pass, x, y, 1);
         }
         if plan.mask {
             let k = &self.kernels[MASK];
             pass.set_pipeline(&k.pipeline);
             pass.set_bind_group(0, &k.bind, &[]);
-            pass.dispatch_workgroups(self.n_vocab.div_ceil(WG), plan.n_rows, 1);
+            crate::ops::dispatch(pass, self.n_vocab.div_ceil(WG), plan.n_rows, 1);
         }
     }
 }

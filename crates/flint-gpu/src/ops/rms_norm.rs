@@ -143,6 +143,6 @@ impl RmsNorm {
         let (gx, gy) = fold_groups(n_rows);
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind, &[]);
-        pass.dispatch_workgroups(gx, gy, 1);
+        crate::ops::dispatch(pass, gx, gy, 1);
     }
 }

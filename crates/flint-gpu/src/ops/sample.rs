@@ -475,7 +475,7 @@ impl Sampler {
 fn run(pass: &mut wgpu::ComputePass<'_>, k: &Kernel, x: u32, y: u32, z: u32) {
     pass.set_pipeline(&k.pipeline);
     pass.set_bind_group(0, &k.bind, &[]);
-    pass.dispatch_workgroups(x, y, z);
+    crate::ops::dispatch(pass, x, y, z);
 }
 
 /// A step's results from the `out` words ([n_rows, n_draws]) and the `lp` records
