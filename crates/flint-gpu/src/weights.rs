@@ -214,7 +214,7 @@ impl<'a> Uploader<'a> {
             let label = if n == n_units { t.name.clone() } else { format!("{}[{}]", t.name, parts.len()) };
             let rows = (first * unit_rows, n * unit_rows);
             let buffer = crate::buffer::storage(self.ctx, &label, rows.1 * gpu_row)?;
-            self.copy_rows(t, rows, &buffer, 0).await?;
+            self.copy_rows(t, rows, t.ty, &buffer, 0).await?;
             parts.push((buffer, n as u32, first as u32));
             first += n;
         }
@@ -261,11 +261,7 @@ impl<'a> Uploader<'a> {
         let buffer = crate::buffer::storage(self.ctx, name, bytes)?;
         let mut at = 0;
         for t in &ts {
-            if t.ty == ty {
-                self.copy_rows(t, (0, t.dims[1]), &buffer, at * gpu_row).await?;
-            } else {
-                self.copy_recoded(t, ty, &buffer, at * gpu_row).await?;
-            }
+            self.copy_rows(t, (0, t.dims[1]), ty, &buffer, at * gpu_row).await?;
             at += t.dims[1];
         }
         let parts = vec![WeightPart { buffer, rows: n_rows as u32, row_offset: 0 }];
@@ -304,41 +300,16 @@ impl<'a> Uploader<'a> {
     }
 
     /// Copies rows `first..first + n` of the 2-D or 3-D tensor `t` into `buffer` from byte
-    /// `at`, in GPU layout.
-    async fn copy_rows(&mut self, t: &TensorInfo, rows: (u64, u64), buffer: &wgpu::Buffer, at: u64) -> Result<()> {
+    /// `at` as format `ty` (its own, or a stack's: see [`stack_format`]) in GPU layout.
+    async fn copy_rows(&mut self, t: &TensorInfo, rows: (u64, u64), ty: QuantType, buffer: &wgpu::Buffer, at: u64) -> Result<()> {
         let all_rows = t.dims[1..].iter().product::<u64>();
         let src_row = t.n_bytes / all_rows;
-        if layout::repacked(t.ty) {
-            let gpu_row = layout::row_bytes(t.ty, t.dims[0]).unwrap_or(u64::MAX);
-            self.copy_repacked(t, rows, src_row, gpu_row, buffer, at).await
+        if layout::repacked(ty) || ty != t.ty {
+            let gpu_row = layout::row_bytes(ty, t.dims[0]).unwrap_or(u64::MAX);
+            self.copy_repacked(t, rows, src_row, ty, gpu_row, buffer, at).await
         } else {
             self.copy(t, rows.0 * src_row, rows.1 * src_row, buffer, at).await
         }
-    }
-
-    /// Copies the matrix `t` into `buffer` from byte `at`, recoded to `ty` (Q8_0, see
-    /// [`stack_format`]) and in its GPU layout, whole rows at a time.
-    async fn copy_recoded(&mut self, t: &TensorInfo, ty: QuantType, buffer: &wgpu::Buffer, at: u64) -> Result<()> {
-        let (n_in, n_rows) = (t.dims[0], t.dims[1]);
-        let src_row = t.n_bytes / n_rows;
-        let gpu_row = layout::row_bytes(ty, n_in).unwrap_or(u64::MAX);
-        let per_write = (CHUNK_BYTES as u64 / src_row).max(1);
-        let mut packed = Vec::new();
-        let mut done = 0u64;
-        while done < n_rows {
-            let rows = per_write.min(n_rows - done);
-            let len = (rows * src_row) as usize;
-            let src = read_range(self.file, &mut self.scratch, t, done * src_row, len, len).await?;
-            let recoded = quant::exact_q8_0(t.ty, src)
-                .filter(|_| ty == QuantType::Q8_0)
-                .ok_or_else(|| GpuError::Unsupported { op: "upload", message: format!("{} cannot be recoded from {} to {ty}", t.name, t.ty) })?;
-            packed.clear();
-            layout::append_rows(ty, n_in as usize, &recoded, &mut packed);
-            self.ctx.queue.write_buffer(buffer, at + done * gpu_row, &packed);
-            done += rows;
-            self.queued(packed.len(), len)?;
-        }
-        Ok(())
     }
 
     /// Copies `len` bytes of tensor `t` from byte `start` into `buffer` from byte `at`, chunk
@@ -358,8 +329,20 @@ impl<'a> Uploader<'a> {
     }
 
     /// Copies rows `first..first + n` of tensor `t` (`src_row` bytes each in the file) into
-    /// `buffer` from byte `at` in GPU layout (`gpu_row` bytes each), whole rows at a time.
-    async fn copy_repacked(&mut self, t: &TensorInfo, (first, n): (u64, u64), src_row: u64, gpu_row: u64, buffer: &wgpu::Buffer, at: u64) -> Result<()> {
+    /// `buffer` from byte `at` as format `ty` in its GPU layout (`gpu_row` bytes each), whole
+    /// rows at a time; rows of another format than `ty` are recoded (Q4_0 and Q5_0 to Q8_0,
+    /// see [`stack_format`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn copy_repacked(
+        &mut self,
+        t: &TensorInfo,
+        (first, n): (u64, u64),
+        src_row: u64,
+        ty: QuantType,
+        gpu_row: u64,
+        buffer: &wgpu::Buffer,
+        at: u64,
+    ) -> Result<()> {
         let per_write = (CHUNK_BYTES as u64 / src_row).max(1);
         let mut packed = Vec::new();
         let mut done = 0u64;
@@ -367,8 +350,18 @@ impl<'a> Uploader<'a> {
             let rows = per_write.min(n - done);
             let (start, len) = ((first + done) * src_row, (rows * src_row) as usize);
             let src = read_range(self.file, &mut self.scratch, t, start, len, len).await?;
+            let recoded;
+            let src = match t.ty == ty {
+                true => src,
+                false => {
+                    recoded = quant::exact_q8_0(t.ty, src)
+                        .filter(|_| ty == QuantType::Q8_0)
+                        .ok_or_else(|| GpuError::Unsupported { op: "upload", message: format!("{} cannot be recoded from {} to {ty}", t.name, t.ty) })?;
+                    &recoded[..]
+                }
+            };
             packed.clear();
-            layout::append_rows(t.ty, t.dims[0] as usize, src, &mut packed);
+            layout::append_rows(ty, t.dims[0] as usize, src, &mut packed);
             self.ctx.queue.write_buffer(buffer, at + done * gpu_row, &packed);
             done += rows;
             self.queued(packed.len(), len)?;

@@ -396,17 +396,18 @@ async fn qkv(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize, x: &wgpu::Bu
     for name in &names {
         formats.push(up.format(name)?);
     }
-    let mut out = Vec::new();
-    let mut done = [false; 3];
-    for i in 0..3 {
-        if done[i] {
-            continue;
+    // All three in one set where their formats stack (`weights::stack_format`) and their rows
+    // are as long, else a set for each format.
+    let all = crate::weights::stack_format(&formats.iter().map(|f| f.0).collect::<Vec<_>>()).is_some() && formats.iter().all(|f| f.1 == formats[0].1);
+    let mut sets: Vec<Vec<usize>> = Vec::new();
+    for j in 0..3 {
+        match sets.iter_mut().find(|set| all || formats[set[0]] == formats[j]) {
+            Some(set) => set.push(j),
+            None => sets.push(vec![j]),
         }
-        // All three where they have a stack format (`weights::stack_format`), else each set
-        // that shares one.
-        let all = crate::weights::stack_format(&formats.iter().map(|f| f.0).collect::<Vec<_>>()).is_some() && formats.iter().all(|f| f.1 == formats[0].1);
-        let set: Vec<usize> = (i..3).filter(|&j| !done[j] && (all || formats[j] == formats[i])).collect();
-        set.iter().for_each(|&j| done[j] = true);
+    }
+    let mut out = Vec::new();
+    for set in sets {
         let stacked = match set.len() {
             1 => None,
             _ => up.stack(&n(&format!("qkv{}", set.len())), &set.iter().map(|&j| names[j].as_str()).collect::<Vec<_>>()).await?,
