@@ -75,6 +75,9 @@ pub struct BackendOptions {
     /// How K and V elements are stored (`--cache-type-k`, `--cache-type-v`).
     pub cache_k: KvType,
     pub cache_v: KvType,
+    /// The exact mode: kernels whose results do not depend on what shares a step (a GPU
+    /// backend then never takes its tiled GEMM).
+    pub exact: bool,
 }
 
 impl BackendOptions {

@@ -29,8 +29,16 @@ use flint_core::sched::SchedConfig;
 fn cpu(file: GgufFile, n_ctx: usize, max_batch_tokens: usize, kv_budget_bytes: Option<u64>) -> CpuBackend {
     let file = Arc::new(file);
     let cfg = ModelConfig::from_gguf(&file).unwrap();
-    let opts =
-        BackendOptions { n_ctx, max_seqs: 4, max_batch_tokens, max_outputs: 8, kv_budget_bytes, cache_k: Default::default(), cache_v: Default::default() };
+    let opts = BackendOptions {
+        n_ctx,
+        max_seqs: 4,
+        max_batch_tokens,
+        max_outputs: 8,
+        kv_budget_bytes,
+        cache_k: Default::default(),
+        cache_v: Default::default(),
+        exact: true,
+    };
     futures::executor::block_on(CpuBackend::new(file, cfg, &opts)).unwrap()
 }
 

@@ -1,7 +1,8 @@
 //! Times one quantized matmul on the default adapter (wall clock), for kernel tuning:
 //!   cargo run --release -p flint-gpu --example matmul_speed -- Q5_0 896 4864 128 [reps] [fusion]
 //! (format, n_in, n_rows, tokens; fusion: `norm` folds an RMSNorm in, `glu` stacks as many up
-//! rows and ends in SiLU, `glu+norm` both). Prints milliseconds per dispatch, the bytes it moves per
+//! rows and ends in SiLU, `glu+norm` both; `+exact` keeps the exact mode's kernels, without
+//! the tiled GEMM past 16 tokens on GPUs). Prints milliseconds per dispatch, the bytes it moves per
 //! second (weights, activations and outputs, each once) and TFLOP/s; the first
 //! dispatch (pipeline warm-up) is not timed, but printed apart with the pipeline's creation
 //! (with an empty `MESA_SHADER_CACHE_DIR`, that is the kernel's compile time on lavapipe).
@@ -20,7 +21,7 @@ fn main() {
     let num = |i: usize, d: u32| args.get(i).map_or(d, |s| s.parse().expect("a number"));
     let (n_in, n_rows, n_tok, reps) = (num(1, 896), num(2, 4864), num(3, 128), num(4, 3));
     let fusion = args.get(5).map_or("", |s| s.as_str());
-    let (glu, norm) = (fusion.contains("glu"), fusion.contains("norm"));
+    let (glu, norm, exact) = (fusion.contains("glu"), fusion.contains("norm"), fusion.contains("exact"));
     futures::executor::block_on(async {
         let ctx = GpuContext::new().await.expect("adapter");
         let cache = PipelineCache::new();
@@ -46,6 +47,7 @@ fn main() {
             ids: None,
             output: if glu { flint_gpu::ops::matmul::Output::Glu(flint_core::arch::Activation::Silu) } else { flint_gpu::ops::matmul::Output::Rows },
             norm: norm.then_some(flint_gpu::ops::matmul::MatmulNorm { w: &g, eps: 1e-6 }),
+            exact,
         };
         let t_build = std::time::Instant::now();
         let mm = Matmul::new(&ctx, &cache, &batch.info, &desc, &w, &x, &y, None).await.unwrap();

@@ -19,6 +19,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     ("kv_write.wgsl", include_str!("../../../shaders/kv_write.wgsl")),
     ("matmul.wgsl", include_str!("../../../shaders/matmul.wgsl")),
     ("matmul_blocked.wgsl", include_str!("../../../shaders/matmul_blocked.wgsl")),
+    ("matmul_tiled.wgsl", include_str!("../../../shaders/matmul_tiled.wgsl")),
     ("matmul_io.wgsl", include_str!("../../../shaders/matmul_io.wgsl")),
     ("moe.wgsl", include_str!("../../../shaders/moe.wgsl")),
     ("paged.wgsl", include_str!("../../../shaders/paged.wgsl")),

@@ -43,12 +43,14 @@ struct Case {
     max_tokens: Option<u32>,
     bias: bool,
     accumulate: bool,
+    /// The exact mode (no tiled GEMM past 16 tokens on GPUs).
+    exact: bool,
     seed: u64,
 }
 
 impl Case {
     fn new(ty: QuantType, n_rows: u32, n_tok: u32, seed: u64) -> Case {
-        Case { ty, n_in: odd_n_in(ty), n_rows, n_tok, row_offset: 0, y_stride: n_rows, max_tokens: None, bias: false, accumulate: false, seed }
+        Case { ty, n_in: odd_n_in(ty), n_rows, n_tok, row_offset: 0, y_stride: n_rows, max_tokens: None, bias: false, accumulate: false, exact: false, seed }
     }
 }
 
@@ -60,7 +62,7 @@ async fn run(ctx: &GpuContext, case: Case) {
 
 /// Runs `case` on the GPU and checks it against the CPU reference; returns the NMSE.
 async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> f64 {
-    let Case { ty, n_in, n_rows, n_tok, row_offset, y_stride, max_tokens, bias, accumulate, seed } = case;
+    let Case { ty, n_in, n_rows, n_tok, row_offset, y_stride, max_tokens, bias, accumulate, exact, seed } = case;
     let (n_in, n_rows, n_tok_u, y_stride_u) = (n_in as usize, n_rows as usize, n_tok as usize, y_stride as usize);
     let mut rng = TestRng::new(seed);
     let max_tokens = max_tokens.unwrap_or(n_tok).max(n_tok);
@@ -94,8 +96,11 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> f64 {
         ids: None,
         output: flint_gpu::ops::matmul::Output::Rows,
         norm: None,
+        exact,
     };
     let mm = Matmul::new(ctx, cache, &batch.info, &desc, &w_buf, &x_buf, &y_buf, bias.then_some(&b_buf)).await.unwrap_or_else(|e| panic!("{case:?}: {e}"));
+    let gemm = !exact && !ctx.caps.cpu_like && n_tok > *TOKEN_BLOCKS.last().unwrap();
+    assert_eq!(mm.shape(n_tok).gemm, gemm, "{case:?}: the tiled GEMM takes steps past 16 tokens on GPUs outside the exact mode");
     submit(ctx, |p| mm.encode(p, n_tok));
     let got = read_f32(ctx, &y_buf, 0, y0.len()).await.unwrap();
     ctx.check().unwrap_or_else(|e| panic!("{case:?}: {e}"));
@@ -213,9 +218,22 @@ fn on_lane_teams(test: &str, subgroups: bool) {
     // dequantization no other case here runs, with rows of 64, 24, 41 and 40 chunks.
     let formats = [(QuantType::Q5_0, 5 * 32), (QuantType::Q8_0, 41 * 32), (QuantType::Q4K, 2048)];
     let added = [(QuantType::Q2K, 2048), (QuantType::Q3K, 3 * 256), (QuantType::IQ4NL, 41 * 32), (QuantType::IQ4XS, 5 * 256)];
+    // 37 tokens through the tiled GEMM, and in the exact mode through 16-token tiles.
     let cases = formats.into_iter().chain(added).flat_map(|(ty, n_in)| {
-        [1, 13, 37].map(|n_tok| Case { n_in, row_offset: 1, y_stride: 44, bias: true, accumulate: n_tok == 13, ..Case::new(ty, 43, n_tok, 60 + n_tok as u64) })
+        [(1, false), (13, false), (37, false), (37, true)].map(|(n_tok, exact)| Case {
+            n_in,
+            row_offset: 1,
+            y_stride: 44,
+            bias: true,
+            accumulate: n_tok == 13,
+            exact,
+            ..Case::new(ty, 43, n_tok, 60 + n_tok as u64)
+        })
     });
+    // The GEMM over several row and token tiles, ragged in both: 150 rows (64-row tiles),
+    // 130 tokens (64-token tiles), accumulating into a wider y.
+    let tiles = [QuantType::Q8_0, QuantType::Q6K].map(|ty| Case { n_in: 512, row_offset: 3, y_stride: 160, accumulate: true, ..Case::new(ty, 150, 130, 70) });
+    let cases = cases.chain(tiles);
     run_cases_on(ctx, test, cases, |ctx, case| async move {
         run_in(ctx, cache, case).await;
     });
@@ -236,7 +254,20 @@ fn rejects_bad_shapes() {
     flint_gpu::gpu_test!(ctx => {
         let batch = Batch::new(ctx, 4, 1, 1, 16).unwrap();
         let buf = storage_init(ctx, "any", &[0u8; 1 << 16]).unwrap();
-        let ok = MatmulDesc { label: "bad", ty: QuantType::Q4K, n_in: 256, n_rows: 4, row_offset: 0, y_stride: 4, max_tokens: 4, accumulate: false, ids: None, output: flint_gpu::ops::matmul::Output::Rows, norm: None };
+        let ok = MatmulDesc {
+            label: "bad",
+            ty: QuantType::Q4K,
+            n_in: 256,
+            n_rows: 4,
+            row_offset: 0,
+            y_stride: 4,
+            max_tokens: 4,
+            accumulate: false,
+            ids: None,
+            output: flint_gpu::ops::matmul::Output::Rows,
+            norm: None,
+            exact: false,
+        };
         let bad = [
             MatmulDesc { n_in: 128, ..ok },           // not whole super-blocks
             MatmulDesc { ty: QuantType::F32, n_in: 48, ..ok }, // not whole chunks
@@ -274,13 +305,14 @@ async fn rows_by_step(ctx: &GpuContext, cache: &PipelineCache, Invariance { ty, 
         ids: None,
         output: if fused { flint_gpu::ops::matmul::Output::Glu(Activation::Silu) } else { flint_gpu::ops::matmul::Output::Rows },
         norm: fused.then_some(flint_gpu::ops::matmul::MatmulNorm { w: &g, eps: NORM_EPS }),
+        exact: true,
     };
     let mm = Matmul::new(ctx, cache, &batch.info, &desc, &w, &x, &y, None).await.unwrap();
     let mut out = Vec::new();
     for &n in sizes {
         let shape = mm.shape(n);
         let want_block = TOKEN_BLOCKS.iter().copied().find(|&b| b >= n).unwrap_or(*TOKEN_BLOCKS.last().unwrap());
-        assert_eq!(shape.tokens, want_block, "{n} tokens take the smallest block that holds them");
+        assert_eq!((shape.tokens, shape.gemm), (want_block, false), "{n} tokens take the smallest block that holds them (exact mode)");
         batch.write(ctx, &vec![0; n as usize], &(0..n).collect::<Vec<_>>(), &vec![0; n as usize], &[&[0]]);
         submit(ctx, |p| mm.encode(p, n));
         let got = read_f32(ctx, &y, 0, (n * n_rows) as usize).await.unwrap();
@@ -309,7 +341,7 @@ const INVARIANCE: [Invariance; 2] =
 const INVARIANCE_FUSED: Invariance = Invariance { ty: QuantType::Q5_0, n_in: 41 * 32, n_rows: 70, fused: true };
 
 /// Steps of 1, 3 (block 4), 8, 9 and 16 (block 16) and 37 (tiles) tokens over the same x:
-/// token t's row must not change with the step.
+/// token t's row must not change with the step (the exact mode's promise).
 async fn rows_are_bit_identical(ctx: &GpuContext, cache: &PipelineCache, case: Invariance) {
     let ty = case.ty;
     let sizes = [1u32, 3, 8, 9, 16, 37];
@@ -346,6 +378,8 @@ struct FusedCase {
     kind: Fused,
     /// Fold an RMSNorm of x into the matmul.
     norm: bool,
+    /// The exact mode (no tiled GEMM past 16 tokens on GPUs).
+    exact: bool,
     seed: u64,
 }
 
@@ -368,7 +402,7 @@ fn act_f64(act: Activation, v: f64) -> f64 {
 
 async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) {
     use flint_gpu::ops::matmul::{Output, SplitOut};
-    let FusedCase { ty, n_in, n_tok, max_tokens, kind, norm, seed } = case;
+    let FusedCase { ty, n_in, n_tok, max_tokens, kind, norm, exact, seed } = case;
     let (n_in_u, n_tok_u) = (n_in as usize, n_tok as usize);
     let mut rng = TestRng::new(seed);
     let buf_tok = max_tokens as usize + SPARE_TOKENS;
@@ -432,6 +466,7 @@ async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) {
         ids: None,
         output,
         norm: folded,
+        exact,
     };
     let mm =
         Matmul::new(ctx, cache, &batch.info, &desc, &w_buf, &x_buf, &bufs[0], use_bias.then_some(&b_buf)).await.unwrap_or_else(|e| panic!("{case:?}: {e}"));
@@ -471,7 +506,8 @@ async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) {
 /// The folded norms' epsilon.
 const NORM_EPS: f32 = 1e-6;
 
-/// Both fusions through every token block (1, 3, 8 and 37 tokens: 16-token tiles), a legacy
+/// Both fusions through every token block (1, 3, 8 and 37 tokens: 16-token tiles, or on GPUs
+/// outside the exact mode the tiled GEMM), a legacy
 /// format through 1, 3 and 37 and a K-quant through 8 (the fusions' code does not depend on
 /// the format); 43 rows leave ragged row blocks. With `norms` (the lane-team kernels: CPU
 /// adapters do not fold norms) each also with a folded norm, and a folded norm alone on plain
@@ -481,7 +517,8 @@ fn fused_cases(norms: bool) -> Vec<FusedCase> {
     for (ty, n_in, n_toks) in [(QuantType::Q5_0, 41 * 32, &[1u32, 3, 37][..]), (QuantType::Q4K, 3 * 256, &[8][..])] {
         for (i, &n_tok) in n_toks.iter().enumerate() {
             let act = if i % 2 == 0 { Activation::Silu } else { Activation::GeluTanh };
-            let base = FusedCase { ty, n_in, n_tok, max_tokens: n_tok.max(4), kind: Fused::Glu { act, rows: 43 }, norm: false, seed: 80 + n_tok as u64 };
+            let base =
+                FusedCase { ty, n_in, n_tok, max_tokens: n_tok.max(4), kind: Fused::Glu { act, rows: 43 }, norm: false, exact: false, seed: 80 + n_tok as u64 };
             let rows = if i % 2 == 0 { [24, 11, 8] } else { [43, 5, 0] };
             let split = FusedCase { kind: Fused::Split { rows, bias: i != 1, accumulate: i >= 2 }, ..base };
             v.extend([base, split]);
@@ -489,6 +526,10 @@ fn fused_cases(norms: bool) -> Vec<FusedCase> {
                 v.extend([FusedCase { norm: true, ..base }, FusedCase { norm: true, ..split }]);
                 // A plain matmul (a split into one output) with the norm folded.
                 v.push(FusedCase { kind: Fused::Split { rows: [43, 0, 0], bias: false, accumulate: false }, norm: true, ..base });
+                if n_tok > 16 {
+                    // The tiled GEMM took those; the exact mode's 16-token tiles too.
+                    v.extend([FusedCase { norm: true, exact: true, ..base }, FusedCase { norm: true, exact: true, ..split }]);
+                }
             }
         }
     }
@@ -514,7 +555,20 @@ fn rejects_bad_fusions() {
     flint_gpu::gpu_test!(ctx => {
         let batch = Batch::new(ctx, 4, 1, 1, 16).unwrap();
         let buf = storage_init(ctx, "any", &[0u8; 1 << 16]).unwrap();
-        let ok = MatmulDesc { label: "bad", ty: QuantType::Q8_0, n_in: 64, n_rows: 8, row_offset: 0, y_stride: 8, max_tokens: 4, accumulate: false, ids: None, output: Output::Rows, norm: None };
+        let ok = MatmulDesc {
+            label: "bad",
+            ty: QuantType::Q8_0,
+            n_in: 64,
+            n_rows: 8,
+            row_offset: 0,
+            y_stride: 8,
+            max_tokens: 4,
+            accumulate: false,
+            ids: None,
+            output: Output::Rows,
+            norm: None,
+            exact: false,
+        };
         let glu = Output::Glu(Activation::Silu);
         let all = [SplitOut { rows: 8, y: &buf, y_stride: 8 }];
         let three = [SplitOut { rows: 1, y: &buf, y_stride: 8 }; 3];

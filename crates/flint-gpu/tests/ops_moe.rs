@@ -187,6 +187,7 @@ async fn matmul_case(ctx: &GpuContext, cache: &PipelineCache, c: Case) -> f64 {
             ids: Some(ids),
             output: flint_gpu::ops::matmul::Output::Rows,
             norm: None,
+            exact: false,
         };
         ops_.push(Matmul::new(ctx, cache, &batch.info, &desc, &wb, &xb, &yb, None).await.unwrap_or_else(|e| panic!("{c:?}: {e}")));
     }

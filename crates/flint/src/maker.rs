@@ -170,6 +170,7 @@ pub(crate) fn backend_options(config: &ModelConfig, opts: &LoadOptions, spec: &S
         kv_budget_bytes,
         cache_k: opts.cache_k,
         cache_v: opts.cache_v,
+        exact: opts.exact,
     }
 }
 

@@ -50,6 +50,7 @@ fn three_thousand_tokens_through_windowed_layers_match_the_cpu_reference() {
         kv_budget_bytes: None,
         cache_k: Default::default(),
         cache_v: Default::default(),
+        exact: true,
     };
 
     let mut cpu = futures::executor::block_on(CpuBackend::new(file.clone(), cfg.clone(), &opts)).unwrap();

@@ -310,6 +310,8 @@ pub struct GraphInputs<'a> {
     pub rope_factors: Option<Arc<[f32]>>,
     /// How the caches store K and V.
     pub kv_types: (KvType, KvType),
+    /// The exact mode (`BackendOptions::exact`).
+    pub exact: bool,
 }
 
 /// Every part's matmul of `m`: x → y (+ bias) (+ y with `accumulate`), `info` counting tokens;
@@ -340,6 +342,7 @@ async fn matmuls(
             ids: None,
             output: ops::matmul::Output::Rows,
             norm,
+            exact: g.exact,
         };
         // A bias covers all rows; it is only supported unsplit.
         let b = if p.row_offset == 0 { bias } else { None };
@@ -375,6 +378,7 @@ async fn fused_matmul(
         ids: None,
         output,
         norm,
+        exact: g.exact,
     };
     let fused = if matches!(output, ops::matmul::Output::Glu(_)) { "+glu" } else { "+split" };
     let op = ops::matmul::Matmul::new(g.ctx, g.cache, &info.info, &desc, &m.parts[0].buffer, x, y, bias).await?;
@@ -464,6 +468,7 @@ async fn expert_matmuls(
             ids: Some(ids),
             output: ops::matmul::Output::Rows,
             norm: None,
+            exact: g.exact,
         };
         let op = ops::matmul::Matmul::new(g.ctx, g.cache, &info.info, &desc, &p.buffer, x, y, None).await?;
         out.push(TypedMatmul { ty: m.ty, by_expert: true, fused: "", op });

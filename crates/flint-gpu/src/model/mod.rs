@@ -160,6 +160,7 @@ impl GpuModel {
             part: &part,
             rope_factors,
             kv_types: (layout.k_type, layout.v_type),
+            exact: opts.exact,
         };
         let upload = async {
             let graph = graph::build(&inputs, &mut up).await?;

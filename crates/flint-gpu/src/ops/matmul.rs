@@ -66,6 +66,13 @@ pub const SMALL_STEP_ROWS: u32 = 32;
 /// threshold (`matmul_speed`, same run).
 const CPU_WGS: [u32; 2] = [64, 8];
 const CPU_MIN_GROUPS: u64 = 16;
+/// The tiled GEMM (`shaders/matmul_tiled.wgsl`, GPUs, steps past the largest token block
+/// outside the exact mode): weight rows and tokens per tile, and its workgroup size. Two
+/// 64 × 32 f32 tiles fill WebGPU's default 16 KB of workgroup memory.
+pub const GEMM_ROWS: u32 = 64;
+pub const GEMM_TOKENS: u32 = 64;
+const GEMM_WG: u32 = 256;
+const GEMM_SHARED_BYTES: u32 = 2 * 32 * 4 * 64;
 
 /// The static shape of one weight part's matmul.
 #[derive(Clone, Copy, Debug)]
@@ -92,6 +99,9 @@ pub struct MatmulDesc<'a> {
     pub output: Output<'a>,
     /// The RMSNorm before the matmul, folded into it (x is then the un-normalized rows).
     pub norm: Option<MatmulNorm<'a>>,
+    /// The exact mode: every step size takes kernels that sum a token's products in one
+    /// order, so its bits do not depend on its step (no tiled GEMM, see [`takes_gemm`]).
+    pub exact: bool,
 }
 
 /// An RMSNorm folded into a matmul: y = (W · (x ⊙ w)) / sqrt(mean(x²) + eps).
@@ -193,14 +203,20 @@ pub struct Shape {
     pub glu: Option<Activation>,
     /// Folds the norm before it (`MatmulNorm`).
     pub norm: bool,
+    /// The tiled GEMM (`GEMM_ROWS` × `GEMM_TOKENS` tiles) rather than either family's kernel.
+    pub gemm: bool,
 }
 
 impl Shape {
     /// Rows one workgroup covers.
     pub fn rows_per_group(&self) -> u32 {
+        let halved = if self.glu.is_some() { 2 } else { 1 };
+        if self.gemm {
+            return GEMM_ROWS / halved;
+        }
         if self.blocked {
             // With GLU half the block's rows are the up rows.
-            self.wg * self.per / if self.glu.is_some() { 2 } else { 1 }
+            self.wg * self.per / halved
         } else {
             self.wg / self.per
         }
@@ -217,14 +233,32 @@ impl Shape {
         let mut pick = None;
         for &wg in wgs.iter().filter(|&&wg| wg <= most) {
             let per = if blocked { per } else { lanes_per_row(n_in / CHUNK, wg) };
-            let s = Shape { blocked, tokens, wg, per, ids: false, glu: None, norm: false };
+            let s = Shape { blocked, tokens, wg, per, ids: false, glu: None, norm: false, gemm: false };
             pick = Some(s);
             if groups(&s) >= min {
                 break;
             }
         }
-        pick.unwrap_or(Shape { blocked, tokens, wg: 1, per: if blocked { per } else { 1 }, ids: false, glu: None, norm: false })
+        pick.unwrap_or(Shape { blocked, tokens, wg: 1, per: if blocked { per } else { 1 }, ids: false, glu: None, norm: false, gemm: false })
     }
+
+    /// The tiled GEMM's shape.
+    pub fn gemm(glu: Option<Activation>, norm: bool) -> Shape {
+        Shape { blocked: false, tokens: GEMM_TOKENS, wg: GEMM_WG, per: GEMM_ROWS, ids: false, glu, norm, gemm: true }
+    }
+}
+
+/// Whether a matmul described by `d` takes the tiled GEMM for steps past the largest token
+/// block on an adapter with `caps` and `limits`: on GPUs, outside the exact mode (its sums'
+/// order differs from the other kernels', so a token's bits would depend on its step), for
+/// plain matrices (not by expert), where the adapter grants its workgroup.
+pub fn takes_gemm(caps: &crate::Caps, limits: &wgpu::Limits, d: &MatmulDesc) -> bool {
+    !d.exact
+        && !caps.cpu_like
+        && d.ids.is_none()
+        && d.max_tokens > TOKEN_BLOCKS[TOKEN_BLOCKS.len() - 1]
+        && limits.max_compute_workgroup_storage_size >= GEMM_SHARED_BYTES
+        && limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x) >= GEMM_WG
 }
 
 /// Lanes per row for rows of `chunks` chunks: the fewest idle lane-slots (lanes × rounds),
@@ -352,6 +386,9 @@ fn key(caps: &crate::Caps, ty: QuantType, shape: Shape, wrong: bool) -> Pipeline
         let on = shape.glu.is_some();
         d.flag("GLU", on).flag("GELU_TANH", shape.glu == Some(Activation::GeluTanh)).flag("WRONG", on && wrong)
     };
+    if shape.gemm {
+        return PipelineKey::new("matmul_tiled.wgsl", "main", glu(ShaderDefs::new().quant(ty).flag("NORM", shape.norm)));
+    }
     if shape.blocked {
         let defs = ShaderDefs::new()
             .quant(ty)
@@ -390,15 +427,18 @@ pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
             for &(ids, glu, norm) in &kinds {
                 for wg in GPU_WGS {
                     for tpr in LANES_PER_ROW.into_iter().filter(|&t| t <= wg) {
-                        let s = Shape { blocked: false, tokens, wg, per: tpr, ids, glu, norm };
+                        let s = Shape { blocked: false, tokens, wg, per: tpr, ids, glu, norm, gemm: false };
                         v.push(key(&crate::Caps { cpu_like: false, ..*caps }, ty, s, false));
                     }
                 }
                 // CPU adapters do not fold norms (see `folds_norms`).
                 for wg in CPU_WGS.into_iter().filter(|_| !norm) {
-                    v.push(key(caps, ty, Shape { blocked: true, tokens, wg, per: blocked_rows(tokens), ids, glu, norm }, false));
+                    v.push(key(caps, ty, Shape { blocked: true, tokens, wg, per: blocked_rows(tokens), ids, glu, norm, gemm: false }, false));
                 }
             }
+        }
+        for &(ids, glu, norm) in kinds.iter().filter(|k| !k.0) {
+            v.push(key(caps, ty, Shape { ids, ..Shape::gemm(glu, norm) }, false));
         }
     }
     v.sort_by_key(|k| k.label());
@@ -541,19 +581,32 @@ impl Matmul {
             return Err(GpuError::Limit { what: "matmul token tiles", need: tokens, limit: crate::ops::MAX_GROUPS_X as u64 * largest as u64 });
         }
         let mut variants = Vec::new();
+        let gemm = takes_gemm(&ctx.caps, &ctx.limits, d);
+        let glu = match d.output {
+            Output::Glu(act) => Some(act),
+            _ => None,
+        };
+        let mut shapes = Vec::new();
         for (i, &tb) in TOKEN_BLOCKS.iter().enumerate() {
-            // Steps up to this block's size (or any size for the largest) take this kernel.
+            // Steps up to this block's size (or any size for the largest, unless the GEMM
+            // takes those) take this kernel.
             let prev = if i == 0 { 0 } else { TOKEN_BLOCKS[i - 1] };
             if prev >= d.max_tokens {
                 break;
             }
-            let step_tokens = if i + 1 == TOKEN_BLOCKS.len() { d.max_tokens } else { tb.min(d.max_tokens) };
-            let glu = match d.output {
-                Output::Glu(act) => Some(act),
-                _ => None,
-            };
-            let shape = Shape { ids: d.ids.is_some(), glu, norm: d.norm.is_some(), ..Shape::choose(&ctx.caps, &ctx.limits, d.n_in, d.n_rows, tb, step_tokens) };
-            if shape.norm && (shape.blocked || shape.wg < NORM_LANES) {
+            let step_tokens = if i + 1 == TOKEN_BLOCKS.len() && !gemm { d.max_tokens } else { tb.min(d.max_tokens) };
+            shapes.push(Shape {
+                ids: d.ids.is_some(),
+                glu,
+                norm: d.norm.is_some(),
+                ..Shape::choose(&ctx.caps, &ctx.limits, d.n_in, d.n_rows, tb, step_tokens)
+            });
+        }
+        if gemm {
+            shapes.push(Shape::gemm(glu, d.norm.is_some()));
+        }
+        for shape in shapes {
+            if shape.norm && !shape.gemm && (shape.blocked || shape.wg < NORM_LANES) {
                 return Err(unsupported(format!("{}: a folded norm needs lane-team workgroups of {NORM_LANES} invocations", d.label)));
             }
             let groups = fold_groups(d.n_rows.div_ceil(shape.rows_per_group()));

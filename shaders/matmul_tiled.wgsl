@@ -1,0 +1,167 @@
+// Quantized matrix times a step's tokens as a register-tiled GEMM (GPUs, steps of more than
+// 16 tokens: prefill and large batches; ops::matmul picks it):
+//   y[t, row_offset + r] = Σ_i W[r, i] · x[t, i] (+ bias[r]) (+ y[t, row_offset + r])
+//
+// A workgroup of 256 invocations owns a tile of BM weight rows × BN tokens and walks the row
+// in 32-element chunks. Per chunk, BM lanes each dequantize one row's chunk once into
+// workgroup memory (ws, [k4][row]) and every lane loads a share of the tokens' activations
+// (xs, [k4][token]); then each lane multiplies TM rows × TN tokens from workgroup memory
+// into registers: 8 vec4 loads for 64 multiply-adds per vec4 step, where the lane-team
+// kernel (matmul.wgsl) re-reads each token's activations from memory for every row team.
+// Lane (tx, ty) takes rows ty, ty + 16, ... and tokens tx, tx + 16, ...: a subgroup's lanes
+// read 16 consecutive tokens (no bank conflicts) and two rows (broadcasts). Both tiles are
+// 8 KB, so the workgroup fits WebGPU's default 16 KB of workgroup memory.
+//
+// The sums run in another order than the lane-team kernels' and the step's size decides
+// which kernel a token takes, so a token's bits depend on its step: the exact mode
+// (ops::matmul::MatmulDesc::exact) never builds this kernel.
+//
+// With GLU the tile's rows are BM / 2 gate rows over their BM / 2 up rows, so each lane
+// holds a gate row's sums and its up row's (rows ty + 16 i and ty + 16 i + BM / 2) and stores
+// act(gate) · up. With NORM (x is the residual stream) the workgroup first sums its tokens'
+// squares, the activations are multiplied by the norm weight as they are staged, and a
+// token's sums are scaled by its 1 / rms before the store. Bias, accumulation and split
+// outputs are matmul_io.wgsl's run-time flags. Not by expert (IDS).
+//
+// Defines: the format (ShaderDefs::quant), GLU, GELU_TANH, NORM.
+
+#define HAS_BATCH
+#include "matmul_io.wgsl"
+
+#include "dequant.wgsl"
+
+const WG: u32 = 256u;
+// Lanes per tile side: WG = SIDE × SIDE.
+const SIDE: u32 = 16u;
+// Weight rows and tokens per tile, and per lane.
+const BM: u32 = 64u;
+const BN: u32 = 64u;
+const TM: u32 = BM / SIDE;
+const TN: u32 = BN / SIDE;
+
+#ifdef GLU
+// Output rows per tile (a gate row and its up row each).
+const OUT_ROWS: u32 = BM / 2u;
+#else
+const OUT_ROWS: u32 = BM;
+#endif
+
+#ifdef NORM
+// Lanes that sum one token's squares.
+const PER_TOKEN: u32 = WG / BN;
+#endif
+
+// The tile's dequantized chunk, [k4][row], and its tokens' activations, [k4][token].
+var<workgroup> ws: array<vec4<f32>, 8u * BM>;
+var<workgroup> xs: array<vec4<f32>, 8u * BN>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let r0 = linear_group(wg, p.groups_x) * OUT_ROWS;
+    let t0 = wg.z * BN;
+    let n_tok = batch.n_tok;
+    let tx = lid % SIDE;
+    let ty = lid / SIDE;
+    let n_chunks = p.n_in / CHUNK;
+    let x_row = p.n_in / 4u;
+
+#ifdef NORM
+    // Each token's 1 / rms: PER_TOKEN lanes a token, each over every PER_TOKEN-th chunk.
+    {
+        let tok = lid / PER_TOKEN;
+        var ss = 0.0;
+        if (t0 + tok < n_tok) {
+            let xb = (t0 + tok) * x_row;
+            for (var c = lid % PER_TOKEN; c < n_chunks; c += PER_TOKEN) {
+                for (var k = 0u; k < 8u; k++) {
+                    let v = x[xb + c * 8u + k];
+                    ss += dot(v, v);
+                }
+            }
+        }
+        xs[lid] = vec4<f32>(ss, 0.0, 0.0, 0.0);
+    }
+    workgroupBarrier();
+    var scale: array<f32, TN>;
+    for (var j = 0u; j < TN; j++) {
+        let b = (tx + SIDE * j) * PER_TOKEN;
+        var ss = 0.0;
+        for (var q = 0u; q < PER_TOKEN; q++) {
+            ss += xs[b + q].x;
+        }
+        scale[j] = norm_scale(ss);
+    }
+    // xs is staged again below.
+    workgroupBarrier();
+#endif
+
+    // The row this lane dequantizes (lanes below BM): tile row lid, with GLU an up row from
+    // BM / 2 on.
+    let w_r = r0 + lid % OUT_ROWS;
+    let w_live = lid < BM && w_r < p.n_rows;
+#ifdef GLU
+    let w_base = w_row(min(w_r, p.n_rows - 1u)) + select(0u, p.up_bytes, lid >= OUT_ROWS);
+#else
+    let w_base = w_row(min(w_r, p.n_rows - 1u));
+#endif
+
+    // acc[i * TN + j]: row ty + SIDE i, token tx + SIDE j.
+    var acc: array<f32, TM * TN>;
+    for (var c = 0u; c < n_chunks; c++) {
+        if (w_live) {
+            let q = dequant_chunk(w_base, c);
+            for (var k = 0u; k < 8u; k++) {
+                ws[k * BM + lid] = q[k];
+            }
+        }
+        // Tokens past the step repeat its last (never stored).
+        for (var s = 0u; s < 8u * BN / WG; s++) {
+            let i = lid + s * WG;
+            let tok = i / 8u;
+            let k4 = i % 8u;
+            var v = x[min(t0 + tok, n_tok - 1u) * x_row + c * 8u + k4];
+#ifdef NORM
+            v *= norm_w[c * 8u + k4];
+#endif
+            xs[k4 * BN + tok] = v;
+        }
+        workgroupBarrier();
+        for (var k = 0u; k < 8u; k++) {
+            var a: array<vec4<f32>, TM>;
+            var b: array<vec4<f32>, TN>;
+            for (var i = 0u; i < TM; i++) {
+                a[i] = ws[k * BM + ty + SIDE * i];
+            }
+            for (var j = 0u; j < TN; j++) {
+                b[j] = xs[k * BN + tx + SIDE * j];
+            }
+            for (var i = 0u; i < TM; i++) {
+                for (var j = 0u; j < TN; j++) {
+                    acc[i * TN + j] += dot(a[i], b[j]);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    for (var i = 0u; i < TM * OUT_ROWS / BM; i++) {
+        let r = r0 + ty + SIDE * i;
+        for (var j = 0u; j < TN; j++) {
+            let t = t0 + tx + SIDE * j;
+            if (r < p.n_rows && t < n_tok) {
+                var v = acc[i * TN + j];
+#ifdef NORM
+                v *= scale[j];
+#endif
+#ifdef GLU
+                var u = acc[(i + TM / 2u) * TN + j];
+#ifdef NORM
+                u *= scale[j];
+#endif
+                v = glu_act(v) * u;
+#endif
+                put(t, r, v);
+            }
+        }
+    }
+}
