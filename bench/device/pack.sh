@@ -11,7 +11,12 @@ cd "$(dirname "$0")/../.."
 out=.dev/device target=${CARGO_TARGET_DIR:-target}
 grep -qx '/.dev/' .git/info/exclude 2>/dev/null || echo /.dev/ >> .git/info/exclude
 grep -qx '/.gl/' .git/info/exclude || echo /.gl/ >> .git/info/exclude
+if [[ -n $(git status --porcelain) ]]; then
+  echo "pack.sh: the tree has uncommitted changes; commit them, so that results.json names what ran" >&2
+  exit 1
+fi
 rm -rf "$out" && mkdir -p "$out"/stage/{bin,llama,skel} "$out"/shared/golden/families .gl
+git rev-parse HEAD > "$out/commit"
 
 cargo build --release -p flint-cli
 cp "$target/release/flint" "$out/stage/bin/"

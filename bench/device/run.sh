@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One run on a lent GPU machine (the `device` tool), prepared by bench/device/pack.sh:
-#   device run `bash bench/device/run.sh`, carry [".gl", ".dev/device"], timeout_s 480.
+#   device run `bash bench/device/run.sh`, carry [".gl", ".dev/device"], timeout_s 360.
 # Lists the adapters, runs Flint's GPU tests (kernels against the CPU reference; the model
 # families against their golden logits; seeded sampling on a synthetic gemma), times single
 # matmuls (matmul_speed), then benches
 # Flint and llama.cpp (Vulkan) on the same synthetic models, one stream and several, and
-# profiles Flint's kernels. Results land in $OUT (at most 8 files come back).
+# profiles Flint's kernels, within 5 minutes. Results land in $OUT, 8 files: run.log,
+# devices.txt, tests.txt, matmul.txt, flint.jsonl, llama.jsonl, profile.txt and results.json
+# (copy it to bench/results/<date>-h200.json).
 set -u
 root=$PWD pack=$PWD/.dev/device out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -37,9 +39,9 @@ cat "$out/devices.txt"
 synth=$!
 
 log tests
-timeout 150 bash -c '
+timeout 100 bash -c '
   for t in flint_gpu context shaders_validate $(cd $B && ls ops_*) families; do
-    echo "--- $t"; timeout 60 $B/$t --test-threads 4 2>&1 | grep -E "^test .*FAILED|test result|panicked|left:|right:" | cut -c1-400
+    echo "--- $t"; timeout 40 $B/$t --test-threads 8 2>&1 | grep -E "^test .*FAILED|test result|panicked|left:|right:" | cut -c1-400
   done
   while [ ! -f $M/gemma-3-270m.gguf ]; do sleep 1; done
   echo "--- seeded (synthetic gemma; the golden tiny qwen3 drafts)"
@@ -49,31 +51,57 @@ cat "$out/tests.txt"
 wait $synth
 cat /tmp/synth.log
 
-fb() { log "flint bench $*"; timeout 90 $B/flint bench "$@" --format json >> "$out/flint.json" 2>> "$out/flint.txt"; echo >> "$out/flint.json"; }
-lb() { log "llama-bench $*"; GGML_VK_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=$L timeout 60 $L/llama-bench "$@" -ngl 99 >> "$out/llama.txt" 2>&1; }
+# Each bench appends a tagged record (bench/device/results.py); results.json is assembled from
+# whatever finished. The run must end within 5 minutes: the required rows first, the reported
+# ones only while time is left.
+R="python3 $root/bench/device/results.py"
+left() { (( SECONDS < $1 )); }
+fb() { # TAG TIMEOUT ARGS...: flint bench
+  local tag=$1 t=$2; shift 2
+  log "flint bench $* ($tag)"
+  timeout "$t" $B/flint bench "$@" --format json > /tmp/fb.json 2>> /tmp/flint.err && $R tag "$tag" "flint bench $*" < /tmp/fb.json >> "$out/flint.jsonl"
+  tail -3 /tmp/flint.err
+}
+lb() { # TAG TIMEOUT ARGS...: llama-bench
+  local tag=$1 t=$2; shift 2
+  log "llama-bench $* ($tag)"
+  GGML_VK_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=$L timeout "$t" $L/llama-bench "$@" -ngl 99 -o jsonl 2>> /tmp/llama.err |
+    $R tag "$tag" "llama-bench $* -ngl 99" >> "$out/llama.jsonl"
+}
 # One matmul per shape and step size (the models' feed-forward shapes; 9 tokens is the first
-# step past the 8-token kernel).
+# step past the 8-token kernel; 256 tokens through the tiled GEMM and, `exact`, the exact
+# mode's 16-token tiles; the norm folded into a fused gate/up at one token).
 log matmul_speed
-for shape in "Q5_0 896 4864" "Q6_K 4864 896" "Q4_K 3584 18944" "Q6_K 18944 3584"; do
-  for tokens in 1 8 9 16 256; do timeout 20 $B/matmul_speed $shape $tokens 20 2>&1 | grep -v "^note:" | tail -1; done
-done > "$out/matmul.txt"
+{
+  for shape in "Q5_0 896 4864" "Q6_K 4864 896" "Q4_K 3584 18944" "Q6_K 18944 3584"; do
+    timeout 20 $B/matmul_speed $shape 1,8,9,16,256 20 2>&1 | grep -v "^note:"
+    timeout 10 $B/matmul_speed $shape 256 20 exact 2>&1 | tail -1
+  done
+  for f in glu glu+norm; do timeout 10 $B/matmul_speed Q5_0 896 4864 1 50 $f 2>&1 | tail -1; done
+} > "$out/matmul.txt"
 cat "$out/matmul.txt"
 
-# Flint's prefill ran at about 0.25 TFLOP/s on the H200 (2026-12-04): the 7B runs short prompts
-# so that each step ends inside its timeout.
-for m in qwen2.5-coder-0.5b gemma-3-270m; do
-  fb -m $M/$m.gguf -p 512 -n 128 --reps 3
-  lb -m $M/$m.gguf -p 512 -n 128 -r 3
+# Required rows (llama-bench's defaults, -r 3), then the reported ones.
+for m in gemma-3-270m qwen2.5-coder-0.5b qwen2.5-7b-q4km; do
+  fb $m 75 -m $M/$m.gguf -p 512 -n 128 --reps 3
+  lb $m 60 -m $M/$m.gguf -p 512 -n 128 -r 3
 done
-fb -m $M/qwen2.5-7b-q4km.gguf -p 64 -n 64 --reps 2
-lb -m $M/qwen2.5-7b-q4km.gguf -p 64 -n 64 -r 2
-fb -m $M/qwen2.5-coder-0.5b.gguf -p 128 -n 64 --reps 2 --concurrency 1,8,32
-log "llama-batched-bench"
-GGML_VK_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=$L timeout 40 $L/llama-batched-bench -m $M/qwen2.5-coder-0.5b.gguf -ngl 99 \
-  -c 8192 -npp 128 -ntg 64 -npl 1,8,32 2>&1 | grep -E "^\|" >> "$out/llama.txt"
-for m in "qwen2.5-coder-0.5b -p 256" "qwen2.5-7b-q4km -p 64"; do
-  set -- $m
-  log "flint profile $*"
-  timeout 60 $B/flint bench -m $M/$1.gguf $2 $3 -n 16 --reps 1 --profile >> "$out/profile.txt" 2>&1
-done
+q=$M/qwen2.5-coder-0.5b.gguf
+fb concurrency 60 -m $q -p 128 -n 128 --reps 2 --concurrency 8,32
+log "llama-batched-bench -npp 128 -ntg 128 -npl 8,32"
+GGML_VK_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=$L timeout 40 $L/llama-batched-bench -m $q -ngl 99 -c 8192 -npp 128 -ntg 128 -npl 8,32 2>> /tmp/llama.err |
+  $R batched batched "llama-batched-bench -m MODEL -ngl 99 -c 8192 -npp 128 -ntg 128 -npl 8,32" >> "$out/llama.jsonl"
+left 200 && fb pp4096 40 -m $q -p 4096 -n 1 --reps 1
+left 200 && lb pp4096 30 -m $q -p 4096 -n 0 -r 1
+left 220 && fb d8192 45 -m $q -d 8192 -p 1 -n 128 --reps 1
+left 220 && lb d8192 30 -m $q -p 0 -n 128 -d 8192 -r 1
+left 250 && fb exact 30 -m $q -p 512 -n 128 --reps 2 --exact
+left 260 && FLINT_NO_SUBGROUPS=1 fb no-subgroups 30 -m $q -p 512 -n 128 --reps 2
+if left 270; then
+  log "flint profile"
+  timeout 25 $B/flint bench -m $q -p 256 -n 16 --reps 1 --profile > "$out/profile.txt" 2>&1
+fi
+log results
+$R assemble "$out" "$(cat "$pack/commit" 2>/dev/null || echo unknown)"
+cat /tmp/llama.err | grep -iE "error|fail" | head -5
 log end

@@ -85,7 +85,9 @@ export interface EngineOptions {
   /**
    * The exact mode (default false): every result f32-faithful (NMSE at most 1e-5 against the
    * f32 reference) and batch-invariant (a sequence's logits the same bits whatever runs beside
-   * it). It keeps the KV cache in f32; asking for another cache type with it is an error.
+   * it). It keeps the KV cache in f32; asking for another cache type with it is an error. On
+   * GPUs it also keeps steps of more than 16 tokens off the tiled GEMM, whose sums' order
+   * differs.
    */
   exact?: boolean;
   /**

@@ -1,6 +1,6 @@
 //! Times one quantized matmul on the default adapter (wall clock), for kernel tuning:
-//!   cargo run --release -p flint-gpu --example matmul_speed -- Q5_0 896 4864 128 [reps] [fusion]
-//! (format, n_in, n_rows, tokens; fusion: `norm` folds an RMSNorm in, `glu` stacks as many up
+//!   cargo run --release -p flint-gpu --example matmul_speed -- Q5_0 896 4864 1,8,128 [reps] [fusion]
+//! (format, n_in, n_rows, step sizes in tokens, each timed on one op built for the largest; fusion: `norm` folds an RMSNorm in, `glu` stacks as many up
 //! rows and ends in SiLU, `glu+norm` both; `+exact` keeps the exact mode's kernels, without
 //! the tiled GEMM past 16 tokens on GPUs). Prints milliseconds per dispatch, the bytes it moves per
 //! second (weights, activations and outputs, each once) and TFLOP/s; the first
@@ -19,7 +19,9 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let ty = QuantType::ALL.into_iter().find(|t| t.to_string().eq_ignore_ascii_case(args.first().map_or("Q5_0", |s| s))).expect("unknown format");
     let num = |i: usize, d: u32| args.get(i).map_or(d, |s| s.parse().expect("a number"));
-    let (n_in, n_rows, n_tok, reps) = (num(1, 896), num(2, 4864), num(3, 128), num(4, 3));
+    let (n_in, n_rows, reps) = (num(1, 896), num(2, 4864), num(4, 3));
+    let steps: Vec<u32> = args.get(3).map_or("128", |s| s.as_str()).split(',').map(|s| s.parse().expect("token counts")).collect();
+    let n_tok = *steps.iter().max().expect("a token count");
     let fusion = args.get(5).map_or("", |s| s.as_str());
     let (glu, norm, exact) = (fusion.contains("glu"), fusion.contains("norm"), fusion.contains("exact"));
     futures::executor::block_on(async {
@@ -51,7 +53,7 @@ fn main() {
         };
         let t_build = std::time::Instant::now();
         let mm = Matmul::new(&ctx, &cache, &batch.info, &desc, &w, &x, &y, None).await.unwrap();
-        let run = |n: u32| {
+        let run = |n: u32, n_tok: u32| {
             let mut enc = ctx.device.create_command_encoder(&Default::default());
             for _ in 0..n {
                 let mut pass = enc.begin_compute_pass(&Default::default());
@@ -59,21 +61,27 @@ fn main() {
             }
             ctx.queue.submit([enc.finish()]);
         };
-        run(1);
-        read_f32(&ctx, &y, 0, 1).await.unwrap();
-        let first_s = t_build.elapsed().as_secs_f64();
-        let t0 = std::time::Instant::now();
-        run(reps);
-        read_f32(&ctx, &y, 0, 1).await.unwrap();
-        let ms = t0.elapsed().as_secs_f64() * 1e3 / reps as f64;
-        let flops = 2.0 * n_in as f64 * w_rows as f64 * n_tok as f64;
-        let bytes = w.size() as f64 + 4.0 * n_tok as f64 * (n_in + n_rows) as f64;
         let fusion = if fusion.is_empty() { "plain" } else { fusion };
-        let (gbs, tflops) = (bytes / (ms * 1e6), flops / (ms * 1e9));
-        println!(
-            "{ty} {n_in}x{n_rows} x {n_tok} tokens, {fusion} ({:?}) on {}: {ms:.3} ms, {gbs:.1} GB/s, {tflops:.3} TFLOP/s; pipeline + first dispatch {first_s:.1} s",
-            mm.shape(n_tok),
-            ctx.adapter_name()
-        );
+        // The first step's pipeline is built with the op; a later step's at its first dispatch.
+        let mut t_first = t_build;
+        for &n_tok in &steps {
+            batch.write(&ctx, &vec![0; n_tok as usize], &pos[..n_tok as usize], &vec![0; n_tok as usize], &[&[0]]);
+            run(1, n_tok);
+            read_f32(&ctx, &y, 0, 1).await.unwrap();
+            let first_s = t_first.elapsed().as_secs_f64();
+            let t0 = std::time::Instant::now();
+            run(reps, n_tok);
+            read_f32(&ctx, &y, 0, 1).await.unwrap();
+            let ms = t0.elapsed().as_secs_f64() * 1e3 / reps as f64;
+            let flops = 2.0 * n_in as f64 * w_rows as f64 * n_tok as f64;
+            let bytes = w.size() as f64 + 4.0 * n_tok as f64 * (n_in + n_rows) as f64;
+            let (gbs, tflops) = (bytes / (ms * 1e6), flops / (ms * 1e9));
+            println!(
+                "{ty} {n_in}x{n_rows} x {n_tok} tokens, {fusion} ({:?}) on {}: {ms:.3} ms, {gbs:.1} GB/s, {tflops:.3} TFLOP/s; pipeline + first dispatch {first_s:.1} s",
+                mm.shape(n_tok),
+                ctx.adapter_name()
+            );
+            t_first = std::time::Instant::now();
+        }
     });
 }

@@ -171,10 +171,13 @@ impl GpuContext {
             };
         };
         let mut required = wgpu::Features::empty();
+        // FLINT_NO_SUBGROUPS=1 (native) opens the device without subgroups, as a browser's
+        // WebGPU may be: the kernels' fallbacks, measured on a real GPU.
+        let subgroups = features.contains(wgpu::Features::SUBGROUP) && switch("FLINT_NO_SUBGROUPS").is_none();
         let caps = Caps {
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
-            subgroups: features.contains(wgpu::Features::SUBGROUP),
-            subgroup_min_size: if features.contains(wgpu::Features::SUBGROUP) { info.subgroup_min_size } else { 0 },
+            subgroups,
+            subgroup_min_size: if subgroups { info.subgroup_min_size } else { 0 },
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             // FLINT_TEST_GPU_KERNELS=1 (a test-only switch, native) runs a CPU-type adapter as
             // a GPU: the GPU kernels and graph (lane teams, folded norms, split attention) then

@@ -55,7 +55,9 @@ pub struct LoadOptions {
     /// The exact mode (`--exact`, npm `exact: true`): every result f32-faithful (within
     /// NMSE 1e-5 of the f32 reference) and batch-invariant (a sequence's logits the same bits
     /// whatever shares its step). It keeps the KV cache in f32 ([`LoadOptions::exact`]); a
-    /// load asking for both the exact mode and another cache type is refused.
+    /// load asking for both the exact mode and another cache type is refused. On GPUs it also
+    /// keeps steps of more than 16 tokens off the tiled GEMM (its sums run in another order,
+    /// so a token's bits would depend on the size of its step).
     pub exact: bool,
     /// Sequences running at once (requests' choices included).
     pub max_seqs: usize,

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""The device run's records and its results.json (bench/device/run.sh).
+
+  results.py tag TAG CMD < json-lines        one {"tag", "cmd", "report"} line per input line
+  results.py batched TAG CMD < table         llama-batched-bench's table as tagged lines
+  results.py assemble OUT_DIR COMMIT          writes OUT_DIR/results.json, prints its table
+
+Rows (issue 35): pp512 and tg128 of each model, c32 of qwen2.5-coder-0.5b (llama-batched-bench
+S_TG against `flint bench --concurrency 32`'s steady decode), pp4096 and tg128@d8192 of
+qwen2.5-coder-0.5b; the exact mode's and the no-subgroup rows carry `mode`.
+"""
+import json
+import sys
+
+MODELS = ["gemma-3-270m", "qwen2.5-coder-0.5b", "qwen2.5-7b-q4km"]
+
+
+def tag(name, cmd):
+    for line in sys.stdin:
+        line = line.strip()
+        if line.startswith("{"):
+            print(json.dumps({"tag": name, "cmd": cmd, "report": json.loads(line)}))
+
+
+def batched(name, cmd):
+    """Markdown rows `| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | ...`."""
+    header = None
+    for line in sys.stdin:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if "S_TG t/s" in cells:
+            header = cells
+            continue
+        if header and len(cells) == len(header) and cells[0].isdigit():
+            row = dict(zip(header, cells))
+            report = {"pp": int(row["PP"]), "tg": int(row["TG"]), "b": int(row["B"]), "s_tg": float(row["S_TG t/s"])}
+            print(json.dumps({"tag": name, "cmd": cmd, "report": report}))
+
+
+def records(path):
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def assemble(out, commit):
+    flint, peer = records(f"{out}/flint.jsonl"), records(f"{out}/llama.jsonl")
+
+    def find(recs, name):
+        return [r for r in recs if r["tag"] == name]
+
+    def flint_value(name, pick):
+        for r in find(flint, name):
+            try:
+                return round(pick(r["report"]), 2), r["cmd"]
+            except (KeyError, IndexError, TypeError, StopIteration):
+                pass
+        return None, None
+
+    def llama_value(name, n_prompt, n_gen):
+        for r in find(peer, name):
+            rep = r["report"]
+            if rep.get("n_prompt") == n_prompt and rep.get("n_gen") == n_gen:
+                return round(rep["avg_ts"], 2), r["cmd"]
+        return None, None
+
+    def steady(level):
+        return lambda rep: next(c for c in rep["concurrency"] if c["concurrency"] == level)["steady_decode_tok_s"]["median"]
+
+    prefill = lambda rep: rep["prefill_tok_s"]["median"]  # noqa: E731
+    decode = lambda rep: rep["decode_tok_s"]["median"]  # noqa: E731
+    rows = []
+
+    def row(model, test, f, p, mode="default"):
+        (ft, fc), (pt, pc) = f, p
+        r = {"model": model, "test": test, "flint_tok_s": ft, "peer_tok_s": pt, "flint_cmd": fc, "peer_cmd": pc}
+        if mode != "default":
+            r["mode"] = mode
+        rows.append(r)
+
+    for m in MODELS:
+        row(m, "pp512", flint_value(m, prefill), llama_value(m, 512, 0))
+        row(m, "tg128", flint_value(m, decode), llama_value(m, 0, 128))
+    q = "qwen2.5-coder-0.5b"
+    for level in (8, 32):
+        s_tg = None, None
+        for r in find(peer, "batched"):
+            if r["report"]["b"] == level:
+                s_tg = round(r["report"]["s_tg"], 2), r["cmd"]
+        row(q, f"c{level}", flint_value("concurrency", steady(level)), s_tg)
+    row(q, "pp4096", flint_value("pp4096", prefill), llama_value("pp4096", 4096, 0))
+    row(q, "tg128@d8192", flint_value("d8192", decode), llama_value("d8192", 0, 128))
+    for mode in ("exact", "no-subgroups"):
+        row(q, "pp512", flint_value(mode, prefill), llama_value(q, 512, 0), mode)
+        row(q, "tg128", flint_value(mode, decode), llama_value(q, 0, 128), mode)
+    devices = open(f"{out}/devices.txt").read() if _exists(f"{out}/devices.txt") else ""
+    adapter = next((r["report"].get("adapter") for r in flint if r["report"].get("adapter")), None)
+    driver = next((line.split(",")[1].strip() for line in devices.splitlines() if line.count(",") >= 4 and "driver" not in line), None)
+    result = {
+        "date": _today(),
+        "commit": commit,
+        "device": adapter,
+        "driver": driver,
+        "peer": "llama.cpp 0c1e570 Vulkan (../shared/tools/build-llama-cpp.sh, portable build)",
+        "rows": rows,
+    }
+    with open(f"{out}/results.json", "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print("| model | test | mode | Flint tok/s | llama.cpp tok/s | ratio |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = f"{r['flint_tok_s'] / r['peer_tok_s']:.2f}x" if r["flint_tok_s"] and r["peer_tok_s"] else "-"
+        print(f"| {r['model']} | {r['test']} | {r.get('mode', 'default')} | {r['flint_tok_s']} | {r['peer_tok_s']} | {ratio} |")
+
+
+def _exists(path):
+    try:
+        open(path).close()
+        return True
+    except OSError:
+        return False
+
+
+def _today():
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    {"tag": tag, "batched": batched, "assemble": assemble}[cmd](*args)
