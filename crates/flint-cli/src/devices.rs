@@ -20,6 +20,13 @@ pub fn devices() -> Result<(), Failure> {
             l.max_compute_invocations_per_workgroup,
             l.max_storage_buffers_per_shader_stage
         );
+        let subgroups = match a.subgroup_sizes {
+            (0, _) => "none".to_string(),
+            (lo, hi) if lo == hi => format!("{lo} lanes"),
+            (lo, hi) => format!("{lo}-{hi} lanes"),
+        };
+        let matrices = if a.cooperative_matrices.is_empty() { "none".to_string() } else { a.cooperative_matrices.join(", ") };
+        println!("   subgroups {subgroups}; cooperative matrices {matrices}");
     }
     Ok(())
 }

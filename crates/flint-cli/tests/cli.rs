@@ -554,6 +554,8 @@ fn devices_are_listed_and_chosen() {
     let (swiftshader, lavapipe) = (index("SwiftShader"), index("llvmpipe"));
     assert_ne!(swiftshader, lavapipe);
     assert!(text.contains("max storage binding"), "{text}");
+    // Subgroups and tensor cores (cooperative matrices), as issue 35 asks the H200 to list.
+    assert!(text.contains("subgroups ") && text.contains("cooperative matrices "), "{text}");
     for (dev, want) in [(swiftshader.as_str(), "SwiftShader"), ("LLVMPIPE", "llvmpipe"), (lavapipe.as_str(), "llvmpipe")] {
         let out = flint_on(&["bench", "-m", m, "-dev", dev, "-p", "8", "-n", "2", "--reps", "1", "--format", "json"]);
         assert!(out.status.success(), "--device {dev}: {}", String::from_utf8_lossy(&out.stderr));

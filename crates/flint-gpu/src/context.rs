@@ -64,6 +64,19 @@ pub struct AdapterEntry {
     pub index: usize,
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
+    /// The subgroup sizes the adapter reports (0, 0 without subgroups).
+    pub subgroup_sizes: (u32, u32),
+    /// The matrix multiply-accumulate tiles its cooperative-matrix extension lists (tensor
+    /// cores), as `MxNxK A->C` (e.g. `16x16x16 f16->f32`); empty where it lists none.
+    pub cooperative_matrices: Vec<String>,
+}
+
+/// `m×n×k a→c` of one cooperative-matrix configuration.
+#[cfg(not(target_arch = "wasm32"))]
+fn matrix_config(p: &wgpu::CooperativeMatrixProperties) -> String {
+    let ty = |t: wgpu::CooperativeScalarType| format!("{t:?}").to_lowercase();
+    let sat = if p.saturating_accumulation { " (saturating)" } else { "" };
+    format!("{}x{}x{} {}->{}{sat}", p.m_size, p.n_size, p.k_size, ty(p.ab_type), ty(p.cr_type))
 }
 
 /// Every adapter wgpu finds, in its enumeration order (the order `--device` indexes).
@@ -75,7 +88,13 @@ pub async fn adapters() -> Vec<AdapterEntry> {
         .await
         .iter()
         .enumerate()
-        .map(|(index, a)| AdapterEntry { index, info: a.get_info(), limits: a.limits() })
+        .map(|(index, a)| {
+            let info = a.get_info();
+            let subgroups = a.features().contains(wgpu::Features::SUBGROUP);
+            let subgroup_sizes = if subgroups { (info.subgroup_min_size, info.subgroup_max_size) } else { (0, 0) };
+            let cooperative_matrices = a.cooperative_matrix_properties().iter().map(matrix_config).collect();
+            AdapterEntry { index, info, limits: a.limits(), subgroup_sizes, cooperative_matrices }
+        })
         .collect()
 }
 
