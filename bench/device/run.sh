@@ -97,6 +97,8 @@ left 220 && fb d8192 45 -m $q -d 8192 -p 1 -n 128 --reps 1
 left 220 && lb d8192 30 -m $q -p 0 -n 128 -d 8192 -r 1
 left 250 && fb exact 30 -m $q -p 512 -n 128 --reps 2 --exact
 left 260 && FLINT_NO_SUBGROUPS=1 fb no-subgroups 30 -m $q -p 512 -n 128 --reps 2
+# n-gram speculation on a code-editing prompt (a verify step costs about a decode step here).
+left 265 && fb ngram 25 -m $q --spec-type ngram -f $root/bench/prompts/edit-code.txt -n 128 --reps 2
 if left 270; then
   log "flint profile"
   timeout 25 $B/flint bench -m $q -p 256 -n 16 --reps 1 --profile > "$out/profile.txt" 2>&1
