@@ -2,15 +2,16 @@
 // 16 tokens: prefill and large batches; ops::matmul picks it):
 //   y[t, row_offset + r] = Σ_i W[r, i] · x[t, i] (+ bias[r]) (+ y[t, row_offset + r])
 //
-// A workgroup of 256 invocations owns a tile of BM weight rows × BN tokens and walks the row
-// in 32-element chunks. Per chunk, BM lanes each dequantize one row's chunk once into
+// A workgroup of SIDE × SIDE invocations owns a tile of BM = 4 SIDE weight rows × BN = 4 SIDE
+// tokens (64 × 64 or 32 × 32: ops::matmul picks the largest that still spreads over the
+// device) and walks the row in 32-element chunks. Per chunk, BM lanes each dequantize one row's chunk once into
 // workgroup memory (ws, [k4][row]) and every lane loads a share of the tokens' activations
 // (xs, [k4][token]); then each lane multiplies TM rows × TN tokens from workgroup memory
 // into registers: 8 vec4 loads for 64 multiply-adds per vec4 step, where the lane-team
 // kernel (matmul.wgsl) re-reads each token's activations from memory for every row team.
-// Lane (tx, ty) takes rows ty, ty + 16, ... and tokens tx, tx + 16, ...: a subgroup's lanes
-// read 16 consecutive tokens (no bank conflicts) and two rows (broadcasts). Both tiles are
-// 8 KB, so the workgroup fits WebGPU's default 16 KB of workgroup memory.
+// Lane (tx, ty) takes rows ty, ty + SIDE, ... and tokens tx, tx + SIDE, ...: a subgroup's
+// lanes read SIDE consecutive tokens (no bank conflicts) and a few rows (broadcasts). The two
+// tiles of a 64 × 64 workgroup take 8 KB each: WebGPU's default 16 KB of workgroup memory.
 //
 // The sums run in another order than the lane-team kernels' and the step's size decides
 // which kernel a token takes, so a token's bits depend on its step: the exact mode
@@ -23,21 +24,19 @@
 // token's sums are scaled by its 1 / rms before the store. Bias, accumulation and split
 // outputs are matmul_io.wgsl's run-time flags. Not by expert (IDS).
 //
-// Defines: the format (ShaderDefs::quant), GLU, GELU_TANH, NORM.
+// Defines: the format (ShaderDefs::quant), SIDE (16 or 8), GLU, GELU_TANH, NORM.
 
 #define HAS_BATCH
 #include "matmul_io.wgsl"
 
 #include "dequant.wgsl"
 
-const WG: u32 = 256u;
-// Lanes per tile side: WG = SIDE × SIDE.
-const SIDE: u32 = 16u;
-// Weight rows and tokens per tile, and per lane.
-const BM: u32 = 64u;
-const BN: u32 = 64u;
-const TM: u32 = BM / SIDE;
-const TN: u32 = BN / SIDE;
+const WG: u32 = SIDE * SIDE;
+// Weight rows and tokens per lane, and per tile.
+const TM: u32 = 4u;
+const TN: u32 = 4u;
+const BM: u32 = TM * SIDE;
+const BN: u32 = TN * SIDE;
 
 #ifdef GLU
 // Output rows per tile (a gate row and its up row each).
@@ -55,7 +54,7 @@ const PER_TOKEN: u32 = WG / BN;
 var<workgroup> ws: array<vec4<f32>, 8u * BM>;
 var<workgroup> xs: array<vec4<f32>, 8u * BN>;
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(SIDE * SIDE)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let r0 = linear_group(wg, p.groups_x) * OUT_ROWS;
     let t0 = wg.z * BN;

@@ -68,14 +68,15 @@ lb() { # TAG TIMEOUT ARGS...: llama-bench
   GGML_VK_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=$L timeout "$t" $L/llama-bench "$@" -ngl 99 -o jsonl 2>> /tmp/llama.err |
     $R tag "$tag" "llama-bench $* -ngl 99" >> "$out/llama.jsonl"
 }
-# One matmul per shape and step size (the models' feed-forward shapes; 9 tokens is the first
-# step past the 8-token kernel; 256 tokens through the tiled GEMM and, `exact`, the exact
-# mode's 16-token tiles; the norm folded into a fused gate/up at one token).
+# One matmul per shape and step size (qwen 0.5b's Q/K/V and the models' feed-forward shapes;
+# 9 tokens is the first step past the 8-token kernel; past 16 the tiled GEMM where its grid
+# spreads and, `exact`, the exact mode's 16-token tiles: where they cross sets
+# GEMM_MIN_GROUPS; the norm folded into a fused gate/up at one token).
 log matmul_speed
 {
-  for shape in "Q5_0 896 4864" "Q6_K 4864 896" "Q4_K 3584 18944" "Q6_K 18944 3584"; do
-    timeout 20 $B/matmul_speed $shape 1,8,9,16,256 20 2>&1 | grep -v "^note:"
-    timeout 10 $B/matmul_speed $shape 256 20 exact 2>&1 | tail -1
+  for shape in "Q8_0 896 1152" "Q5_0 896 4864" "Q6_K 4864 896" "Q4_K 3584 18944" "Q6_K 18944 3584"; do
+    timeout 20 $B/matmul_speed $shape 1,8,9,16,32,64,256,512 20 2>&1 | grep -v "^note:"
+    timeout 15 $B/matmul_speed $shape 32,64,256,512 20 exact 2>&1 | grep -v "^note:"
   done
   for f in glu glu+norm; do timeout 10 $B/matmul_speed Q5_0 896 4864 1 50 $f 2>&1 | tail -1; done
 } > "$out/matmul.txt"

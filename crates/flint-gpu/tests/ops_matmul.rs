@@ -45,12 +45,27 @@ struct Case {
     accumulate: bool,
     /// The exact mode (no tiled GEMM past 16 tokens on GPUs).
     exact: bool,
+    /// The step must take the tiled GEMM, with tiles of this many tokens (GPUs).
+    gemm: Option<u32>,
     seed: u64,
 }
 
 impl Case {
     fn new(ty: QuantType, n_rows: u32, n_tok: u32, seed: u64) -> Case {
-        Case { ty, n_in: odd_n_in(ty), n_rows, n_tok, row_offset: 0, y_stride: n_rows, max_tokens: None, bias: false, accumulate: false, exact: false, seed }
+        Case {
+            ty,
+            n_in: odd_n_in(ty),
+            n_rows,
+            n_tok,
+            row_offset: 0,
+            y_stride: n_rows,
+            max_tokens: None,
+            bias: false,
+            accumulate: false,
+            exact: false,
+            gemm: None,
+            seed,
+        }
     }
 }
 
@@ -62,7 +77,7 @@ async fn run(ctx: &GpuContext, case: Case) {
 
 /// Runs `case` on the GPU and checks it against the CPU reference; returns the NMSE.
 async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> f64 {
-    let Case { ty, n_in, n_rows, n_tok, row_offset, y_stride, max_tokens, bias, accumulate, exact, seed } = case;
+    let Case { ty, n_in, n_rows, n_tok, row_offset, y_stride, max_tokens, bias, accumulate, exact, gemm, seed } = case;
     let (n_in, n_rows, n_tok_u, y_stride_u) = (n_in as usize, n_rows as usize, n_tok as usize, y_stride as usize);
     let mut rng = TestRng::new(seed);
     let max_tokens = max_tokens.unwrap_or(n_tok).max(n_tok);
@@ -99,8 +114,12 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> f64 {
         exact,
     };
     let mm = Matmul::new(ctx, cache, &batch.info, &desc, &w_buf, &x_buf, &y_buf, bias.then_some(&b_buf)).await.unwrap_or_else(|e| panic!("{case:?}: {e}"));
-    let gemm = !exact && !ctx.caps.cpu_like && n_tok > *TOKEN_BLOCKS.last().unwrap();
-    assert_eq!(mm.shape(n_tok).gemm, gemm, "{case:?}: the tiled GEMM takes steps past 16 tokens on GPUs outside the exact mode");
+    let shape = mm.shape(n_tok);
+    if exact || ctx.caps.cpu_like {
+        assert!(!shape.gemm, "{case:?}: the tiled GEMM runs only on GPUs outside the exact mode");
+    } else if let Some(tokens) = gemm {
+        assert_eq!((shape.gemm, shape.tokens), (true, tokens), "{case:?}: not the GEMM tile expected");
+    }
     submit(ctx, |p| mm.encode(p, n_tok));
     let got = read_f32(ctx, &y_buf, 0, y0.len()).await.unwrap();
     ctx.check().unwrap_or_else(|e| panic!("{case:?}: {e}"));
@@ -218,21 +237,31 @@ fn on_lane_teams(test: &str, subgroups: bool) {
     // dequantization no other case here runs, with rows of 64, 24, 41 and 40 chunks.
     let formats = [(QuantType::Q5_0, 5 * 32), (QuantType::Q8_0, 41 * 32), (QuantType::Q4K, 2048)];
     let added = [(QuantType::Q2K, 2048), (QuantType::Q3K, 3 * 256), (QuantType::IQ4NL, 41 * 32), (QuantType::IQ4XS, 5 * 256)];
-    // 37 tokens through the tiled GEMM, and in the exact mode through 16-token tiles.
+    // 43 rows: 1 and 13 tokens, and 37 tokens in 16-token tiles (too few rows for the GEMM
+    // to spread); 1030 rows and 37 tokens: the tiled GEMM's 32 × 32 tiles (66 workgroups),
+    // and the same in the exact mode's 16-token tiles.
     let cases = formats.into_iter().chain(added).flat_map(|(ty, n_in)| {
-        [(1, false), (13, false), (37, false), (37, true)].map(|(n_tok, exact)| Case {
+        [(1, 43, false), (13, 43, false), (37, 43, false), (37, 1030, false), (37, 1030, true)].map(|(n_tok, n_rows, exact)| Case {
             n_in,
             row_offset: 1,
-            y_stride: 44,
+            y_stride: n_rows + 1,
             bias: true,
             accumulate: n_tok == 13,
             exact,
-            ..Case::new(ty, 43, n_tok, 60 + n_tok as u64)
+            gemm: (n_rows > 43).then_some(32),
+            ..Case::new(ty, n_rows, n_tok, 60 + n_tok as u64)
         })
     });
-    // The GEMM over several row and token tiles, ragged in both: 150 rows (64-row tiles),
-    // 130 tokens (64-token tiles), accumulating into a wider y.
-    let tiles = [QuantType::Q8_0, QuantType::Q6K].map(|ty| Case { n_in: 512, row_offset: 3, y_stride: 160, accumulate: true, ..Case::new(ty, 150, 130, 70) });
+    // The GEMM over several row and token tiles, ragged in both, accumulating into a wider y:
+    // 4100 rows × 260 tokens in 64 × 64 tiles (65 × 5 workgroups), 2100 × 130 in 32 × 32.
+    let tiles = [(QuantType::Q8_0, 4100, 260, 64), (QuantType::Q6K, 2100, 130, 32)].map(|(ty, n_rows, n_tok, tile)| Case {
+        n_in: 512,
+        row_offset: 3,
+        y_stride: n_rows + 5,
+        accumulate: true,
+        gemm: Some(tile),
+        ..Case::new(ty, n_rows, n_tok, 70)
+    });
     let cases = cases.chain(tiles);
     run_cases_on(ctx, test, cases, |ctx, case| async move {
         run_in(ctx, cache, case).await;
@@ -470,6 +499,8 @@ async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) {
     };
     let mm =
         Matmul::new(ctx, cache, &batch.info, &desc, &w_buf, &x_buf, &bufs[0], use_bias.then_some(&b_buf)).await.unwrap_or_else(|e| panic!("{case:?}: {e}"));
+    let gemm = !exact && !ctx.caps.cpu_like && n_tok > *TOKEN_BLOCKS.last().unwrap();
+    assert_eq!(mm.shape(n_tok).gemm, gemm, "{case:?}: the tiled GEMM takes these steps on GPUs, outside the exact mode");
     submit(ctx, |p| mm.encode(p, n_tok));
     let (mut got_in, mut want_in) = (Vec::new(), Vec::new());
     let mut first_row = 0;
@@ -507,7 +538,8 @@ async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) {
 const NORM_EPS: f32 = 1e-6;
 
 /// Both fusions through every token block (1, 3, 8 and 37 tokens: 16-token tiles, or on GPUs
-/// outside the exact mode the tiled GEMM), a legacy
+/// outside the exact mode the tiled GEMM, with 25 times the rows so that its grid spreads), a
+/// legacy
 /// format through 1, 3 and 37 and a K-quant through 8 (the fusions' code does not depend on
 /// the format); 43 rows leave ragged row blocks. With `norms` (the lane-team kernels: CPU
 /// adapters do not fold norms) each also with a folded norm, and a folded norm alone on plain
@@ -517,15 +549,25 @@ fn fused_cases(norms: bool) -> Vec<FusedCase> {
     for (ty, n_in, n_toks) in [(QuantType::Q5_0, 41 * 32, &[1u32, 3, 37][..]), (QuantType::Q4K, 3 * 256, &[8][..])] {
         for (i, &n_tok) in n_toks.iter().enumerate() {
             let act = if i % 2 == 0 { Activation::Silu } else { Activation::GeluTanh };
-            let base =
-                FusedCase { ty, n_in, n_tok, max_tokens: n_tok.max(4), kind: Fused::Glu { act, rows: 43 }, norm: false, exact: false, seed: 80 + n_tok as u64 };
-            let rows = if i % 2 == 0 { [24, 11, 8] } else { [43, 5, 0] };
+            // Past 16 tokens, rows enough for the tiled GEMM's grid to spread (GPUs).
+            let k = if n_tok > 16 { 25 } else { 1 };
+            let base = FusedCase {
+                ty,
+                n_in,
+                n_tok,
+                max_tokens: n_tok.max(4),
+                kind: Fused::Glu { act, rows: 43 * k },
+                norm: false,
+                exact: false,
+                seed: 80 + n_tok as u64,
+            };
+            let rows = if i % 2 == 0 { [24 * k, 11 * k, 8 * k] } else { [43 * k, 5 * k, 0] };
             let split = FusedCase { kind: Fused::Split { rows, bias: i != 1, accumulate: i >= 2 }, ..base };
             v.extend([base, split]);
             if norms {
                 v.extend([FusedCase { norm: true, ..base }, FusedCase { norm: true, ..split }]);
                 // A plain matmul (a split into one output) with the norm folded.
-                v.push(FusedCase { kind: Fused::Split { rows: [43, 0, 0], bias: false, accumulate: false }, norm: true, ..base });
+                v.push(FusedCase { kind: Fused::Split { rows: [43 * k, 0, 0], bias: false, accumulate: false }, norm: true, ..base });
                 if n_tok > 16 {
                     // The tiled GEMM took those; the exact mode's 16-token tiles too.
                     v.extend([FusedCase { norm: true, exact: true, ..base }, FusedCase { norm: true, exact: true, ..split }]);

@@ -67,12 +67,16 @@ pub const SMALL_STEP_ROWS: u32 = 32;
 const CPU_WGS: [u32; 2] = [64, 8];
 const CPU_MIN_GROUPS: u64 = 16;
 /// The tiled GEMM (`shaders/matmul_tiled.wgsl`, GPUs, steps past the largest token block
-/// outside the exact mode): weight rows and tokens per tile, and its workgroup size. Two
-/// 64 × 32 f32 tiles fill WebGPU's default 16 KB of workgroup memory.
-pub const GEMM_ROWS: u32 = 64;
-pub const GEMM_TOKENS: u32 = 64;
-const GEMM_WG: u32 = 256;
+/// outside the exact mode): its tile sides in lanes, largest first. A side of s lanes is a
+/// workgroup of s² lanes and a tile of 4s weight rows × 4s tokens; the 64 × 64 tile's two
+/// 64 × 32 f32 staging tiles fill WebGPU's default 16 KB of workgroup memory.
+pub const GEMM_SIDES: [u32; 2] = [16, 8];
 const GEMM_SHARED_BYTES: u32 = 2 * 32 * 4 * 64;
+/// A step takes the largest GEMM tile whose grid still has [`GPU_MIN_GROUPS`] workgroups, the
+/// smallest while its grid has `GEMM_MIN_GROUPS`, and below that (few rows and few tokens:
+/// a 32-token step of a 896-row matrix is 28 workgroups of 32 × 32) the token-block kernel's
+/// 16-token tiles, which spread wider. The thresholds wait for the H200's figures.
+const GEMM_MIN_GROUPS: u64 = 64;
 
 /// The static shape of one weight part's matmul.
 #[derive(Clone, Copy, Debug)]
@@ -203,7 +207,8 @@ pub struct Shape {
     pub glu: Option<Activation>,
     /// Folds the norm before it (`MatmulNorm`).
     pub norm: bool,
-    /// The tiled GEMM (`GEMM_ROWS` × `GEMM_TOKENS` tiles) rather than either family's kernel.
+    /// The tiled GEMM (tiles of `per` rows × `tokens` tokens) rather than either family's
+    /// kernel.
     pub gemm: bool,
 }
 
@@ -212,7 +217,7 @@ impl Shape {
     pub fn rows_per_group(&self) -> u32 {
         let halved = if self.glu.is_some() { 2 } else { 1 };
         if self.gemm {
-            return GEMM_ROWS / halved;
+            return self.per / halved;
         }
         if self.blocked {
             // With GLU half the block's rows are the up rows.
@@ -242,9 +247,9 @@ impl Shape {
         pick.unwrap_or(Shape { blocked, tokens, wg: 1, per: if blocked { per } else { 1 }, ids: false, glu: None, norm: false, gemm: false })
     }
 
-    /// The tiled GEMM's shape.
-    pub fn gemm(glu: Option<Activation>, norm: bool) -> Shape {
-        Shape { blocked: false, tokens: GEMM_TOKENS, wg: GEMM_WG, per: GEMM_ROWS, ids: false, glu, norm, gemm: true }
+    /// The tiled GEMM's shape for tiles `side` lanes wide (see [`GEMM_SIDES`]).
+    pub fn gemm(side: u32, glu: Option<Activation>, norm: bool) -> Shape {
+        Shape { blocked: false, tokens: 4 * side, wg: side * side, per: 4 * side, ids: false, glu, norm, gemm: true }
     }
 }
 
@@ -258,7 +263,7 @@ pub fn takes_gemm(caps: &crate::Caps, limits: &wgpu::Limits, d: &MatmulDesc) -> 
         && d.ids.is_none()
         && d.max_tokens > TOKEN_BLOCKS[TOKEN_BLOCKS.len() - 1]
         && limits.max_compute_workgroup_storage_size >= GEMM_SHARED_BYTES
-        && limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x) >= GEMM_WG
+        && limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x) >= GEMM_SIDES[0] * GEMM_SIDES[0]
 }
 
 /// Lanes per row for rows of `chunks` chunks: the fewest idle lane-slots (lanes × rounds),
@@ -387,7 +392,8 @@ fn key(caps: &crate::Caps, ty: QuantType, shape: Shape, wrong: bool) -> Pipeline
         d.flag("GLU", on).flag("GELU_TANH", shape.glu == Some(Activation::GeluTanh)).flag("WRONG", on && wrong)
     };
     if shape.gemm {
-        return PipelineKey::new("matmul_tiled.wgsl", "main", glu(ShaderDefs::new().quant(ty).flag("NORM", shape.norm)));
+        let side = shape.tokens / 4;
+        return PipelineKey::new("matmul_tiled.wgsl", "main", glu(ShaderDefs::new().quant(ty).u32("SIDE", side).flag("NORM", shape.norm)));
     }
     if shape.blocked {
         let defs = ShaderDefs::new()
@@ -437,8 +443,10 @@ pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
                 }
             }
         }
-        for &(ids, glu, norm) in kinds.iter().filter(|k| !k.0) {
-            v.push(key(caps, ty, Shape { ids, ..Shape::gemm(glu, norm) }, false));
+        for &(_, glu, norm) in kinds.iter().filter(|k| !k.0) {
+            for side in GEMM_SIDES {
+                v.push(key(caps, ty, Shape::gemm(side, glu, norm), false));
+            }
         }
     }
     v.sort_by_key(|k| k.label());
@@ -458,6 +466,8 @@ struct Variant {
     params: wgpu::Buffer,
     /// The folded grid of row groups.
     groups: (u32, u32),
+    /// Row groups (workgroups per token tile).
+    row_groups: u32,
     kernel: std::cell::OnceCell<Kernel>,
     /// A step has recorded it (before that, a driver may still compile it on first use).
     dispatched: std::cell::Cell<bool>,
@@ -588,13 +598,12 @@ impl Matmul {
         };
         let mut shapes = Vec::new();
         for (i, &tb) in TOKEN_BLOCKS.iter().enumerate() {
-            // Steps up to this block's size (or any size for the largest, unless the GEMM
-            // takes those) take this kernel.
+            // Steps up to this block's size (or any size for the largest) take this kernel.
             let prev = if i == 0 { 0 } else { TOKEN_BLOCKS[i - 1] };
             if prev >= d.max_tokens {
                 break;
             }
-            let step_tokens = if i + 1 == TOKEN_BLOCKS.len() && !gemm { d.max_tokens } else { tb.min(d.max_tokens) };
+            let step_tokens = if i + 1 == TOKEN_BLOCKS.len() { d.max_tokens } else { tb.min(d.max_tokens) };
             shapes.push(Shape {
                 ids: d.ids.is_some(),
                 glu,
@@ -603,13 +612,14 @@ impl Matmul {
             });
         }
         if gemm {
-            shapes.push(Shape::gemm(glu, d.norm.is_some()));
+            shapes.extend(GEMM_SIDES.map(|side| Shape::gemm(side, glu, d.norm.is_some())));
         }
         for shape in shapes {
             if shape.norm && !shape.gemm && (shape.blocked || shape.wg < NORM_LANES) {
                 return Err(unsupported(format!("{}: a folded norm needs lane-team workgroups of {NORM_LANES} invocations", d.label)));
             }
-            let groups = fold_groups(d.n_rows.div_ceil(shape.rows_per_group()));
+            let row_groups = d.n_rows.div_ceil(shape.rows_per_group());
+            let groups = fold_groups(row_groups);
             let p = Params {
                 n_in: d.n_in,
                 n_rows: d.n_rows,
@@ -633,7 +643,7 @@ impl Matmul {
             };
             let params = params(ctx, &format!("{}.params", d.label), &p);
             let key = key(&ctx.caps, d.ty, shape, ctx.wrong("glu"));
-            variants.push(Variant { shape, key, params, groups, kernel: std::cell::OnceCell::new(), dispatched: std::cell::Cell::new(false) });
+            variants.push(Variant { shape, key, params, groups, row_groups, kernel: std::cell::OnceCell::new(), dispatched: std::cell::Cell::new(false) });
         }
         let mut buffers = vec![w.clone(), x.clone(), y.clone()];
         buffers.push(match bias {
@@ -686,9 +696,26 @@ impl Matmul {
         self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&label), layout: &layout, entries: &entries })
     }
 
-    /// The variant a step of `n_tok` tokens takes.
+    /// The variant a step of `n_tok` tokens takes: past the largest token block, a GEMM tile
+    /// where one spreads wide enough (see [`GEMM_MIN_GROUPS`]); else the smallest token block
+    /// that holds the step, or tiles of the largest.
     fn pick(&self, n_tok: u32) -> &Variant {
-        self.variants.iter().find(|v| v.shape.tokens >= n_tok).unwrap_or(&self.variants[self.variants.len() - 1])
+        if n_tok > TOKEN_BLOCKS[TOKEN_BLOCKS.len() - 1] {
+            let grid = |v: &Variant| v.row_groups as u64 * n_tok.div_ceil(v.shape.tokens) as u64;
+            let mut smallest = None;
+            for v in self.variants.iter().filter(|v| v.shape.gemm) {
+                if grid(v) >= GPU_MIN_GROUPS {
+                    return v;
+                }
+                smallest = Some(v);
+            }
+            if let Some(v) = smallest.filter(|v| grid(v) >= GEMM_MIN_GROUPS) {
+                return v;
+            }
+        }
+        let mut blocks = self.variants.iter().filter(|v| !v.shape.gemm);
+        let last = blocks.clone().last().expect("a token block");
+        blocks.find(|v| v.shape.tokens >= n_tok).unwrap_or(last)
     }
 
     /// The variant's kernel, built now if this is its first step. A compile error shows as
