@@ -156,6 +156,21 @@ pub struct StepResult {
     pub logits: Vec<Vec<f32>>,
 }
 
+/// A token of a step whose id is the draw of an output row of the step submitted just before
+/// it ([`Backend::submit`]): the device copies it, so the host need not wait for that step's
+/// readback before submitting this one (vLLM's async scheduling).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Feed {
+    /// The token's index in the step (entries' tokens in order).
+    pub token: usize,
+    /// The output row of the step submitted before.
+    pub row: usize,
+}
+
+/// A step submitted by [`Backend::submit`] whose results are not collected yet.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Ticket(pub u64);
+
 /// One op of a profiled step (`Backend::profile`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpTime {
@@ -181,6 +196,25 @@ pub trait Backend {
     fn step_with_masks<'a>(&'a mut self, mut batch: StepBatch<'a>, masks: LateMasks<'a>) -> LocalBoxFuture<'a, Result<StepResult, BackendError>> {
         apply_masks(&mut batch.entries, masks());
         self.step(batch)
+    }
+    /// Whether [`Backend::submit`] returns before the step's results are read, so that the
+    /// next step can be submitted while this one runs.
+    fn overlaps(&self) -> bool {
+        false
+    }
+    /// Submits one step and returns before its results are read; [`Backend::collect`] reads
+    /// them, in the order submitted. At most two steps are outstanding, and [`Backend::step`]
+    /// waits for none. `feeds` name tokens whose ids are draws of the step submitted before
+    /// (their ids in `batch` are stand-ins). Only where [`Backend::overlaps`]; no masks, no
+    /// logits.
+    fn submit<'a>(&'a mut self, batch: StepBatch<'a>, feeds: &'a [Feed]) -> LocalBoxFuture<'a, Result<Ticket, BackendError>> {
+        let _ = (batch, feeds);
+        Box::pin(async { Err(BackendError::Device { cause: format!("{} does not overlap steps", self.name()) }) })
+    }
+    /// The results of a submitted step (the oldest outstanding).
+    fn collect<'a>(&'a mut self, ticket: Ticket) -> LocalBoxFuture<'a, Result<StepResult, BackendError>> {
+        let _ = ticket;
+        Box::pin(async { Err(BackendError::Device { cause: format!("{} does not overlap steps", self.name()) }) })
     }
     /// Runs one step with per-op device timings. Nothing is sampled.
     fn profile<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<Vec<OpTime>, BackendError>> {

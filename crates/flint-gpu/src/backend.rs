@@ -117,6 +117,26 @@ impl Backend for GpuBackend {
             r.map_err(|e| self.failed(e))
         })
     }
+    fn overlaps(&self) -> bool {
+        true
+    }
+    fn submit<'a>(
+        &'a mut self,
+        batch: StepBatch<'a>,
+        feeds: &'a [flint_core::backend::Feed],
+    ) -> LocalBoxFuture<'a, Result<flint_core::backend::Ticket, BackendError>> {
+        Box::pin(async move {
+            self.check(&batch)?;
+            let r = self.model.submit(batch, feeds);
+            r.map(flint_core::backend::Ticket).map_err(|e| self.failed(e))
+        })
+    }
+    fn collect<'a>(&'a mut self, ticket: flint_core::backend::Ticket) -> LocalBoxFuture<'a, Result<StepResult, BackendError>> {
+        Box::pin(async move {
+            let r = self.model.collect(ticket.0).await;
+            r.map_err(|e| self.failed(e))
+        })
+    }
     fn profile<'a>(&'a mut self, batch: StepBatch<'a>) -> LocalBoxFuture<'a, Result<Vec<flint_core::backend::OpTime>, BackendError>> {
         Box::pin(async move {
             self.check(&batch)?;

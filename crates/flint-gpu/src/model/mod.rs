@@ -65,7 +65,9 @@ struct Outputs {
     /// Edits the logits in place before the sampler.
     penalize: ops::penalize::Penalize,
     /// MAP_READ: [max_outputs] ids, then [max_outputs, LP_WORDS] log-probability records.
-    readback: wgpu::Buffer,
+    /// Two, so that a step submitted while the one before is still unread (`submit`) does not
+    /// overwrite its draws; a plain step takes the first.
+    readback: [wgpu::Buffer; 2],
 }
 
 pub struct GpuModel {
@@ -87,6 +89,13 @@ pub struct GpuModel {
     pub upload_bytes: u64,
     /// A step has run (the first one runs every kernel for the first time).
     stepped: bool,
+    /// Overlapped steps (`submit`): those not collected yet, oldest first; the readback slot
+    /// the next one takes; its ticket; and the output rows of the step submitted last (what a
+    /// feed may name).
+    in_flight: std::collections::VecDeque<step::InFlight>,
+    next_slot: usize,
+    next_ticket: u64,
+    last_rows: usize,
 }
 
 impl GpuModel {
@@ -173,18 +182,39 @@ impl GpuModel {
                 let n_vocab = c.n_vocab as u32;
                 let sampler = ops::sample::Sampler::new(&ctx, &cache, n_vocab, max_outputs, 1, &acts.logits).await?;
                 let penalize = ops::penalize::Penalize::new(&ctx, &cache, n_vocab, max_outputs, &acts.logits).await?;
-                let readback = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("step_readback"),
-                    size: (max_outputs as usize * READBACK_WORDS * 4) as u64,
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
+                let readback = [0, 1].map(|_| {
+                    ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("step_readback"),
+                        size: (max_outputs as usize * READBACK_WORDS * 4) as u64,
+                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    })
                 });
                 Some(Outputs { sampler, penalize, readback })
             }
             false => None,
         };
         ctx.check()?;
-        Ok(GpuModel { cfg, part, layout, limits, batches, head, acts, graph, out, kv, n_ctx, upload_bytes, stepped: false, ctx })
+        Ok(GpuModel {
+            cfg,
+            part,
+            layout,
+            limits,
+            batches,
+            head,
+            acts,
+            graph,
+            out,
+            kv,
+            n_ctx,
+            upload_bytes,
+            stepped: false,
+            in_flight: Default::default(),
+            next_slot: 0,
+            next_ticket: 0,
+            last_rows: 0,
+            ctx,
+        })
     }
 
     /// The head, logit edits and sampler, which only the last part (or a whole model) has.

@@ -10,7 +10,7 @@
 //! sequences are cut into micro-batches that move through the parts as a wavefront (part 1
 //! runs micro-batch 0 while part 0 runs micro-batch 1), so the devices work at once.
 
-use flint_core::backend::{apply_masks, LateMasks, StepBatch, StepEntry, StepResult};
+use flint_core::backend::{apply_masks, Feed, LateMasks, StepBatch, StepEntry, StepResult};
 use flint_core::kv::{GroupCopy, NO_BLOCK};
 
 use super::graph::{Encode, Step};
@@ -40,6 +40,15 @@ struct Drawn {
     plan: SamplePlan,
     /// Its first output row's index in the step.
     base: usize,
+}
+
+/// A step submitted by [`GpuModel::submit`] whose draws are not read yet.
+pub(super) struct InFlight {
+    ticket: u64,
+    /// Its draws and their readback slot (None: a step without outputs).
+    drawn: Option<(Drawn, usize)>,
+    /// It was the first step to run some kernels (compile progress is told when it ends).
+    first_use: bool,
 }
 
 /// A step's tokens laid out for the device.
@@ -147,32 +156,123 @@ impl GpuModel {
         }
     }
 
-    /// Copies the drawn ids (and log-probability records) of `n_out` rows into the readback,
-    /// from row `base` on.
-    fn encode_readback(&self, enc: &mut wgpu::CommandEncoder, samples: &SamplePlan, base: usize, n_out: usize) {
+    /// Copies the drawn ids (and log-probability records) of `n_out` rows into readback
+    /// `slot`, from row `base` on.
+    fn encode_readback(&self, enc: &mut wgpu::CommandEncoder, samples: &SamplePlan, base: usize, n_out: usize, slot: usize) {
         let Ok((_, out)) = self.outputs("step") else { return };
         let lp_offset = (self.limits.max_outputs * 4) as u64;
-        enc.copy_buffer_to_buffer(out.sampler.out_buffer(), 0, &out.readback, base as u64 * 4, n_out as u64 * 4);
+        let readback = &out.readback[slot];
+        enc.copy_buffer_to_buffer(out.sampler.out_buffer(), 0, readback, base as u64 * 4, n_out as u64 * 4);
         if samples.logprobs {
             let lp = (LP_WORDS * 4) as u64;
-            enc.copy_buffer_to_buffer(out.sampler.logprobs_buffer(), 0, &out.readback, lp_offset + base as u64 * lp, n_out as u64 * lp);
+            enc.copy_buffer_to_buffer(out.sampler.logprobs_buffer(), 0, readback, lp_offset + base as u64 * lp, n_out as u64 * lp);
         }
+    }
+
+    /// Copies each fed token's id, the previous step's draw for its row, into the batch
+    /// (every group's copy), in runs of consecutive tokens and rows.
+    fn encode_feeds(&self, enc: &mut wgpu::CommandEncoder, feeds: &[Feed]) {
+        let Ok((_, out)) = self.outputs("step") else { return };
+        let mut feeds = feeds.to_vec();
+        feeds.sort_by_key(|f| f.token);
+        let mut i = 0;
+        while i < feeds.len() {
+            let mut n = 1;
+            while i + n < feeds.len() && feeds[i + n].token == feeds[i].token + n && feeds[i + n].row == feeds[i].row + n {
+                n += 1;
+            }
+            for b in &self.batches {
+                enc.copy_buffer_to_buffer(out.sampler.out_buffer(), feeds[i].row as u64 * 4, &b.tokens, feeds[i].token as u64 * 4, n as u64 * 4);
+            }
+            i += n;
+        }
+    }
+
+    /// Submits one step of a whole model without waiting for its draws (read by
+    /// [`GpuModel::collect`]); `feeds` take tokens from the draws of the step submitted before,
+    /// on the device. At most two steps are outstanding, each with its own readback.
+    pub fn submit(&mut self, mut batch: StepBatch<'_>, feeds: &[Feed]) -> Result<u64> {
+        let bad = |message: String| GpuError::Unsupported { op: "submit", message };
+        self.outputs("submit")?;
+        if !self.part.embed {
+            return Err(bad("a part without the embedding takes no fed tokens".into()));
+        }
+        if self.in_flight.len() >= 2 {
+            return Err(bad("two steps are already outstanding: collect one first".into()));
+        }
+        if batch.logits {
+            return Err(bad("an overlapped step reads back no logits".into()));
+        }
+        let n_tok: usize = batch.entries.iter().map(|e| e.tokens.len()).sum();
+        let mut fed: Vec<usize> = feeds.iter().map(|f| f.token).collect();
+        fed.sort_unstable();
+        fed.dedup();
+        if fed.len() != feeds.len() || feeds.iter().any(|f| f.token >= n_tok || f.row >= self.last_rows) {
+            return Err(bad(format!("feeds {feeds:?} for a step of {n_tok} tokens after a step of {} output rows", self.last_rows)));
+        }
+        let first_use = self.ctx.pipelines.take_first_use() || !std::mem::replace(&mut self.stepped, true);
+        if first_use {
+            self.ctx.pipelines.notify(&CompileEvent::FirstUse { done: false });
+        }
+        let layout = self.write_batch(&batch);
+        let (rows, plan) = self.prepare_outputs(&mut batch)?;
+        let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        self.encode_feeds(&mut enc, feeds);
+        self.encode_step(&mut enc, batch.copies, &layout, plan.is_some(), plan.as_ref());
+        let slot = self.next_slot;
+        let drawn = plan.map(|(_, samples)| {
+            self.encode_readback(&mut enc, &samples, 0, layout.gather.len(), slot);
+            (Drawn { rows, plan: samples, base: 0 }, slot)
+        });
+        self.ctx.queue.submit([enc.finish()]);
+        self.next_slot ^= 1;
+        self.last_rows = layout.gather.len();
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.in_flight.push_back(InFlight { ticket, drawn, first_use });
+        Ok(ticket)
+    }
+
+    /// The results of submitted step `ticket`, the oldest outstanding.
+    pub async fn collect(&mut self, ticket: u64) -> Result<StepResult> {
+        if self.in_flight.front().map(|f| f.ticket) != Some(ticket) {
+            return Err(GpuError::Unsupported { op: "collect", message: format!("step {ticket} is not the oldest outstanding") });
+        }
+        let f = self.in_flight.pop_front().expect("checked");
+        let mut result = StepResult::default();
+        let read = match &f.drawn {
+            None => self.ctx.work_done().await,
+            Some((d, slot)) => self.read_draws(std::slice::from_ref(d), d.rows.len(), *slot).await.map(|s| result.sampled = s),
+        };
+        if f.first_use {
+            self.ctx.pipelines.notify(&CompileEvent::FirstUse { done: true });
+        }
+        read?;
+        self.ctx.check()?;
+        Ok(result)
     }
 
     /// Runs one step (checked by the caller against the limits and the layout); `masks`, if
     /// any, are computed once the forward pass is submitted (see [`run_parts`]).
     pub async fn step(&mut self, batch: StepBatch<'_>, masks: Option<LateMasks<'_>>) -> Result<StepResult> {
-        run_parts(std::slice::from_mut(self), &[], batch, 1, masks).await.map_err(|f| f.error)
+        if !self.in_flight.is_empty() {
+            return Err(GpuError::Unsupported { op: "step", message: "overlapped steps are outstanding: collect them first".into() });
+        }
+        let rows = batch.entries.iter().map(|e| e.outputs.len()).sum();
+        let r = run_parts(std::slice::from_mut(self), &[], batch, 1, masks).await.map_err(|f| f.error);
+        self.last_rows = rows;
+        r
     }
 
-    /// Reads back the draws of a step's micro-batches, `n_out` rows in all.
-    async fn read_draws(&self, drawn: &[Drawn], n_out: usize) -> Result<Vec<flint_core::sampling::Sampled>> {
+    /// Reads back the draws of a step's micro-batches, `n_out` rows in all, from readback
+    /// `slot`.
+    async fn read_draws(&self, drawn: &[Drawn], n_out: usize, slot: usize) -> Result<Vec<flint_core::sampling::Sampled>> {
         let (_, out) = self.outputs("step")?;
         let lp_words = self.limits.max_outputs;
         let logprobs = drawn.iter().any(|d| d.plan.logprobs);
         let words = if logprobs { lp_words + n_out * LP_WORDS } else { n_out };
         debug_assert!(words <= self.limits.max_outputs * READBACK_WORDS);
-        let bytes = crate::buffer::read_staging(&self.ctx, &out.readback, words as u64 * 4).await?;
+        let bytes = crate::buffer::read_staging(&self.ctx, &out.readback[slot], words as u64 * 4).await?;
         let w: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
         let mut sampled = Vec::with_capacity(n_out);
         for d in drawn {
@@ -319,7 +419,7 @@ async fn run_micro_batches(
                 reads.push((s, m, residual));
             } else if let Some((_, samples)) = plan {
                 let rows_out = layout.gather.len();
-                part.encode_readback(&mut enc, &samples, bases[m], rows_out);
+                part.encode_readback(&mut enc, &samples, bases[m], rows_out, 0);
                 if logits {
                     // Tests and tools only: every output row's logits, through a buffer made for it.
                     let bytes = (rows_out * part.cfg.n_vocab * 4) as u64;
@@ -347,7 +447,7 @@ async fn run_micro_batches(
         // A prompt chunk without outputs: wait for it, so work never piles up unseen.
         tail.ctx.work_done().await.map_err(on(last))?;
     } else {
-        result.sampled = tail.read_draws(&drawn, n_out).await.map_err(on(last))?;
+        result.sampled = tail.read_draws(&drawn, n_out, 0).await.map_err(on(last))?;
     }
     for (staging, bytes) in logit_reads {
         let data = crate::buffer::read_staging(&tail.ctx, &staging, bytes).await.map_err(on(last))?;

@@ -1,0 +1,165 @@
+//! Overlapped steps on the GPU (`Backend::submit` / `collect`, issue 35's async scheduling):
+//! a step submitted before the previous one is read, its tokens fed on the device from that
+//! step's draws, draws what the same steps run one after another draw, bit for bit (ids and
+//! log-probabilities), with a greedy and a seeded sampler, rows crossing between the steps.
+//! Misuse is refused with an error: a feed past the previous step's rows, a third
+//! outstanding step, collecting out of order, a plain step while steps are outstanding.
+
+mod common;
+
+use std::sync::Arc;
+
+use flint_core::arch::ModelConfig;
+use flint_core::backend::{Backend, BackendOptions, Feed, OutputRow, StepBatch, StepEntry, StepResult, Ticket};
+use flint_core::gguf::GgufFile;
+use flint_core::kv::KvCache;
+use flint_core::sampling::{Sampler, SamplingParams};
+use flint_gpu::backend::GpuBackend;
+use futures::executor::block_on;
+
+use common::shared;
+
+/// Two sequences' prompts (the starts of the tiny qwen3's golden prompts 1 and 2).
+const PROMPTS: [&[u32]; 2] = [&[292, 309, 273, 992, 287, 791, 13], &[764, 1504, 661, 478, 325]];
+
+fn samplers() -> [Sampler; 2] {
+    let seeded = SamplingParams { temperature: 0.9, top_k: 0, top_p: 1.0, min_p: 0.0, seed: Some(7), n_logprobs: 2, ..SamplingParams::greedy() };
+    [Sampler::new(SamplingParams { n_logprobs: 2, ..SamplingParams::greedy() }).unwrap(), Sampler::new(seeded).unwrap()]
+}
+
+/// One step: `order` lists the sequences (0, 1) in entry order, each with its tokens from
+/// `start`; every entry has an output at its last token.
+fn batch<'a>(kv: &'a KvCache, order: &[usize], tokens: &'a [Vec<u32>; 2], starts: [usize; 2], samplers: &'a mut [Sampler; 2]) -> StepBatch<'a> {
+    let [a, b] = samplers;
+    let mut by_seq = [Some(a), Some(b)];
+    let entries = order
+        .iter()
+        .map(|&s| StepEntry {
+            tokens: &tokens[s],
+            start: starts[s],
+            tables: kv.tables(s as u64 + 1),
+            outputs: vec![OutputRow { index: tokens[s].len() - 1, sampler: by_seq[s].take().unwrap() }],
+        })
+        .collect();
+    StepBatch { entries, copies: &[], logits: false }
+}
+
+/// Steps of the prompts, then two decode steps (sequence 1 first in the first of them).
+const ORDERS: [[usize; 2]; 3] = [[0, 1], [1, 0], [0, 1]];
+
+fn reserve(kv: &mut KvCache, len: [usize; 2]) {
+    for (s, &n) in len.iter().enumerate() {
+        assert!(kv.reserve(s as u64 + 1, n).unwrap().is_empty());
+    }
+}
+
+fn fresh_kv(backend: &dyn Backend) -> KvCache {
+    let mut kv = KvCache::new(backend.kv_layout().clone());
+    kv.open(1);
+    kv.open(2);
+    kv
+}
+
+/// The three steps one after another, each decode step's tokens the host's.
+fn one_by_one(backend: &mut dyn Backend) -> Vec<StepResult> {
+    let mut kv = fresh_kv(backend);
+    let mut samplers = samplers();
+    let mut tokens = PROMPTS.map(|p| p.to_vec());
+    let mut starts = [0, 0];
+    let mut out = Vec::new();
+    for order in ORDERS {
+        reserve(&mut kv, [starts[0] + tokens[0].len(), starts[1] + tokens[1].len()]);
+        let r = block_on(backend.step(batch(&kv, &order, &tokens, starts, &mut samplers))).unwrap();
+        for (row, &s) in order.iter().enumerate() {
+            starts[s] += tokens[s].len();
+            tokens[s] = vec![r.sampled[row].id];
+        }
+        out.push(r);
+    }
+    out
+}
+
+/// The same steps overlapped: each decode step is submitted before the previous one is
+/// collected, its tokens fed from that step's rows (stand-in ids 0 on the host).
+fn overlapped(backend: &mut dyn Backend) -> Vec<StepResult> {
+    let mut kv = fresh_kv(backend);
+    let mut samplers = samplers();
+    let mut tokens = PROMPTS.map(|p| p.to_vec());
+    let mut starts = [0, 0];
+    let mut tickets = std::collections::VecDeque::new();
+    let mut out = Vec::new();
+    let mut prev: Option<[usize; 2]> = None;
+    for order in ORDERS {
+        reserve(&mut kv, [starts[0] + tokens[0].len(), starts[1] + tokens[1].len()]);
+        // Token i of this step is sequence order[i]'s, drawn at the row it had before.
+        let feeds: Vec<Feed> = match prev {
+            None => Vec::new(),
+            Some(p) => order.iter().enumerate().map(|(i, s)| Feed { token: i, row: p.iter().position(|x| x == s).unwrap() }).collect(),
+        };
+        let t = block_on(backend.submit(batch(&kv, &order, &tokens, starts, &mut samplers), &feeds)).unwrap();
+        tickets.push_back(t);
+        for &s in &order {
+            starts[s] += tokens[s].len();
+            tokens[s] = vec![0];
+        }
+        if tickets.len() == 2 {
+            out.push(block_on(backend.collect(tickets.pop_front().unwrap())).unwrap());
+        }
+        prev = Some(order);
+    }
+    out.push(block_on(backend.collect(tickets.pop_front().unwrap())).unwrap());
+    out
+}
+
+fn load() -> Option<GpuBackend> {
+    let ctx = flint_gpu::testing::context()?;
+    let file = GgufFile::open(shared().join("golden/families/qwen3/model.gguf")).unwrap();
+    let cfg = ModelConfig::from_gguf(&file).unwrap();
+    let opts = BackendOptions {
+        n_ctx: 64,
+        max_seqs: 2,
+        max_batch_tokens: 16,
+        max_outputs: 2,
+        kv_budget_bytes: None,
+        cache_k: Default::default(),
+        cache_v: Default::default(),
+        exact: true,
+    };
+    let gpu_ctx = Arc::new(block_on(flint_gpu::GpuContext::with_adapter(Some(&ctx.info.name))).unwrap());
+    Some(block_on(GpuBackend::new(gpu_ctx, &file, cfg, &opts, None)).unwrap())
+}
+
+#[test]
+fn overlapped_steps_draw_what_steps_one_after_another_draw() {
+    let Some(mut gpu) = load() else { return };
+    assert!(gpu.overlaps());
+    let want = one_by_one(&mut gpu);
+    let got = overlapped(&mut gpu);
+    assert_eq!(got, want, "overlapped steps differ from the same steps one after another");
+    // The seeded row really samples: its draws carry log-probabilities like the greedy one's.
+    assert!(want.iter().all(|r| r.sampled.iter().all(|s| s.logprob.is_some() && s.top_logprobs.len() == 2)));
+}
+
+#[test]
+fn overlapped_steps_refuse_misuse() {
+    let Some(mut gpu) = load() else { return };
+    let mut kv = fresh_kv(&gpu);
+    reserve(&mut kv, [PROMPTS[0].len() + 1, PROMPTS[1].len() + 1]);
+    let tokens = PROMPTS.map(|p| p.to_vec());
+    let one = [vec![0u32], vec![0u32]];
+    let (mut s1, mut s2, mut s3, mut s4) = (samplers(), samplers(), samplers(), samplers());
+    let t0: Ticket = block_on(gpu.submit(batch(&kv, &[0, 1], &tokens, [0, 0], &mut s1), &[])).unwrap();
+    // Row 2 does not exist: the step before had two output rows.
+    let starts = [PROMPTS[0].len(), PROMPTS[1].len()];
+    let bad = [Feed { token: 0, row: 2 }];
+    assert!(block_on(gpu.submit(batch(&kv, &[0, 1], &one, starts, &mut s2), &bad)).is_err());
+    let feeds = [Feed { token: 0, row: 0 }, Feed { token: 1, row: 1 }];
+    let t1 = block_on(gpu.submit(batch(&kv, &[0, 1], &one, starts, &mut s3), &feeds)).unwrap();
+    // A third outstanding step, and a plain step while two are outstanding.
+    assert!(block_on(gpu.submit(batch(&kv, &[0, 1], &one, starts, &mut s4), &feeds)).is_err());
+    assert!(block_on(gpu.step(batch(&kv, &[0, 1], &one, starts, &mut samplers()))).is_err());
+    // The newer one cannot be collected first.
+    assert!(block_on(gpu.collect(Ticket(t1.0))).is_err());
+    block_on(gpu.collect(t0)).unwrap();
+    block_on(gpu.collect(t1)).unwrap();
+}
