@@ -355,6 +355,8 @@ pub fn load_options(backend: BackendArg, device: &DeviceArgs, spec: Option<&Spec
         device: device.device()?,
         split: device.split()?,
         compile_observer: Some(crate::progress::compile_line()),
+        // FLINT_NO_OVERLAP=1: every step after the one before is read (to measure the overlap).
+        overlap: std::env::var_os("FLINT_NO_OVERLAP").is_none_or(|v| v.is_empty()),
         ..LoadOptions::default()
     };
     device.cache.apply(&mut opts)?;

@@ -262,6 +262,10 @@ impl Generation {
         self.choice
     }
 
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
     pub fn sampler_mut(&mut self) -> &mut Sampler {
         &mut self.sampler
     }

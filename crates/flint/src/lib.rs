@@ -279,7 +279,8 @@ impl Engine {
             let maker = maker.clone();
             Box::pin(async move { maker.make().await.map(|m| (m.backend, m.gpus)) })
         });
-        let runner = Runner::new(backend, gpus, rebuild, sched, tokenizer, info.clock, n_ctx, spec, draft);
+        let mut runner = Runner::new(backend, gpus, rebuild, sched, tokenizer, info.clock, n_ctx, spec, draft);
+        runner.overlap = opts.overlap;
         let run: RunLoop = Box::pin(async move {
             let _file = file;
             runner.run(rx).await;

@@ -84,6 +84,13 @@ pub struct LoadOptions {
     pub draft_model: Option<std::path::PathBuf>,
     /// The draft model stops drafting where its top probability falls below this.
     pub draft_p_min: f32,
+    /// Overlapped steps (the default, where the backend offers them): a decode step is
+    /// submitted before the one before it is read, its tokens fed on the device, while no
+    /// request needs the host between the two (drafts, a grammar, penalties, logits); stops
+    /// apply one step late and the overrun token is dropped. The tokens are the same either
+    /// way; false runs every step after the one before is read (`FLINT_NO_OVERLAP=1` in the
+    /// CLI).
+    pub overlap: bool,
 }
 
 impl LoadOptions {
@@ -164,6 +171,7 @@ impl Default for LoadOptions {
             spec: SpecConfig::default(),
             draft_model: None,
             draft_p_min: DRAFT_P_MIN,
+            overlap: true,
         }
     }
 }

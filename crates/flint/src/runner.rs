@@ -11,7 +11,7 @@ use futures::channel::{mpsc, oneshot};
 use futures::future::LocalBoxFuture;
 use futures::StreamExt;
 
-use flint_core::backend::{Backend, BackendError, StepResult};
+use flint_core::backend::{Backend, BackendError, Feed, StepResult, Ticket};
 use flint_core::generate::{Clock, Event, FinishReason, Generation, MaskJob};
 use flint_core::kv::SeqId;
 use flint_core::sampling::{DraftLink, Sampler, SamplingParams};
@@ -68,6 +68,12 @@ pub(crate) enum Command {
 /// Opens a new device and loads the model again (after the old device was lost).
 pub(crate) type Rebuild = Box<dyn FnMut() -> LocalBoxFuture<'static, Result<(Box<dyn Backend>, Vec<Arc<GpuContext>>), EngineError>>>;
 
+/// A step submitted to an overlapping backend whose results are not read yet.
+struct InFlight {
+    plan: StepPlan,
+    ticket: Ticket,
+}
+
 struct Choice {
     seq: SeqId,
     gen: Generation,
@@ -112,6 +118,11 @@ pub(crate) struct Runner {
     /// Sequences whose draft this step is the tokens their grammar forces (fast-forward:
     /// certain, so neither counted as drafts nor adapting the draft length).
     forced: HashSet<SeqId>,
+    /// Overlapped steps (`LoadOptions::overlap`), and the step submitted and not read yet.
+    pub overlap: bool,
+    in_flight: Option<InFlight>,
+    /// Steps submitted before the one before them was read.
+    overlapped: u64,
 }
 
 impl Runner {
@@ -147,6 +158,9 @@ impl Runner {
             draft,
             linked: HashMap::new(),
             forced: HashSet::new(),
+            overlap: true,
+            in_flight: None,
+            overlapped: 0,
         }
     }
 
@@ -154,6 +168,10 @@ impl Runner {
     pub async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         loop {
             if self.sched.is_idle() {
+                // A step may still be out whose sequences all ended: read it first.
+                if let Err(e) = self.drain().await {
+                    self.fail_all(e);
+                }
                 for c in std::mem::take(&mut self.profiles) {
                     self.profile(c).await;
                 }
@@ -176,6 +194,7 @@ impl Runner {
                     Err(e) => Err(e),
                 };
                 if let Err(e) = stepped {
+                    self.abandon().await;
                     self.fail_all(e);
                 }
             }
@@ -194,7 +213,7 @@ impl Runner {
             }
             Command::ClearCache => self.sched.clear_cache(),
             Command::Stats(reply) => {
-                let _ = reply.send(SchedStats { spec: self.spec_counts, ..self.sched.stats() });
+                let _ = reply.send(SchedStats { spec: self.spec_counts, overlapped: self.overlapped, ..self.sched.stats() });
             }
             c @ (Command::Profile { .. } | Command::WhenIdle(_) | Command::WarmUp(_) | Command::Reload(_)) => self.profiles.push(c),
             Command::LoseDevice(part) => {
@@ -374,8 +393,13 @@ impl Runner {
         Ok(())
     }
 
-    /// One forward step: drafts proposed, the plan run, its results folded back.
+    /// One forward step: drafts proposed, the plan run, its results folded back. Where the
+    /// backend overlaps steps and nothing needs the host between two, the step is submitted
+    /// and read at the next one ([`Runner::step_overlapped`]).
     async fn step(&mut self) -> Result<(), BackendError> {
+        if let Some(prev) = self.in_flight.take() {
+            return self.step_overlapped(prev).await;
+        }
         if self.spec.drafts() {
             self.propose_drafts().await?;
         }
@@ -386,6 +410,25 @@ impl Runner {
         if plan.is_empty() {
             return Ok(());
         }
+        self.started(&plan);
+        if self.overlappable(&plan) {
+            let ticket = self.submit_plan(&plan, &[]).await?;
+            self.in_flight = Some(InFlight { plan, ticket });
+            return Ok(());
+        }
+        let result = self.run_plan(&plan).await;
+        // Links hold for this step only.
+        for req in self.requests.values_mut() {
+            for c in req.choices.iter_mut() {
+                c.gen.sampler_mut().set_link(None);
+            }
+        }
+        self.fold(&plan, result?, None);
+        Ok(())
+    }
+
+    /// Tells each choice of `plan` that its request's computation started.
+    fn started(&mut self, plan: &StepPlan) {
         let now = (self.clock)();
         for e in &plan.entries {
             for &seq in std::iter::once(&e.seq).chain(&e.forked) {
@@ -395,15 +438,104 @@ impl Runner {
                 }
             }
         }
-        let result = self.run_plan(&plan).await;
-        // Links hold for this step only.
-        for req in self.requests.values_mut() {
-            for c in req.choices.iter_mut() {
-                c.gen.sampler_mut().set_link(None);
+    }
+
+    /// Whether `plan` may run overlapped with the steps around it: the backend overlaps, the
+    /// loop drafts nothing, every entry runs one output row and no request needs the host
+    /// between two steps (its logits, a grammar's mask, penalties over the tokens drawn).
+    fn overlappable(&self, plan: &StepPlan) -> bool {
+        let host_free =
+            |r: &RequestState| !r.logits && r.choices.iter().all(|c| c.gen.is_done() || (!c.gen.is_constrained() && !c.gen.sampler().params().penalties_on()));
+        self.overlap
+            && self.backend.overlaps()
+            && !self.spec.drafts()
+            && self.draft.is_none()
+            && plan.output_rows().iter().all(|&(_, n)| n == 1)
+            && self.requests.values().all(host_free)
+    }
+
+    /// With `prev` submitted and unread: where it may, plans and submits the next step first,
+    /// the tokens `prev` draws for the sequences that go on fed on the device, then reads
+    /// `prev` and folds it in ([`Scheduler::update_overlapped`]: stops apply one step late,
+    /// the overrun row is dropped); else reads `prev` and folds it in as any step.
+    async fn step_overlapped(&mut self, prev: InFlight) -> Result<(), BackendError> {
+        if !self.overlappable(&prev.plan) {
+            let result = self.backend.collect(prev.ticket).await?;
+            self.fold(&prev.plan, result, None);
+            return Ok(());
+        }
+        let rows = prev.plan.output_rows();
+        // Sequences expected to go on: not done, more tokens allowed, room in the context.
+        let fed: HashSet<SeqId> = rows
+            .iter()
+            .map(|&(seq, _)| seq)
+            .filter(|&seq| {
+                let held = self.sched.contains(seq).then(|| self.sched.tokens(seq).len());
+                let choice = self.owner.get(&seq).and_then(|&(r, c)| self.requests.get(&r).map(|r| &r.choices[c]));
+                match (held, choice) {
+                    (Some(held), Some(c)) => !c.gen.is_done() && c.gen.remaining().is_none_or(|r| r > 1) && held + 1 < self.n_ctx,
+                    _ => false,
+                }
+            })
+            .collect();
+        self.sched.overlap(&prev.plan, &fed);
+        let plan = self.sched.schedule();
+        let mut feeds = Vec::new();
+        let mut at = 0;
+        for e in &plan.entries {
+            if fed.contains(&e.seq) && e.len == 1 && self.sched.tokens(e.seq).len() == e.start + 1 {
+                if let Some(row) = rows.iter().position(|&(s, _)| s == e.seq) {
+                    feeds.push(Feed { token: at, row });
+                }
+            }
+            at += e.len;
+        }
+        if !plan.is_empty() {
+            self.started(&plan);
+            match self.submit_plan(&plan, &feeds).await {
+                Ok(ticket) => {
+                    self.in_flight = Some(InFlight { plan, ticket });
+                    self.overlapped += 1;
+                }
+                Err(e) => {
+                    let _ = self.backend.collect(prev.ticket).await;
+                    return Err(e);
+                }
             }
         }
-        self.fold(&plan, result?);
+        let result = self.backend.collect(prev.ticket).await?;
+        self.fold(&prev.plan, result, Some(&fed));
         Ok(())
+    }
+
+    /// Submits `plan` (one output row per entry, nothing masked) without waiting for it.
+    async fn submit_plan(&mut self, plan: &StepPlan, feeds: &[Feed]) -> Result<Ticket, BackendError> {
+        let rows = plan.output_rows();
+        let mut samplers: HashMap<SeqId, Vec<&mut Sampler>> = HashMap::new();
+        for req in self.requests.values_mut() {
+            for c in req.choices.iter_mut().filter(|c| rows.iter().any(|(s, _)| *s == c.seq)) {
+                samplers.insert(c.seq, vec![c.gen.sampler_mut()]);
+            }
+        }
+        let batch = self.sched.batch_rows(plan, &mut samplers, false);
+        self.backend.submit(batch, feeds).await
+    }
+
+    /// Reads and folds in the step still out, if any.
+    async fn drain(&mut self) -> Result<(), BackendError> {
+        if let Some(f) = self.in_flight.take() {
+            let result = self.backend.collect(f.ticket).await?;
+            self.fold(&f.plan, result, None);
+        }
+        Ok(())
+    }
+
+    /// After a failed step: the step still out is read and dropped (the backend takes no
+    /// other step before).
+    async fn abandon(&mut self) {
+        if let Some(f) = self.in_flight.take() {
+            let _ = self.backend.collect(f.ticket).await;
+        }
     }
 
     /// Whether a lone short prompt should run one token a step: its step size's kernels are
@@ -478,10 +610,11 @@ impl Runner {
         self.backend.step_with_masks(batch, masks).await
     }
 
-    /// Folds a step's results back ([`Scheduler::update`]): each row a plain decode would
-    /// have drawn goes through its choice (events, stops), then each request's state follows
-    /// its sequences' ends.
-    fn fold(&mut self, plan: &StepPlan, result: StepResult) {
+    /// Folds a step's results back ([`Scheduler::update`], or with `fed` the sequences the
+    /// next step already runs, [`Scheduler::update_overlapped`]): each row a plain decode
+    /// would have drawn goes through its choice (events, stops), then each request's state
+    /// follows its sequences' ends.
+    fn fold(&mut self, plan: &StepPlan, result: StepResult, fed: Option<&HashSet<SeqId>>) {
         let now = (self.clock)();
         let ids: Vec<u32> = result.sampled.iter().map(|s| s.id).collect();
         let (requests, owner, spec, forced) = (&mut self.requests, &self.owner, &self.spec, &self.forced);
@@ -489,7 +622,7 @@ impl Runner {
         let mut deaf: Vec<u64> = Vec::new();
         // Requests whose grammar could not go on, with why.
         let mut broken: Vec<(u64, flint_core::constrain::ConstraintError)> = Vec::new();
-        let updates = self.sched.update(plan, &ids, |row| {
+        let take = |row: flint_core::sched::Row| {
             let Some(&(rid, ci)) = owner.get(&row.seq) else { return Flow::Stop };
             let Some(req) = requests.get_mut(&rid) else { return Flow::Stop };
             let c = &mut req.choices[ci];
@@ -524,7 +657,11 @@ impl Runner {
             } else {
                 Flow::Stop
             }
-        });
+        };
+        let updates = match fed {
+            Some(fed) => self.sched.update_overlapped(plan, &ids, fed, take),
+            None => self.sched.update(plan, &ids, take),
+        };
         for u in updates {
             let Some(&(rid, ci)) = self.owner.get(&u.seq) else { continue };
             if let Some(i) = broken.iter().position(|(r, _)| *r == rid) {

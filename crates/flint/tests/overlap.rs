@@ -4,6 +4,9 @@
 //! log-probabilities), with a greedy and a seeded sampler, rows crossing between the steps.
 //! Misuse is refused with an error: a feed past the previous step's rows, a third
 //! outstanding step, collecting out of order, a plain step while steps are outstanding.
+//! And the engine: requests decoded with overlapped steps get the tokens and finish reasons
+//! they get without them (greedy, seeded, different lengths, a penalized request that
+//! joins midway and turns the overlap off while it runs), and the overlap did happen.
 
 mod common;
 
@@ -17,7 +20,8 @@ use flint_core::sampling::{Sampler, SamplingParams};
 use flint_gpu::backend::GpuBackend;
 use futures::executor::block_on;
 
-use common::shared;
+use common::{shared, together_with, Job};
+use flint::{BackendKind, Engine, LoadOptions};
 
 /// Two sequences' prompts (the starts of the tiny qwen3's golden prompts 1 and 2).
 const PROMPTS: [&[u32]; 2] = [&[292, 309, 273, 992, 287, 791, 13], &[764, 1504, 661, 478, 325]];
@@ -162,4 +166,42 @@ fn overlapped_steps_refuse_misuse() {
     assert!(block_on(gpu.collect(Ticket(t1.0))).is_err());
     block_on(gpu.collect(t0)).unwrap();
     block_on(gpu.collect(t1)).unwrap();
+}
+
+/// Four requests on the tiny qwen3: two greedy of 12 and 5 tokens, a seeded one of 9, and one
+/// with a repetition penalty (the host keeps its window) joining once the first has 4 tokens.
+fn jobs() -> Vec<Job> {
+    let seeded = SamplingParams { temperature: 0.8, seed: Some(3), ..SamplingParams::default() };
+    let penalized = SamplingParams { repeat_penalty: 1.3, ..SamplingParams::greedy() };
+    vec![
+        Job::greedy(PROMPTS[0].to_vec(), 12),
+        Job::greedy(PROMPTS[1].to_vec(), 5),
+        Job { sampling: seeded, ..Job::greedy(PROMPTS[1][..3].to_vec(), 9) },
+        Job { sampling: penalized, join_after: Some((0, 4)), ..Job::greedy(PROMPTS[0][2..].to_vec(), 6) },
+    ]
+}
+
+#[test]
+fn the_engine_draws_the_same_tokens_with_and_without_overlapped_steps() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let path = shared().join("golden/families/qwen3/model.gguf");
+    let run = |overlap: bool| {
+        let engine = Engine::load_path(&path, &LoadOptions { backend: BackendKind::Gpu, n_ctx: 128, overlap, ..LoadOptions::exact() }).unwrap();
+        let outs = together_with(&engine, &jobs(), false);
+        let stats = block_on(engine.stats()).unwrap();
+        (outs, stats.overlapped)
+    };
+    let (plain, none) = run(false);
+    let (overlapped, steps) = run(true);
+    assert_eq!(none, 0);
+    assert!(steps > 0, "no step was overlapped");
+    for (i, (a, b)) in plain.iter().zip(&overlapped).enumerate() {
+        assert_eq!(a.ids, b.ids, "request {i}'s tokens differ with overlapped steps");
+        assert_eq!(a.ids.len(), jobs()[i].n_gen);
+        let reason = |o: &common::Output| o.summary.as_ref().map(|s| s.finish_reason);
+        assert_eq!(reason(a), reason(b), "request {i}'s finish reason differs");
+    }
+    eprintln!("{steps} steps overlapped");
 }

@@ -17,7 +17,7 @@
 use std::collections::{HashMap, VecDeque};
 
 mod update;
-pub use update::{Flow, Row, SeqEnd, SeqUpdate};
+pub use update::{Flow, Row, SeqEnd, SeqUpdate, STAND_IN};
 
 use thiserror::Error;
 
@@ -117,6 +117,9 @@ pub struct SchedStats {
     /// Speculative decoding: tokens drafted and accepted so far (the engine's run loop keeps
     /// these).
     pub spec: crate::spec::SpecCounts,
+    /// Steps submitted before the step before them was read (overlapped; the run loop keeps
+    /// this).
+    pub overlapped: u64,
 }
 
 /// KV blocks summed over the block groups.

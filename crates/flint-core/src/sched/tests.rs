@@ -418,3 +418,56 @@ fn a_lone_prompt_can_run_a_token_a_step() {
     s.add(toks(3, 4), 1).unwrap();
     assert_eq!(s.lone_pending(), None, "a request with a fork to make");
 }
+
+/// Overlapped steps: the next plan decodes the fed sequences on a stand-in, the late fold puts
+/// the drawn token in its place, and a sequence that ends loses the stand-in (and the KV the
+/// overrun step took for it); what reaches the prefix index is the real tokens only.
+#[test]
+fn overlapped_steps_fill_the_stand_in_or_drop_the_overrun() {
+    use std::collections::HashSet;
+    let mut s = sched(16, 4, 64, 64);
+    let a = s.add(toks(1, 6), 0).unwrap()[0];
+    let b = s.add(toks(2, 5), 0).unwrap()[0];
+    // Step 1: both prompts, an output each; step 2 is planned before its draws are read.
+    let p1 = s.schedule();
+    assert_eq!(p1.output_rows(), vec![(a, 1), (b, 1)]);
+    let fed: HashSet<SeqId> = [a, b].into();
+    s.overlap(&p1, &fed);
+    let p2 = s.schedule();
+    let starts: Vec<(SeqId, usize, usize)> = p2.entries.iter().map(|e| (e.seq, e.start, e.len)).collect();
+    assert_eq!(starts, vec![(a, 6, 1), (b, 5, 1)], "the fed sequences decode their stand-ins");
+    assert_eq!((s.tokens(a)[6], s.tokens(b)[5]), (STAND_IN, STAND_IN));
+    // Step 1's draws arrive while step 2 runs: a goes on, b stops.
+    let mut rows = Vec::new();
+    let ups = s.update_overlapped(&p1, &[111, 222], &fed, |r| {
+        rows.push((r.seq, r.held));
+        if r.seq == b {
+            Flow::Stop
+        } else {
+            Flow::Next
+        }
+    });
+    assert_eq!(rows, vec![(a, 6), (b, 5)], "held counts the real tokens, not the stand-in");
+    assert_eq!(ups.iter().map(|u| (u.seq, &u.end)).collect::<Vec<_>>(), vec![(a, &SeqEnd::Continues), (b, &SeqEnd::Finished)]);
+    assert_eq!(s.tokens(a), [toks(1, 6), vec![111]].concat(), "the draw takes the stand-in's place");
+    assert!(!s.contains(b));
+    // b's blocks went back (its 5 prompt tokens fill one block of 4: indexed; the rest freed).
+    assert_eq!(s.kv().block_counts().cached, 1);
+    // Step 2 ends: its row for b is skipped (b is gone); a appends as after any step.
+    let ups = update(&mut s, &p2, &[333, 444], &[]).1;
+    assert_eq!(ups.len(), 1);
+    assert_eq!(s.tokens(a), [toks(1, 6), vec![111, 333]].concat());
+    // Only real tokens were indexed: a's second block holds prompt tokens 4, 5, then 111, 333.
+    let p3 = s.schedule();
+    s.step_done(&p3);
+    s.finish(a);
+    let start = |s: &mut Scheduler, tokens: Vec<u32>| {
+        let id = s.add(tokens, 0).unwrap()[0];
+        let plan = s.schedule();
+        let e = plan.entries.iter().find(|e| e.seq == id).unwrap().start;
+        s.finish(id);
+        e
+    };
+    assert_eq!(start(&mut s, [toks(1, 6), vec![111, 333, 9]].concat()), 8, "both of a's blocks are reused");
+    assert_eq!(start(&mut s, [toks(1, 6), vec![STAND_IN, 333, 9]].concat()), 4, "no block holds the stand-in");
+}

@@ -4,6 +4,8 @@
 //! per-request state sees every row a plain decode would have drawn, in order, and says whether
 //! its sequence goes on.
 
+use std::collections::HashSet;
+
 use crate::kv::{KvError, SeqId};
 use crate::sampling::NON_FINITE;
 use crate::spec::accepted_prefix;
@@ -70,6 +72,10 @@ pub struct SeqUpdate {
     pub end: SeqEnd,
 }
 
+/// The token a fed sequence holds until its step's draw is read (any valid id: the device
+/// runs the real one).
+pub const STAND_IN: u32 = 0;
+
 impl Scheduler {
     /// Records that `plan` ran and folds its sampled ids (`sampled[i]`: output row i, in
     /// [`StepPlan::output_rows`] order) back: for each sequence with rows, the rows up to its
@@ -77,8 +83,34 @@ impl Scheduler {
     /// before the last row taken stay, the rest roll back; the last row's token joins the
     /// sequence, or the sequence ends. Sequences no longer held (cancelled during the step) are
     /// skipped.
-    pub fn update(&mut self, plan: &StepPlan, sampled: &[u32], mut take: impl FnMut(Row) -> Flow) -> Vec<SeqUpdate> {
+    pub fn update(&mut self, plan: &StepPlan, sampled: &[u32], take: impl FnMut(Row) -> Flow) -> Vec<SeqUpdate> {
         self.step_done(plan);
+        self.fold(plan, sampled, &HashSet::new(), take)
+    }
+
+    /// Before `plan`'s results are read, so that the next step can be planned and submitted
+    /// while it runs: records that it ran ([`Scheduler::step_done`]) and gives each of `fed`
+    /// (sequences with an output row in it, expected to go on) a stand-in for the token it
+    /// draws, so that the next plan decodes them; the backend feeds the real ids on the
+    /// device. [`Scheduler::update_overlapped`] folds the results in later.
+    pub fn overlap(&mut self, plan: &StepPlan, fed: &HashSet<SeqId>) {
+        self.step_done(plan);
+        for &id in fed {
+            if let Some(s) = self.seqs.get_mut(&id) {
+                s.tokens.push(STAND_IN);
+            }
+        }
+    }
+
+    /// Folds in the results of a step [`Scheduler::overlap`] let the next one overtake: as
+    /// [`Scheduler::update`], but a row of `fed` puts its token in the place of the stand-in
+    /// (the next step ran it already), and where its sequence ends the stand-in goes (the
+    /// next step's row for it is an overrun the caller drops: the sequence is gone).
+    pub fn update_overlapped(&mut self, plan: &StepPlan, sampled: &[u32], fed: &HashSet<SeqId>, take: impl FnMut(Row) -> Flow) -> Vec<SeqUpdate> {
+        self.fold(plan, sampled, fed, take)
+    }
+
+    fn fold(&mut self, plan: &StepPlan, sampled: &[u32], fed: &HashSet<SeqId>, mut take: impl FnMut(Row) -> Flow) -> Vec<SeqUpdate> {
         let mut out = Vec::new();
         let mut at = 0;
         for (seq, n) in plan.output_rows() {
@@ -90,7 +122,9 @@ impl Scheduler {
             let target = &sampled[rows.clone()];
             let drafts = self.drafts(seq).len();
             let accepted = accepted_prefix(self.drafts(seq), target);
-            let base = self.tokens(seq).len() - drafts;
+            // A fed sequence holds the stand-in past its rows' tokens.
+            let stand_in = fed.contains(&seq) as usize;
+            let base = self.tokens(seq).len() - drafts - stand_in;
             let (mut last, mut flow, mut broken) = (0, Flow::Next, false);
             for (j, &id) in target[..=accepted].iter().enumerate() {
                 last = j;
@@ -103,10 +137,19 @@ impl Scheduler {
                     break;
                 }
             }
-            let resolved = self.resolve(seq, last);
+            let mut resolved = self.resolve(seq, last);
+            if stand_in == 1 && (broken || flow != Flow::Next) {
+                // It ends or holds: the stand-in goes, and with it the next step's KV for it.
+                resolved = resolved.and_then(|()| self.truncate(seq, base));
+            }
             let end = match (resolved, broken, flow) {
                 (_, true, _) => SeqEnd::Broken,
                 (Err(e), _, _) => SeqEnd::Kv(e),
+                (Ok(()), _, Flow::Next) if stand_in == 1 => {
+                    let s = self.seqs.get_mut(&seq).expect("running");
+                    s.tokens[base] = target[last];
+                    SeqEnd::Continues
+                }
                 (Ok(()), _, Flow::Next) => {
                     self.append(seq, target[last]);
                     SeqEnd::Continues

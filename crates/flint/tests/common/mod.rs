@@ -103,10 +103,10 @@ pub struct Output {
     pub summary: Option<Summary>,
 }
 
-fn request(job: &Job) -> Request {
+fn request(job: &Job, logits: bool) -> Request {
     let params = GenerateParams { max_tokens: Some(job.n_gen), sampling: job.sampling.clone(), ignore_eos: true, ..Default::default() };
     let mut r = Request::new(Input::Tokens(job.prompt.clone()), params);
-    r.logits = true;
+    r.logits = logits;
     r
 }
 
@@ -126,11 +126,16 @@ pub fn solo(engine: &Engine, jobs: &[Job]) -> Vec<Output> {
 
 /// Every job through the engine at once, later ones joining as their `join_after` says.
 pub fn together(engine: &Engine, jobs: &[Job]) -> Vec<Output> {
+    together_with(engine, jobs, true)
+}
+
+/// [`together`], each request asking for its logits (a full readback a token) or not.
+pub fn together_with(engine: &Engine, jobs: &[Job], logits: bool) -> Vec<Output> {
     futures::executor::block_on(async {
         let mut outs = vec![Output::default(); jobs.len()];
         let mut pending: Vec<usize> = (0..jobs.len()).collect();
         let mut streams = futures::stream::SelectAll::new();
-        let submit = |i: usize| engine.submit(request(&jobs[i])).unwrap().map(move |e| (i, e));
+        let submit = |i: usize| engine.submit(request(&jobs[i], logits)).unwrap().map(move |e| (i, e));
         pending.retain(|&i| {
             if jobs[i].join_after.is_none() {
                 streams.push(submit(i));
@@ -141,9 +146,11 @@ pub fn together(engine: &Engine, jobs: &[Job]) -> Vec<Output> {
         });
         while let Some((i, ev)) = streams.next().await {
             match ev.unwrap() {
-                Event::Token { id, logits, .. } => {
+                Event::Token { id, logits: row, .. } => {
                     outs[i].ids.push(id);
-                    outs[i].logits.push(logits.expect("logits were asked for"));
+                    if logits {
+                        outs[i].logits.push(row.expect("logits were asked for"));
+                    }
                 }
                 Event::Done { summary, .. } => outs[i].summary = Some(summary),
             }
