@@ -193,9 +193,19 @@ impl Runner {
                     Ok(()) => self.step().await,
                     Err(e) => Err(e),
                 };
-                if let Err(e) = stepped {
-                    self.abandon().await;
-                    self.fail_all(e);
+                match stepped {
+                    Ok(true) => {}
+                    // Work that cannot run and nothing out: only a command (a cancel, a
+                    // request, a cleared cache) changes that. Wait for one rather than spin,
+                    // which in the browser would freeze the page the command must come from.
+                    Ok(false) => match commands.next().await {
+                        Some(c) => self.handle(c),
+                        None => return,
+                    },
+                    Err(e) => {
+                        self.abandon().await;
+                        self.fail_all(e);
+                    }
                 }
             }
         }
@@ -396,25 +406,24 @@ impl Runner {
     /// One forward step: drafts proposed, the plan run, its results folded back. Where the
     /// backend overlaps steps and nothing needs the host between two, the step is submitted
     /// and read at the next one ([`Runner::step_overlapped`]).
-    async fn step(&mut self) -> Result<(), BackendError> {
+    /// Returns whether anything ran or was read (false: the plan was empty, nothing out).
+    async fn step(&mut self) -> Result<bool, BackendError> {
         if let Some(prev) = self.in_flight.take() {
-            return self.step_overlapped(prev).await;
+            self.step_overlapped(prev).await?;
+            return Ok(true);
         }
         if self.spec.drafts() {
             self.propose_drafts().await?;
         }
-        let plan = match self.cold_prompt() {
-            true => self.sched.schedule_within(1),
-            false => self.sched.schedule(),
-        };
+        let plan = self.schedule();
         if plan.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         self.started(&plan);
         if self.overlappable(&plan) {
             let ticket = self.submit_plan(&plan, &[]).await?;
             self.in_flight = Some(InFlight { plan, ticket });
-            return Ok(());
+            return Ok(true);
         }
         let result = self.run_plan(&plan).await;
         // Links hold for this step only.
@@ -424,7 +433,15 @@ impl Runner {
             }
         }
         self.fold(&plan, result?, None);
-        Ok(())
+        Ok(true)
+    }
+
+    /// The next step's plan: a cold lone prompt one token a step ([`Runner::cold_prompt`]).
+    fn schedule(&mut self) -> StepPlan {
+        match self.cold_prompt() {
+            true => self.sched.schedule_within(1),
+            false => self.sched.schedule(),
+        }
     }
 
     /// Tells each choice of `plan` that its request's computation started.
@@ -479,13 +496,16 @@ impl Runner {
             })
             .collect();
         self.sched.overlap(&prev.plan, &fed);
-        let plan = self.sched.schedule();
+        let plan = self.schedule();
         let mut feeds = Vec::new();
         let mut at = 0;
         for e in &plan.entries {
-            if fed.contains(&e.seq) && e.len == 1 && self.sched.tokens(e.seq).len() == e.start + 1 {
+            // The stand-in is the sequence's last token: a decode step's one token, or the
+            // last of a recompute (the scheduler preempted and took it back at once).
+            let stand_in = self.sched.tokens(e.seq).len() - 1;
+            if fed.contains(&e.seq) && (e.start..e.start + e.len).contains(&stand_in) {
                 if let Some(row) = rows.iter().position(|&(s, _)| s == e.seq) {
-                    feeds.push(Feed { token: at, row });
+                    feeds.push(Feed { token: at + stand_in - e.start, row });
                 }
             }
             at += e.len;

@@ -19,9 +19,10 @@ use flint_core::kv::KvCache;
 use flint_core::sampling::{Sampler, SamplingParams};
 use flint_gpu::backend::GpuBackend;
 use futures::executor::block_on;
+use futures::StreamExt;
 
 use common::{shared, together_with, Job};
-use flint::{BackendKind, Engine, LoadOptions};
+use flint::{BackendKind, Engine, Event, GenerateParams, Input, LoadOptions, Request};
 
 /// Two sequences' prompts (the starts of the tiny qwen3's golden prompts 1 and 2).
 const PROMPTS: [&[u32]; 2] = [&[292, 309, 273, 992, 287, 791, 13], &[764, 1504, 661, 478, 325]];
@@ -204,4 +205,84 @@ fn the_engine_draws_the_same_tokens_with_and_without_overlapped_steps() {
         assert_eq!(reason(a), reason(b), "request {i}'s finish reason differs");
     }
     eprintln!("{steps} steps overlapped");
+}
+
+/// The browser's concurrent-request scenario: two streams together, then one broken off
+/// after two tokens while another runs on, then one request with two greedy choices.
+/// Returns every reply's tokens per choice.
+fn scenario(engine: &Engine) -> Vec<Vec<Vec<u32>>> {
+    let req = |prompt: &[u32], n_gen: usize, n: usize| {
+        let params = GenerateParams { max_tokens: Some(n_gen), sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() };
+        let mut r = Request::new(Input::Tokens(prompt.to_vec()), params);
+        r.n = n;
+        engine.submit(r).unwrap()
+    };
+    // Reads a stream's tokens per choice, dropping it (a cancel) after `stop_after` tokens.
+    let read = |mut h: flint::RequestHandle, n: usize, stop_after: usize| async move {
+        let mut ids = vec![Vec::new(); n];
+        let mut got = 0;
+        while let Some(ev) = h.next().await {
+            if let Event::Token { choice, id, .. } = ev.unwrap() {
+                ids[choice].push(id);
+                got += 1;
+                if got >= stop_after {
+                    break;
+                }
+            }
+        }
+        ids
+    };
+    block_on(async {
+        let (a, b) = futures::future::join(read(req(PROMPTS[0], 5, 1), 1, usize::MAX), read(req(PROMPTS[1], 5, 1), 1, usize::MAX)).await;
+        let (c, d) = futures::future::join(read(req(PROMPTS[0], 12, 1), 1, 2), read(req(PROMPTS[1], 5, 1), 1, usize::MAX)).await;
+        let two = read(req(PROMPTS[0], 3, 2), 2, usize::MAX).await;
+        let after = read(req(PROMPTS[1], 4, 1), 1, usize::MAX).await;
+        vec![a, b, c, d, two, after]
+    })
+}
+
+#[test]
+fn cancels_and_several_choices_go_through_overlapped_steps() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let path = shared().join("golden/families/qwen3/model.gguf");
+    let run = |overlap: bool| {
+        let engine = Engine::load_path(&path, &LoadOptions { backend: BackendKind::Gpu, n_ctx: 128, overlap, ..LoadOptions::exact() }).unwrap();
+        let outs = scenario(&engine);
+        let stats = block_on(engine.stats()).unwrap();
+        (outs, stats.overlapped)
+    };
+    let (plain, _) = run(false);
+    let (overlapped, steps) = run(true);
+    assert!(steps > 0, "no step was overlapped");
+    assert_eq!(overlapped, plain, "overlapped steps changed a reply");
+    let lens: Vec<Vec<usize>> = plain.iter().map(|r| r.iter().map(Vec::len).collect()).collect();
+    assert_eq!(lens, [vec![5], vec![5], vec![2], vec![5], vec![3, 3], vec![4]]);
+    assert_eq!(plain[4][0], plain[4][1], "greedy choices agree");
+}
+
+#[test]
+fn preempted_sequences_recompute_through_overlapped_steps() {
+    // A 48-token context, a pool of two contexts and a block, four requests that each grow to
+    // 44 positions: the scheduler must preempt as they grow, while steps overlap. The same
+    // requests with room for all, one step after another, are the oracle.
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let path = shared().join("golden/families/qwen3/model.gguf");
+    let jobs: Vec<Job> = (0..4u32).map(|j| Job::greedy((0..20 + j).map(|i| (i * 37 + 11 * j + 5) % 1500).collect(), 24 - j as usize)).collect();
+    let run = |overlap: bool, kv_budget_positions: Option<usize>| {
+        let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx: 48, overlap, kv_budget_positions, ..LoadOptions::exact() };
+        let engine = Engine::load_path(&path, &opts).unwrap();
+        let outs = together_with(&engine, &jobs, false);
+        (outs, block_on(engine.stats()).unwrap())
+    };
+    let (want, _) = run(false, None);
+    let (got, stats) = run(true, Some(2 * 48 + 16));
+    assert!(stats.preemptions > 0, "the pool never ran short: {stats:?}");
+    assert!(stats.overlapped > 0, "no step was overlapped: {stats:?}");
+    for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(a.ids, b.ids, "request {i}'s tokens differ after preemption with overlapped steps");
+    }
 }

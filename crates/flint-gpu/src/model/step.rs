@@ -188,6 +188,24 @@ impl GpuModel {
         }
     }
 
+    /// Whether the step about to be submitted is the first to run kernels (the first step
+    /// runs every kernel built at load, later ones a matmul's new variants: they may compile
+    /// inside it, on the device's time); says so to the compile listener.
+    fn begin_first_use(&mut self) -> bool {
+        let first = self.ctx.pipelines.take_first_use() || !std::mem::replace(&mut self.stepped, true);
+        if first {
+            self.ctx.pipelines.notify(&CompileEvent::FirstUse { done: false });
+        }
+        first
+    }
+
+    /// The end of a step [`GpuModel::begin_first_use`] said was a first use.
+    fn end_first_use(&self, first: bool) {
+        if first {
+            self.ctx.pipelines.notify(&CompileEvent::FirstUse { done: true });
+        }
+    }
+
     /// Submits one step of a whole model without waiting for its draws (read by
     /// [`GpuModel::collect`]); `feeds` take tokens from the draws of the step submitted before,
     /// on the device. At most two steps are outstanding, each with its own readback.
@@ -210,10 +228,7 @@ impl GpuModel {
         if fed.len() != feeds.len() || feeds.iter().any(|f| f.token >= n_tok || f.row >= self.last_rows) {
             return Err(bad(format!("feeds {feeds:?} for a step of {n_tok} tokens after a step of {} output rows", self.last_rows)));
         }
-        let first_use = self.ctx.pipelines.take_first_use() || !std::mem::replace(&mut self.stepped, true);
-        if first_use {
-            self.ctx.pipelines.notify(&CompileEvent::FirstUse { done: false });
-        }
+        let first_use = self.begin_first_use();
         let layout = self.write_batch(&batch);
         let (rows, plan) = self.prepare_outputs(&mut batch)?;
         let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
@@ -244,9 +259,7 @@ impl GpuModel {
             None => self.ctx.work_done().await,
             Some((d, slot)) => self.read_draws(std::slice::from_ref(d), d.rows.len(), *slot).await.map(|s| result.sampled = s),
         };
-        if f.first_use {
-            self.ctx.pipelines.notify(&CompileEvent::FirstUse { done: true });
-        }
+        self.end_first_use(f.first_use);
         read?;
         self.ctx.check()?;
         Ok(result)
@@ -334,15 +347,10 @@ pub async fn run_parts(
     masks: Option<LateMasks<'_>>,
 ) -> std::result::Result<StepResult, PartFailure> {
     debug_assert_eq!(links.len() + 1, parts.len());
-    // Kernels this step is the first to run may compile inside it, on the device's time:
-    // the first step runs every kernel built at load, later ones a matmul's new variants.
-    let first_use: Vec<bool> = parts.iter_mut().map(|p| p.ctx.pipelines.take_first_use() || !std::mem::replace(&mut p.stepped, true)).collect();
-    for (p, _) in parts.iter().zip(&first_use).filter(|(_, &f)| f) {
-        p.ctx.pipelines.notify(&CompileEvent::FirstUse { done: false });
-    }
+    let first_use: Vec<bool> = parts.iter_mut().map(GpuModel::begin_first_use).collect();
     let result = run_micro_batches(parts, links, batch, micro, masks).await;
-    for (p, _) in parts.iter().zip(&first_use).filter(|(_, &f)| f) {
-        p.ctx.pipelines.notify(&CompileEvent::FirstUse { done: true });
+    for (p, &f) in parts.iter().zip(&first_use) {
+        p.end_first_use(f);
     }
     let result = result?;
     for (i, p) in parts.iter().enumerate() {
