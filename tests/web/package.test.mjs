@@ -623,11 +623,16 @@ test("one engine, concurrent requests: two streams progress together, breaking o
         return { text, finish };
       };
       const req = (prompt, max_tokens) => engine.completions.create({ prompt, temperature: 0, max_tokens, stream: true });
+      // Each phase says when it ends, so that a stall names its phase.
+      console.log("concurrent: loaded");
       const [a, b] = await Promise.all([consume("a", await req(prompts[0], 5)), consume("b", await req(prompts[1], 5))]);
       const together = events.splice(0);
+      console.log("concurrent: a and b done");
       // Breaking out of c cancels c only; d runs to its end.
       const [c, d] = await Promise.all([consume("c", await req(prompts[2], 12), 2), consume("d", await req(prompts[3], 5))]);
+      console.log("concurrent: c broken off, d done");
       const two = await engine.completions.create({ prompt: prompts[0], temperature: 0, max_tokens: 3, n: 2 });
+      console.log("concurrent: n: 2 done");
       await engine.unload();
       return { a, b, c, d, together, two };
     },

@@ -91,6 +91,13 @@ export interface EngineOptions {
    */
   exact?: boolean;
   /**
+   * Overlapped steps (default false in the browser): each decode step is submitted before the
+   * previous one is read, its tokens fed on the GPU, so the GPU does not wait for the page
+   * between steps. The tokens are the same either way. Off by default until a stall seen
+   * once in the browser tests is understood.
+   */
+  overlap?: boolean;
+  /**
    * Check the GPU at load (default false): a short fixed input through the first layer and the
    * head on the GPU and on the CPU reference, compared tap by tap (NMSE at most 1e-5). A driver
    * that computes wrongly fails the load with a `SelfTestError` naming the adapter and the tap.

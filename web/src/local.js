@@ -62,7 +62,7 @@ export class LocalCore {
   #engine;
   info;
 
-  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel, draftPMin, deviceMemoryMB, cacheTypeK, cacheTypeV, exact, useCache = true }) {
+  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel, draftPMin, deviceMemoryMB, cacheTypeK, cacheTypeV, exact, overlap, useCache = true }) {
     if (typeof navigator === "undefined" || !navigator.gpu) {
       throw new WebGPUNotAvailableError("WebGPU is not available in this browser (navigator.gpu is missing)");
     }
@@ -80,6 +80,7 @@ export class LocalCore {
     if (cacheTypeK != null) opts.cache_type_k = cacheTypeK;
     if (cacheTypeV != null) opts.cache_type_v = cacheTypeV;
     if (exact != null) opts.exact = exact;
+    if (overlap != null) opts.overlap = overlap;
     // Before a download: the header alone, by ranges, checked as the load checks it.
     const check = async (url) => {
       try {

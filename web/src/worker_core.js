@@ -51,13 +51,13 @@ export class WorkerCore {
     });
   }
 
-  async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel, draftPMin, deviceMemoryMB, cacheTypeK, cacheTypeV, useCache }) {
+  async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel, draftPMin, deviceMemoryMB, cacheTypeK, cacheTypeV, exact, overlap, useCache }) {
     // Blobs and Files cross by structured clone (no copy of the data); URLs are resolved here,
     // where the page's base URL is known.
     const m = typeof model === "string" || model instanceof URL ? new URL(model, location.href).href : model;
     const w = wasmUrl ? new URL(wasmUrl, location.href).href : undefined;
     const d = typeof draftModel === "string" || draftModel instanceof URL ? new URL(draftModel, location.href).href : draftModel;
-    this.info = await this.#call("load", { model: m, wasmUrl: w, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel: d, draftPMin, deviceMemoryMB, cacheTypeK, cacheTypeV, useCache }, { onProgress: initProgressCallback });
+    this.info = await this.#call("load", { model: m, wasmUrl: w, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel: d, draftPMin, deviceMemoryMB, cacheTypeK, cacheTypeV, exact, overlap, useCache }, { onProgress: initProgressCallback });
     return this;
   }
   /** Queues `request` in the worker; `onEvent` gets its events. Resolves to its id. */
