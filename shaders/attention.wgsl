@@ -385,6 +385,169 @@ fn split(
 
 #endif
 
+#ifdef TILES
+// Prompt steps on GPUs, outside the exact mode (ops::attention::Tiles): one workgroup of
+// TQ * TK = 256 lanes per (tile of TQ consecutive tokens of the step, head h). The tile's
+// tokens share every K and V tile they load, where `split` loads them once per token: a
+// prompt step of n tokens reads the K/V rows n / TQ times instead of n times.
+// The tile's tokens are taken in runs of one sequence (a step lists a sequence's tokens
+// together; a tile may hold the end of one prompt and the start of the next). For each run,
+// the positions [first visible of its lowest position, its highest position] go by in
+// tiles of TK: lane (qi, kj) scores query qi against key kj over the head in chunks of 32
+// (q and K chunks staged in workgroup memory), one lane per query row folds the scores into
+// its online softmax, then lane (qi, og) adds the weighted V rows into vec4 og of each
+// 64-wide chunk of the output, a V chunk staged at a time. A token's sums depend on where
+// its run starts, so the exact mode keeps `split`. Shapes: head_dim a multiple of 32,
+// head_dim_v a multiple of 64, no rotated caches (K_ROT, V_ROT).
+const TQ: u32 = 16u;
+const TK: u32 = 16u;
+var<workgroup> tq_sh: array<vec4<f32>, 128>;   // a 32-wide chunk of q: TQ rows x 8 vec4
+var<workgroup> tkv_sh: array<vec4<f32>, 256>;  // a K chunk (TK x 8 vec4) or a V chunk (TK x 16 vec4)
+var<workgroup> ts_sh: array<f32, 256>;         // [TQ][TK] scores, then softmax weights
+var<workgroup> row_m: array<f32, TQ>;
+var<workgroup> row_l: array<f32, TQ>;
+var<workgroup> row_a: array<f32, TQ>;
+var<workgroup> tslot: array<u32, TK>;
+
+@compute @workgroup_size(256)
+fn tiles(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) tid: u32,
+) {
+    let h = wg.y;
+    let kvh = h / params.group;
+    let t0 = wg.x * TQ;
+    let t_end = min(t0 + TQ, info.n_tok);
+    if (t0 >= t_end) {
+        return;
+    }
+    let qi = tid / TK;
+    let kj = tid % TK;
+    let t = t0 + qi;
+    var my_pos = 0u;
+    if (t < t_end) {
+        my_pos = tok_pos[t];
+    }
+    let hd4 = params.head_dim / 4u;
+    let n_vc = params.head_dim_v / 64u;
+    if (tid < TQ) {
+        row_m[tid] = NEG_BIG;
+        row_l[tid] = 0.0;
+    }
+    var acc: array<vec4<f32>, MAX_HEAD_DIM / 64u>;
+    for (var c = 0u; c < MAX_HEAD_DIM / 64u; c++) {
+        acc[c] = vec4<f32>(0.0);
+    }
+    var run = t0;
+    while (run < t_end) {
+        let seq = tok_seq[run];
+        var run_end = run + 1u;
+        var p_lo = tok_pos[run];
+        var p_hi = p_lo;
+        while (run_end < t_end && tok_seq[run_end] == seq) {
+            p_lo = min(p_lo, tok_pos[run_end]);
+            p_hi = max(p_hi, tok_pos[run_end]);
+            run_end++;
+        }
+        let mine = t >= run && t < run_end;
+        let first = first_visible(my_pos);
+        let hi = p_hi + 1u;
+        for (var base = first_visible(p_lo); base < hi; base += TK) {
+            if (tid < TK) {
+                var slot = 0u;
+                if (base + tid < hi) {
+                    slot = kv_slot(seq, base + tid);
+                }
+                tslot[tid] = slot;
+            }
+            workgroupBarrier();
+            var dot4 = vec4<f32>(0.0);
+            for (var c = 0u; c < hd4; c += 8u) {
+                let r = (tid % 128u) / 8u;
+                let i = tid % 8u;
+                var v = vec4<f32>(0.0);
+                if (tid < 128u) {
+                    let tr = t0 + r;
+                    if (tr >= run && tr < run_end) {
+                        v = load_q((tr * params.n_head + h) * hd4, c + i, tok_pos[tr]) * params.scale;
+                    }
+                    tq_sh[tid] = v;
+                } else {
+                    if (base + r < hi) {
+                        v = k4(k_head(tslot[r], kvh), c + i);
+                    }
+                    tkv_sh[tid - 128u] = v;
+                }
+                workgroupBarrier();
+                for (var k = 0u; k < 8u; k++) {
+                    dot4 = fma(tq_sh[qi * 8u + k], tkv_sh[kj * 8u + k], dot4);
+                }
+                workgroupBarrier();
+            }
+            let j = base + kj;
+            var sc = NEG_BIG;
+            if (mine && j <= my_pos && j >= first) {
+                sc = cap_score(dot4.x + dot4.y + dot4.z + dot4.w);
+            }
+            ts_sh[tid] = sc;
+            workgroupBarrier();
+            if (tid < TQ) {
+                let m_old = row_m[tid];
+                var mx = m_old;
+                for (var k = 0u; k < TK; k++) {
+                    mx = max(mx, ts_sh[tid * TK + k]);
+                }
+                var sum = 0.0;
+                for (var k = 0u; k < TK; k++) {
+                    let s = ts_sh[tid * TK + k];
+                    var w = 0.0;
+                    if (s > NEG_BIG) {
+                        w = exp(s - mx);
+                    }
+                    ts_sh[tid * TK + k] = w;
+                    sum += w;
+                }
+                let a = exp(m_old - mx);
+                row_a[tid] = a;
+                row_m[tid] = mx;
+                row_l[tid] = row_l[tid] * a + sum;
+            }
+            workgroupBarrier();
+            let a = row_a[qi];
+            for (var c = 0u; c < n_vc; c++) {
+                let r = tid / 16u;
+                let d = c * 64u + (tid % 16u) * 4u;
+                var v = vec4<f32>(0.0);
+                if (base + r < hi) {
+                    let vb = v_head(tslot[r], kvh);
+                    v = vec4<f32>(v1(vb, d), v1(vb, d + 1u), v1(vb, d + 2u), v1(vb, d + 3u));
+                }
+                tkv_sh[tid] = v;
+                workgroupBarrier();
+                var o = acc[c] * a;
+                for (var k = 0u; k < TK; k++) {
+                    o = fma(vec4<f32>(ts_sh[qi * TK + k]), tkv_sh[k * 16u + kj], o);
+                }
+                acc[c] = o;
+                workgroupBarrier();
+            }
+        }
+        run = run_end;
+    }
+    if (t < t_end) {
+        let l = row_l[qi];
+        for (var c = 0u; c < n_vc; c++) {
+            let o = acc[c] / l;
+            let at = (t * params.n_head + h) * params.head_dim_v + c * 64u + kj * 4u;
+            out[at] = o.x;
+            out[at + 1u] = o.y;
+            out[at + 2u] = o.z;
+            out[at + 3u] = o.w;
+        }
+    }
+}
+#endif
+
 @compute @workgroup_size(WG_COMBINE)
 fn combine(
     @builtin(workgroup_id) wg: vec3<u32>,

@@ -355,7 +355,8 @@ fn self_test_catches_a_wrong_kernel() {
 /// split attention) run on this CPU-type adapter through the test-only FLINT_TEST_GPU_KERNELS
 /// switch: greedy ids equal the f32 reference's with the self-test on (layer 0 and the head
 /// agree with the CPU reference within NMSE 1e-5), in the exact mode and in the default mode
-/// (whose prompt steps take the tiled GEMM), and a one-sequence decode step of qwen
+/// (whose prompt steps take the tiled GEMM and the query-tiled attention), and a one-sequence
+/// decode step of qwen
 /// records at most 6 dispatches a layer plus 8 (issue 35), the sampler included.
 #[test]
 fn gpu_kernels_keep_the_golden_ids_in_few_dispatches() {
@@ -364,8 +365,9 @@ fn gpu_kernels_keep_the_golden_ids_in_few_dispatches() {
     }
     let gpu_kernels = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_flint")).args(args).env("FLINT_TEST_GPU_KERNELS", "1").output().unwrap();
     // The exact mode on golden prompt 1 (12 and 13 tokens: the token-block kernels), and the
-    // default mode on prompt 2 (32 and 39 tokens: the prompt step takes the tiled GEMM, and
-    // the KV cache is f16; the reference's top two logits stay at least 0.2 apart there).
+    // default mode on prompt 2 (32 and 39 tokens: the prompt step takes the tiled GEMM and
+    // the query-tiled attention, and the KV cache is f16; the reference's top two logits stay
+    // at least 0.2 apart there).
     for (model, golden) in [("gemma-3-270m", "gemma"), ("qwen2.5-coder-0.5b", "qwen")] {
         let path = model_path(model);
         for (n, exact) in [(1, true), (2, false)] {

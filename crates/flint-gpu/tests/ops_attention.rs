@@ -6,7 +6,7 @@ use flint_core::arch::RopeStyle;
 use flint_core::kv::KvType;
 use flint_core::reference::ops::rope_scaled;
 use flint_gpu::buffer::{read_f32, read_u32, storage, storage_init};
-use flint_gpu::ops::attention::{Attention, AttentionDesc, MAX_SPLITS, ROWS_TARGET_INVOCATIONS, SPLIT_MIN_POSITIONS, SPLIT_TARGET_GROUPS};
+use flint_gpu::ops::attention::{tiles_fit, Attention, AttentionDesc, Tiles, MAX_SPLITS, ROWS_TARGET_INVOCATIONS, SPLIT_MIN_POSITIONS, SPLIT_TARGET_GROUPS};
 use flint_gpu::ops::kv_write::{decode_rows, encode_block_copy, encode_rows, KvWrite};
 use flint_gpu::ops::rope::RopeSpec;
 use flint_gpu::ops::Batch;
@@ -114,10 +114,19 @@ fn reference(d: &AttentionDesc, q: &[f32], k: &Rows, v: &Rows, pos: usize) -> Ve
     out
 }
 
-/// Runs kv_write then attention in one pass (with `split` forced when `force_split`); checks
-/// caches exactly and sentinels; returns the output's NMSE against the reference and whether
-/// the serial kernel ran.
-async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) {
+/// Which attention kernel a run takes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kernel {
+    /// The adapter's choice for the default mode.
+    Chosen,
+    Split,
+    /// The query-tiled kernel at every step size.
+    Tiles,
+}
+
+/// Runs kv_write then attention in one pass with `kernel`; checks caches exactly and
+/// sentinels; returns the output's NMSE against the reference and the kernel that ran.
+async fn run_case(ctx: &GpuContext, c: &Case, kernel: Kernel) -> (f64, &'static str) {
     let d = &c.desc;
     let (kv_dim, v_dim, q_dim, out_dim) = (d.kv_dim() as usize, d.v_dim() as usize, d.q_dim() as usize, d.out_dim() as usize);
     let bs = c.block_size as usize;
@@ -204,8 +213,9 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
     let cache = pipelines();
     let write = KvWrite::new(ctx, cache, &batch, d, &k_buf, &v_buf, &kc_buf, &vc_buf).await.unwrap();
     let scratch = storage(ctx, "scratch", Attention::scratch_bytes(d, max_tokens)).unwrap();
-    let mut attn = Attention::new(ctx, cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch).await.unwrap();
-    if force_split {
+    let tiles = if kernel == Kernel::Tiles { Tiles::Always } else { Tiles::OnGpus };
+    let mut attn = Attention::new(ctx, cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch, tiles).await.unwrap();
+    if kernel == Kernel::Split {
         attn.force_split(ctx);
     }
     let max_kv = toks.iter().map(|&(_, p)| p as u32 + 1).max().unwrap();
@@ -248,29 +258,43 @@ async fn run_case(ctx: &GpuContext, c: &Case, force_split: bool) -> (f64, bool) 
     assert_untouched(tail, &format!("attention wrote past its {n_tok} tokens"));
     let want: Vec<f32> = toks.iter().enumerate().flat_map(|(t, &(s, p))| reference(d, &q_ref[t * q_dim..][..q_dim], &hist[s].0, &hist[s].1, p)).collect();
     assert!(got.iter().all(|x| x.is_finite()), "non-finite attention output");
-    (nmse(got, &want), attn.serial())
+    let ran = if attn.tiled(n_tok) {
+        "tiles"
+    } else if attn.serial() {
+        "rows"
+    } else {
+        "split"
+    };
+    (nmse(got, &want), ran)
 }
 
+/// The adapter's kernel, then `split` and the query-tiled kernel where it chose another
+/// (the tiled one where it fits the shape and no split count is forced).
 async fn check(ctx: &GpuContext, c: Case) {
-    // Both kernels where the adapter picks the serial one.
-    for force_split in [false, true] {
-        let t0 = std::time::Instant::now();
-        let (e, serial) = run_case(ctx, &c, force_split).await;
-        let kernel = if serial { "rows" } else { "split" };
-        eprintln!("{:?} seqs {:?} bs {} split {:?} {kernel}: nmse {e:.3e} in {:.2?}", c.desc, c.seqs, c.block_size, c.split, t0.elapsed());
-        let tol = tolerance(&c.desc);
-        assert!(e <= tol, "{kernel}: nmse {e:e} > {tol:e}");
-        if !serial && !force_split {
-            break;
+    let mut ran = Vec::new();
+    for kernel in [Kernel::Chosen, Kernel::Split, Kernel::Tiles] {
+        let tiles = kernel == Kernel::Tiles;
+        if (tiles && (!tiles_fit(&c.desc) || matches!(c.split, Split::Fixed(_)))) || ran.contains(&if tiles { "tiles" } else { "split" }) {
+            continue;
         }
+        let t0 = std::time::Instant::now();
+        let (e, name) = run_case(ctx, &c, kernel).await;
+        eprintln!("{:?} seqs {:?} bs {} split {:?} {name}: nmse {e:.3e} in {:.2?}", c.desc, c.seqs, c.block_size, c.split, t0.elapsed());
+        let tol = tolerance(&c.desc);
+        assert!(e <= tol, "{name}: nmse {e:e} > {tol:e}");
+        if kernel != Kernel::Chosen {
+            assert_eq!(name, if tiles { "tiles" } else { "split" }, "{kernel:?} did not run");
+        }
+        ran.push(name);
     }
 }
 
 /// gemma2's cap, small enough to bite on these scores (scale 1: scores of several units);
-/// both kernels (rows and split) and a window.
-fn soft_capped() -> [Case; 2] {
+/// every kernel (rows, split, tiles) and a window.
+fn soft_capped() -> [Case; 3] {
     let capped = |d: AttentionDesc| AttentionDesc { softcap: Some(2.0), scale: 1.0, ..d };
     [
+        Case { desc: capped(desc(4, 2, 64, Some(24))), block_size: 16, seqs: &[(30, 21), (0, 4)], split: Split::Auto, shuffle_tokens: false, seed: 23 },
         Case { desc: capped(desc(4, 2, 32, None)), block_size: 16, seqs: &[(40, 3), (0, 7)], split: Split::Auto, shuffle_tokens: true, seed: 21 },
         Case { desc: capped(desc(4, 2, 32, Some(16))), block_size: 16, seqs: &[(300, 2)], split: Split::Kv, shuffle_tokens: false, seed: 22 },
     ]
@@ -421,7 +445,7 @@ fn split_count_policy() {
         let (q, out) = (b(512 * 14 * 64 * 4), b(512 * 14 * 64 * 4));
         let (kc, vc) = (b(256 * 16 * 128 * 4), b(256 * 16 * 128 * 4));
         let scratch = b(Attention::scratch_bytes(&d, 512));
-        let attn = Attention::new(ctx, &PipelineCache::new(), &batch, &d, &q, &kc, &vc, &out, &scratch).await.unwrap();
+        let attn = Attention::new(ctx, &PipelineCache::new(), &batch, &d, &q, &kc, &vc, &out, &scratch, Tiles::OnGpus).await.unwrap();
         let target = if attn.serial() { ROWS_TARGET_INVOCATIONS } else { SPLIT_TARGET_GROUPS };
         let p = attn.policy();
         // A token's count depends on its own visible length only: a split per 64 positions,
@@ -478,7 +502,7 @@ async fn outputs_for(ctx: &GpuContext, d: &AttentionDesc, force_split: bool, tok
     let cache = pipelines();
     let scratch = storage(ctx, "scratch", Attention::scratch_bytes(d, n_tok as u32)).unwrap();
     let write = KvWrite::new(ctx, cache, &batch, d, &k_buf, &k_buf, &kc_buf, &vc_buf).await.unwrap();
-    let mut attn = Attention::new(ctx, cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch).await.unwrap();
+    let mut attn = Attention::new(ctx, cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch, Tiles::Off).await.unwrap();
     if force_split {
         attn.force_split(ctx);
     }
@@ -524,13 +548,13 @@ fn bad_shapes_are_errors() {
         let big = b(1 << 20);
         let cache = PipelineCache::new();
         for d in [desc(14, 3, 64, None), desc(4, 1, 512, None), desc(4, 1, 66, None), desc(4, 1, 64, Some(0))] {
-            assert!(Attention::new(ctx, &cache, &batch, &d, &big, &big, &big, &big, &big).await.is_err(), "{d:?}");
+            assert!(Attention::new(ctx, &cache, &batch, &d, &big, &big, &big, &big, &big, Tiles::OnGpus).await.is_err(), "{d:?}");
             assert!(KvWrite::new(ctx, &cache, &batch, &d, &big, &big, &big, &big).await.is_err(), "{d:?}");
         }
         // Buffers too small for the batch, for one block, or for the split scratch.
         let d = desc(4, 1, 64, None);
-        assert!(Attention::new(ctx, &cache, &batch, &d, &b(16), &big, &big, &big, &big).await.is_err());
-        assert!(Attention::new(ctx, &cache, &batch, &d, &big, &big, &big, &big, &b(64)).await.is_err());
+        assert!(Attention::new(ctx, &cache, &batch, &d, &b(16), &big, &big, &big, &big, Tiles::OnGpus).await.is_err());
+        assert!(Attention::new(ctx, &cache, &batch, &d, &big, &big, &big, &big, &b(64), Tiles::OnGpus).await.is_err());
         assert!(KvWrite::new(ctx, &cache, &batch, &d, &big, &big, &b(64), &big).await.is_err());
         ctx.check().unwrap();
     });
@@ -574,7 +598,7 @@ fn forked_sequences_share_prefix_blocks_with_copy_on_write() {
         let cache = PipelineCache::new();
         let write = KvWrite::new(ctx, &cache, &batch, &d, &k_buf, &k_buf, &kc_buf, &vc_buf).await.unwrap();
         let scratch = flint_gpu::buffer::storage(ctx, "scratch", Attention::scratch_bytes(&d, n_tok as u32)).unwrap();
-        let attn = Attention::new(ctx, &cache, &batch, &d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch).await.unwrap();
+        let attn = Attention::new(ctx, &cache, &batch, &d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch, Tiles::OnGpus).await.unwrap();
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         // The copy-on-write block is copied in every cache before the step writes.
         if let Some(BlockCopy { src, dst }) = cow {

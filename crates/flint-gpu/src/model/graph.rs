@@ -551,7 +551,8 @@ async fn layer(g: &GraphInputs<'_>, up: &mut Uploader<'_>, il: usize) -> Result<
     let (kc, vc) = &g.kv[local];
     let kv_batch = &g.batches[g.layer_group[local]];
     let kv_write = ops::kv_write::KvWrite::new(g.ctx, g.cache, kv_batch, &desc, &a.k, &a.v, kc, vc).await?;
-    let attention = ops::attention::Attention::new(g.ctx, g.cache, kv_batch, &desc, &a.q, kc, vc, &a.attn, &a.attn_scratch).await?;
+    let tiles = if g.exact { ops::attention::Tiles::Off } else { ops::attention::Tiles::OnGpus };
+    let attention = ops::attention::Attention::new(g.ctx, g.cache, kv_batch, &desc, &a.q, kc, vc, &a.attn, &a.attn_scratch, tiles).await?;
     let wo = up.matrix(&n("attn_output.weight")).await?;
     // Without a post-norm the residual add is fused into the projections.
     let (attn_out, post_attn) = if c.post_norms {

@@ -39,6 +39,11 @@ pub const ROWS_TARGET_INVOCATIONS: u32 = 128;
 pub const ROWS_MAX_POSITIONS: u32 = 32768;
 /// Head sizes the serial kernel is built for (head_dim = head_dim_v); others use `split`.
 pub const ROWS_HEAD_DIMS: [u32; 4] = [64, 80, 128, 256];
+/// Tokens of one `tiles` workgroup (the query tile) and positions of each K/V tile it loads.
+pub const TILE_TOKENS: u32 = 16;
+/// Steps of more than this many tokens take `tiles` where it is built ([`Tiles::OnGpus`]):
+/// decode steps keep `split`, whose splits spread a few tokens' long contexts over the GPU.
+pub const TILES_MIN_TOKENS: u32 = 16;
 /// Grid dimensions are limited to this many workgroups (WebGPU's minimum).
 pub(crate) const MAX_GRID_DIM: u32 = 65535;
 
@@ -157,6 +162,29 @@ fn attention_defs() -> ShaderDefs {
     ShaderDefs::new().u32("WG", SPLIT_WG).u32("WG_COMBINE", COMBINE_WG).u32("MAX_HEAD_DIM", MAX_HEAD_DIM)
 }
 
+/// Which prompt steps take the query-tiled kernel (`tiles` in attention.wgsl).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tiles {
+    /// Never: the exact mode (a token's sums would depend on where its run of the tile
+    /// starts, so its bits on the step).
+    Off,
+    /// Steps of more than [`TILES_MIN_TOKENS`] tokens on GPUs (not CPU-type adapters).
+    OnGpus,
+    /// Every step, on any adapter (tests of the kernel).
+    Always,
+}
+
+/// Whether `tiles` is built for `desc`: head_dim a multiple of 32, head_dim_v of 64, caches
+/// stored unrotated.
+pub fn tiles_fit(desc: &AttentionDesc) -> bool {
+    let rotated = desc.k_type.rotation(desc.head_dim as usize, true).is_some() || desc.v_type.rotation(desc.head_dim_v as usize, false).is_some();
+    desc.head_dim.is_multiple_of(32) && desc.head_dim_v.is_multiple_of(64) && !rotated
+}
+
+fn tiles_key(desc: &AttentionDesc) -> PipelineKey {
+    PipelineKey::new("attention.wgsl", "tiles", RopeSpec::defs(desc.rope.as_ref(), kv_type_defs(desc, attention_defs()).flag("TILES", true)))
+}
+
 fn split_key(desc: &AttentionDesc) -> PipelineKey {
     PipelineKey::new("attention.wgsl", "split", RopeSpec::defs(desc.rope.as_ref(), kv_type_defs(desc, attention_defs())))
 }
@@ -200,6 +228,9 @@ pub fn variants(_caps: &crate::Caps) -> Vec<PipelineKey> {
         v.push(split_key(&desc));
         if ROWS_HEAD_DIMS.contains(&desc.head_dim) {
             v.push(rows_key(&desc));
+        }
+        if tiles_fit(&desc) {
+            v.push(tiles_key(&desc));
         }
     }
     v
@@ -290,6 +321,8 @@ pub struct Attention {
     /// for; it replaces `split`.
     rows: Option<(Arc<wgpu::ComputePipeline>, wgpu::BindGroup)>,
     combine: Arc<wgpu::ComputePipeline>,
+    /// The query-tiled kernel, its bindings and the fewest tokens a step takes it at.
+    tiles: Option<(Arc<wgpu::ComputePipeline>, wgpu::BindGroup, u32)>,
     split_bind: wgpu::BindGroup,
     combine_bind: wgpu::BindGroup,
     params: wgpu::Buffer,
@@ -309,6 +342,7 @@ impl Attention {
     }
 
     /// `scratch`: split partials, at least [`Attention::scratch_bytes`] (shared by layers).
+    /// `tiles`: which prompt steps take the query-tiled kernel, where it fits `desc`.
     #[allow(clippy::too_many_arguments)]
     pub async fn new(
         ctx: &GpuContext,
@@ -320,6 +354,7 @@ impl Attention {
         v_cache: &wgpu::Buffer,
         out: &wgpu::Buffer,
         scratch: &wgpu::Buffer,
+        tiles: Tiles,
     ) -> Result<Self> {
         const OP: &str = "attention";
         desc.validate()?;
@@ -372,10 +407,27 @@ impl Attention {
         } else {
             None
         };
+        let tiles_from = match tiles {
+            Tiles::Off => None,
+            Tiles::OnGpus => (!ctx.caps.cpu_like).then_some(TILES_MIN_TOKENS + 1),
+            Tiles::Always => Some(1),
+        };
+        let tiles = match tiles_from.filter(|_| tiles_fit(desc)) {
+            Some(from) => {
+                let key = tiles_key(desc);
+                let pipeline = cache.get(ctx, &key).await?;
+                // Every binding but the split scratch (9), which it does not use.
+                let at: Vec<(u32, &wgpu::Buffer)> = bufs.iter().enumerate().filter(|&(i, _)| i != 9).map(|(i, &b)| (i as u32, b)).collect();
+                let bind = bind_at(ctx, &key.label(), &pipeline, &at);
+                Some((pipeline, bind, from))
+            }
+            None => None,
+        };
         Ok(Attention {
             split,
             rows,
             combine,
+            tiles,
             split_bind,
             combine_bind,
             params: p,
@@ -403,9 +455,15 @@ impl Attention {
         SplitPolicy { split_len: self.base.split_len, max_split: self.base.max_split, max_positions: self.base.max_positions }
     }
 
-    /// Runs `split` even where the serial kernel was chosen (tests of both kernels).
+    /// Whether steps of `n_tok` tokens take the query-tiled kernel.
+    pub fn tiled(&self, n_tok: u32) -> bool {
+        self.base.fixed_split == 0 && self.tiles.as_ref().is_some_and(|&(_, _, from)| n_tok >= from)
+    }
+
+    /// Runs `split` even where the serial or the tiled kernel was chosen (tests of each kernel).
     pub fn force_split(&mut self, ctx: &GpuContext) {
         self.rows = None;
+        self.tiles = None;
         let policy = Self::policy_for(false, self.n_head);
         self.base = AttnParams { split_len: policy.split_len, max_split: policy.max_split, max_positions: 0, ..self.base };
         ctx.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(&self.base));
@@ -427,6 +485,12 @@ impl Attention {
     pub fn encode_kv(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32, max_kv_len: u32) {
         assert!(n_tok <= self.max_tokens, "attention: {n_tok} tokens, batch holds {}", self.max_tokens);
         if n_tok == 0 {
+            return;
+        }
+        if let Some((tiles, bind, _)) = self.tiles.as_ref().filter(|_| self.tiled(n_tok)) {
+            pass.set_pipeline(tiles);
+            pass.set_bind_group(0, bind, &[]);
+            crate::ops::dispatch(pass, n_tok.div_ceil(TILE_TOKENS), self.n_head, 1);
             return;
         }
         let n_split = match self.base.fixed_split {
