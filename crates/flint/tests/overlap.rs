@@ -22,7 +22,7 @@ use futures::executor::block_on;
 use futures::StreamExt;
 
 use common::{shared, together_with, Job};
-use flint::{BackendKind, Engine, Event, GenerateParams, Input, LoadOptions, Request};
+use flint::{BackendKind, Engine, Event, GenerateParams, Input, LoadOptions, Request, SchedStats};
 
 /// Two sequences' prompts (the starts of the tiny qwen3's golden prompts 1 and 2).
 const PROMPTS: [&[u32]; 2] = [&[292, 309, 273, 992, 287, 791, 13], &[764, 1504, 661, 478, 325]];
@@ -182,21 +182,27 @@ fn jobs() -> Vec<Job> {
     ]
 }
 
+/// Runs `work` on the tiny qwen3 loaded on the GPU in the exact mode with overlapped steps
+/// on or off, a context of `n_ctx` and a KV pool of `kv_budget_positions`; returns what it
+/// made and the engine's counts after.
+fn on_qwen3<T>(overlap: bool, n_ctx: usize, kv_budget_positions: Option<usize>, work: impl FnOnce(&Engine) -> T) -> (T, SchedStats) {
+    let path = shared().join("golden/families/qwen3/model.gguf");
+    let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx, overlap, kv_budget_positions, ..LoadOptions::exact() };
+    let engine = Engine::load_path(&path, &opts).unwrap();
+    let out = work(&engine);
+    (out, block_on(engine.stats()).unwrap())
+}
+
 #[test]
 fn the_engine_draws_the_same_tokens_with_and_without_overlapped_steps() {
     if flint_gpu::testing::context().is_none() {
         return;
     }
-    let path = shared().join("golden/families/qwen3/model.gguf");
-    let run = |overlap: bool| {
-        let engine = Engine::load_path(&path, &LoadOptions { backend: BackendKind::Gpu, n_ctx: 128, overlap, ..LoadOptions::exact() }).unwrap();
-        let outs = together_with(&engine, &jobs(), false);
-        let stats = block_on(engine.stats()).unwrap();
-        (outs, stats.overlapped)
-    };
+    let run = |overlap: bool| on_qwen3(overlap, 128, None, |e| together_with(e, &jobs(), false));
     let (plain, none) = run(false);
-    let (overlapped, steps) = run(true);
-    assert_eq!(none, 0);
+    let (overlapped, stats) = run(true);
+    let steps = stats.overlapped;
+    assert_eq!(none.overlapped, 0);
     assert!(steps > 0, "no step was overlapped");
     for (i, (a, b)) in plain.iter().zip(&overlapped).enumerate() {
         assert_eq!(a.ids, b.ids, "request {i}'s tokens differ with overlapped steps");
@@ -246,16 +252,9 @@ fn cancels_and_several_choices_go_through_overlapped_steps() {
     if flint_gpu::testing::context().is_none() {
         return;
     }
-    let path = shared().join("golden/families/qwen3/model.gguf");
-    let run = |overlap: bool| {
-        let engine = Engine::load_path(&path, &LoadOptions { backend: BackendKind::Gpu, n_ctx: 128, overlap, ..LoadOptions::exact() }).unwrap();
-        let outs = scenario(&engine);
-        let stats = block_on(engine.stats()).unwrap();
-        (outs, stats.overlapped)
-    };
-    let (plain, _) = run(false);
-    let (overlapped, steps) = run(true);
-    assert!(steps > 0, "no step was overlapped");
+    let (plain, _) = on_qwen3(false, 128, None, scenario);
+    let (overlapped, stats) = on_qwen3(true, 128, None, scenario);
+    assert!(stats.overlapped > 0, "no step was overlapped");
     assert_eq!(overlapped, plain, "overlapped steps changed a reply");
     let lens: Vec<Vec<usize>> = plain.iter().map(|r| r.iter().map(Vec::len).collect()).collect();
     assert_eq!(lens, [vec![5], vec![5], vec![2], vec![5], vec![3, 3], vec![4]]);
@@ -270,16 +269,9 @@ fn preempted_sequences_recompute_through_overlapped_steps() {
     if flint_gpu::testing::context().is_none() {
         return;
     }
-    let path = shared().join("golden/families/qwen3/model.gguf");
     let jobs: Vec<Job> = (0..4u32).map(|j| Job::greedy((0..20 + j).map(|i| (i * 37 + 11 * j + 5) % 1500).collect(), 24 - j as usize)).collect();
-    let run = |overlap: bool, kv_budget_positions: Option<usize>| {
-        let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx: 48, overlap, kv_budget_positions, ..LoadOptions::exact() };
-        let engine = Engine::load_path(&path, &opts).unwrap();
-        let outs = together_with(&engine, &jobs, false);
-        (outs, block_on(engine.stats()).unwrap())
-    };
-    let (want, _) = run(false, None);
-    let (got, stats) = run(true, Some(2 * 48 + 16));
+    let (want, _) = on_qwen3(false, 48, None, |e| together_with(e, &jobs, false));
+    let (got, stats) = on_qwen3(true, 48, Some(2 * 48 + 16), |e| together_with(e, &jobs, false));
     assert!(stats.preemptions > 0, "the pool never ran short: {stats:?}");
     assert!(stats.overlapped > 0, "no step was overlapped: {stats:?}");
     for (i, (a, b)) in want.iter().zip(&got).enumerate() {
