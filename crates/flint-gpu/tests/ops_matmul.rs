@@ -153,29 +153,33 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> f64 {
     e
 }
 
+/// The formats whose multi-token kernels run here: the test models' (Q4_K_M files': Q4_K,
+/// Q5_0, Q6_K, Q8_0) and the families' tiny models' (f16). The others' dequantization, the only code of a kernel that
+/// depends on the format, runs through the one-token kernel here and through the lane-team
+/// kernels of every step size below (`on_lane_teams`). On a CPU-type adapter
+/// each multi-token kernel costs a compile of 10–20 s at its first dispatch (lavapipe, an
+/// empty Mesa cache), which a fresh CI machine pays in full.
+const MULTI_TOKEN: [QuantType; 5] = [QuantType::F16, QuantType::Q5_0, QuantType::Q8_0, QuantType::Q4K, QuantType::Q6K];
+
 /// Every case of format `ty`.
 fn cases(ty: QuantType) -> Vec<Case> {
     use QuantType::*;
     let mut cases = Vec::new();
     // Dequantization is per format, the token blocks' code is not: every format through the
-    // 1- and 16-token kernels, the 4- and 8-token blocks with two formats.
-    for n_tok in [1, 13] {
-        cases.push(Case::new(ty, 67, n_tok, 10 + n_tok as u64));
+    // one-token kernel, the formats of MULTI_TOKEN through the 16-token kernel too, the 4- and
+    // 8-token blocks with two formats.
+    cases.push(Case::new(ty, 67, 1, 11));
+    if MULTI_TOKEN.contains(&ty) {
+        cases.push(Case::new(ty, 67, 13, 23));
     }
     if [Q4K, Q8_0].contains(&ty) {
         for n_tok in [2, 3, 4, 6, 8] {
             cases.push(Case { max_tokens: Some(16), ..Case::new(ty, 67, n_tok, 90 + n_tok as u64) });
         }
     }
-    if [Q2K, Q3K, IQ4NL, IQ4XS].contains(&ty) {
-        // The formats added last once through the 4- and the 8-token block each.
-        for n_tok in [3, 6] {
-            cases.push(Case { max_tokens: Some(16), ..Case::new(ty, 67, n_tok, 90 + n_tok as u64) });
-        }
-    }
     // One token into a wider y.
     cases.push(Case { row_offset: 5, y_stride: 19, max_tokens: Some(4), ..Case::new(ty, 7, 1, 20) });
-    if [F32, Q8_0, Q4K, Q6K].contains(&ty) {
+    if [F16, Q8_0, Q4K, Q6K].contains(&ty) {
         // Bias, accumulate and a row offset, batched and single-token.
         for (bias, accumulate) in [(true, false), (false, true), (true, true)] {
             for (max_tokens, n_tok) in [(13, 13), (1, 1), (3, 1)] {
@@ -185,14 +189,15 @@ fn cases(ty: QuantType) -> Vec<Case> {
     }
     if [Q5_0, Q5K, BF16].contains(&ty) {
         // A single row; then 41 chunks a row (16 lanes a row, a ragged last round) or 64 (32
-        // lanes), through both kernels; the short rows above take 8 lanes.
-        cases.push(Case::new(ty, 1, 13, 40));
+        // lanes), through both kernels (Q5_0) or the one-token kernel; the short rows above
+        // take 8 lanes.
+        cases.push(Case::new(ty, 1, if MULTI_TOKEN.contains(&ty) { 13 } else { 1 }, 40));
         let long = if ty.block_elems() == 256 { 2048 } else { 41 * 32 };
-        for n_tok in [1, 13] {
+        for n_tok in [1, 13].into_iter().filter(|&n| n == 1 || MULTI_TOKEN.contains(&ty)) {
             cases.push(Case { n_in: long, ..Case::new(ty, 9, n_tok, 41) });
         }
     }
-    if [Q5_0, Q8_0, Q2K, Q3K, Q4K, Q6K, IQ4NL, IQ4XS].contains(&ty) {
+    if [Q5_0, Q8_0, Q4K, Q6K].contains(&ty) {
         // 37 tokens: three 16-token tiles, the last ragged; 43 rows: a ragged 16-row block.
         for (bias, accumulate) in [(false, false), (true, true)] {
             cases.push(Case { row_offset: 2, y_stride: 47, bias, accumulate, ..Case::new(ty, 43, 37, 45) });
@@ -233,10 +238,23 @@ fn every_format_has_its_matmul_test() {
 /// told it is not CPU-like: lavapipe and SwiftShader otherwise only run their own kernels.
 fn on_lane_teams(test: &str, subgroups: bool) {
     let Some((ctx, cache)) = gpu_like(subgroups) else { return };
-    // Rows of 5, 41 and 64 chunks: teams of 8, 16 and 32 lanes; the formats added last, whose
-    // dequantization no other case here runs, with rows of 64, 24, 41 and 40 chunks.
+    // Rows of 5, 41 and 64 chunks: teams of 8, 16 and 32 lanes; the other formats, whose
+    // multi-token dequantization no other case here runs (see MULTI_TOKEN), with rows of 5 to
+    // 64 chunks.
     let formats = [(QuantType::Q5_0, 5 * 32), (QuantType::Q8_0, 41 * 32), (QuantType::Q4K, 2048)];
-    let added = [(QuantType::Q2K, 2048), (QuantType::Q3K, 3 * 256), (QuantType::IQ4NL, 41 * 32), (QuantType::IQ4XS, 5 * 256)];
+    let added = [
+        (QuantType::F32, 41 * 32),
+        (QuantType::BF16, 5 * 32),
+        (QuantType::Q4_0, 2048),
+        (QuantType::Q4_1, 24 * 32),
+        (QuantType::Q5_1, 41 * 32),
+        (QuantType::Q2K, 2048),
+        (QuantType::Q3K, 3 * 256),
+        (QuantType::Q5K, 2048),
+        (QuantType::Q6K, 5 * 256),
+        (QuantType::IQ4NL, 41 * 32),
+        (QuantType::IQ4XS, 5 * 256),
+    ];
     // 43 rows: 1 and 13 tokens, and 37 tokens in 16-token tiles (too few rows for the GEMM
     // to spread); 1030 rows and 37 tokens: the tiled GEMM's 32 × 32 tiles (66 workgroups),
     // and the same in the exact mode's 16-token tiles.
