@@ -237,6 +237,15 @@ fn compile_progress() -> flint::CompileProgress {
 }
 
 /// The load options of `loadEngine`'s options JSON (see there).
+/// The bool option `key` of `opts`, `default` when absent; anything but a bool is an
+/// `InvalidRequestError` naming the option.
+fn bool_option(opts: &serde_json::Value, key: &str, default: bool) -> Result<bool, JsValue> {
+    match opts.get(key) {
+        Some(v) => v.as_bool().ok_or_else(|| js_error("InvalidRequestError", format!("{key} must be true or false, got {v}"))),
+        None => Ok(default),
+    }
+}
+
 fn load_options(options: &str) -> Result<LoadOptions, JsValue> {
     let opts: serde_json::Value = serde_json::from_str(options).map_err(|e| js_error("InvalidRequestError", format!("options: {e}")))?;
     let mut load =
@@ -276,16 +285,11 @@ fn load_options(options: &str) -> Result<LoadOptions, JsValue> {
             mb.as_u64().filter(|&mb| mb > 0).ok_or_else(|| js_error("InvalidRequestError", format!("deviceMemoryMB must be a positive integer, got {mb}")))?;
         load.split.device_mem_mb = Some(vec![mb]);
     }
-    if let Some(exact) = opts.get("exact") {
-        load.exact = exact.as_bool().ok_or_else(|| js_error("InvalidRequestError", format!("exact must be true or false, got {exact}")))?;
-    }
+    load.exact = bool_option(&opts, "exact", false)?;
     // Overlapped steps (submit a step before the previous one is read) are off in the
     // browser unless asked for: a browser test once stalled with them on and the stall is not
     // yet understood (natively they are on and tested).
-    load.overlap = match opts.get("overlap") {
-        Some(o) => o.as_bool().ok_or_else(|| js_error("InvalidRequestError", format!("overlap must be true or false, got {o}")))?,
-        None => false,
-    };
+    load.overlap = bool_option(&opts, "overlap", false)?;
     if load.exact {
         (load.cache_k, load.cache_v) = (flint::KvType::F32, flint::KvType::F32);
     }

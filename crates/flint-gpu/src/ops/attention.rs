@@ -39,6 +39,10 @@ pub const ROWS_TARGET_INVOCATIONS: u32 = 128;
 pub const ROWS_MAX_POSITIONS: u32 = 32768;
 /// Head sizes the serial kernel is built for (head_dim = head_dim_v); others use `split`.
 pub const ROWS_HEAD_DIMS: [u32; 4] = [64, 80, 128, 256];
+/// Bindings of `attention.wgsl`: the output rows and the split kernel's partial results
+/// (which the tiled kernel does not bind).
+const OUT_BINDING: u32 = 8;
+const SCRATCH_BINDING: u32 = 9;
 /// Tokens of one `tiles` workgroup (the query tile) and positions of each K/V tile it loads.
 pub const TILE_TOKENS: u32 = 16;
 /// Steps of more than this many tokens take `tiles` where it is built ([`Tiles::OnGpus`]):
@@ -393,12 +397,14 @@ impl Attention {
         let split = cache.get(ctx, &split_key).await?;
         let combine = cache.get(ctx, &combine_key).await?;
         let rope = desc.rope.as_ref().map(|r| RopeTables::new(ctx, "attention", r, desc.head_dim)).transpose()?;
+        // Binding i is bufs[i] (`attention.wgsl`).
         let mut bufs = vec![&batch.info, &p, &batch.pos, &batch.seq, &batch.block_table, q, k_cache, v_cache, out, scratch];
         if let Some(r) = &rope {
             bufs.extend([&r.params, &r.inv_freq]);
         }
         let split_bind = crate::ops::bind(ctx, &split_key.label(), &split, &bufs);
-        let combine_bind = bind_at(ctx, &combine_key.label(), &combine, &[(0, &batch.info), (1, &p), (2, &batch.pos), (8, out), (9, scratch)]);
+        let combine_bind =
+            bind_at(ctx, &combine_key.label(), &combine, &[(0, &batch.info), (1, &p), (2, &batch.pos), (OUT_BINDING, out), (SCRATCH_BINDING, scratch)]);
         let rows = if serial {
             let key = rows_key(desc);
             let pipeline = cache.get(ctx, &key).await?;
@@ -416,8 +422,8 @@ impl Attention {
             Some(from) => {
                 let key = tiles_key(desc);
                 let pipeline = cache.get(ctx, &key).await?;
-                // Every binding but the split scratch (9), which it does not use.
-                let at: Vec<(u32, &wgpu::Buffer)> = bufs.iter().enumerate().filter(|&(i, _)| i != 9).map(|(i, &b)| (i as u32, b)).collect();
+                // Every binding but the split scratch, which it does not use.
+                let at: Vec<(u32, &wgpu::Buffer)> = (0..).zip(bufs.iter().copied()).filter(|&(i, _)| i != SCRATCH_BINDING).collect();
                 let bind = bind_at(ctx, &key.label(), &pipeline, &at);
                 Some((pipeline, bind, from))
             }
