@@ -236,7 +236,6 @@ fn compile_progress() -> flint::CompileProgress {
     }))
 }
 
-/// The load options of `loadEngine`'s options JSON (see there).
 /// The bool option `key` of `opts`, `default` when absent; anything but a bool is an
 /// `InvalidRequestError` naming the option.
 fn bool_option(opts: &serde_json::Value, key: &str, default: bool) -> Result<bool, JsValue> {
@@ -246,6 +245,7 @@ fn bool_option(opts: &serde_json::Value, key: &str, default: bool) -> Result<boo
     }
 }
 
+/// The load options of `loadEngine`'s options JSON (see there).
 fn load_options(options: &str) -> Result<LoadOptions, JsValue> {
     let opts: serde_json::Value = serde_json::from_str(options).map_err(|e| js_error("InvalidRequestError", format!("options: {e}")))?;
     let mut load =
