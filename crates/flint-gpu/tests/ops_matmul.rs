@@ -153,12 +153,12 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> f64 {
     e
 }
 
-/// The formats whose multi-token kernels run here: the test models' (Q4_K_M files': Q4_K,
-/// Q5_0, Q6_K, Q8_0) and the families' tiny models' (f16). The others' dequantization, the only code of a kernel that
-/// depends on the format, runs through the one-token kernel here and through the lane-team
-/// kernels of every step size below (`on_lane_teams`). On a CPU-type adapter
-/// each multi-token kernel costs a compile of 10–20 s at its first dispatch (lavapipe, an
-/// empty Mesa cache), which a fresh CI machine pays in full.
+/// The formats whose multi-token kernels run here: the test models' (Q4_K, Q5_0, Q6_K, Q8_0)
+/// and the families' tiny models' (f16). The others' dequantization, the only code of a
+/// kernel that depends on the format, runs through the one-token kernel here and through the
+/// lane-team kernels of every step size below (`on_lane_teams`). On a CPU-type adapter each
+/// multi-token kernel costs a compile of 2–27 s at its first dispatch (lavapipe, an empty
+/// Mesa cache), which a fresh CI machine pays in full.
 const MULTI_TOKEN: [QuantType; 5] = [QuantType::F16, QuantType::Q5_0, QuantType::Q8_0, QuantType::Q4K, QuantType::Q6K];
 
 /// Every case of format `ty`.
@@ -168,9 +168,9 @@ fn cases(ty: QuantType) -> Vec<Case> {
     // Dequantization is per format, the token blocks' code is not: every format through the
     // one-token kernel, the formats of MULTI_TOKEN through the 16-token kernel too, the 4- and
     // 8-token blocks with two formats.
-    cases.push(Case::new(ty, 67, 1, 11));
-    if MULTI_TOKEN.contains(&ty) {
-        cases.push(Case::new(ty, 67, 13, 23));
+    let steps: &[u32] = if MULTI_TOKEN.contains(&ty) { &[1, 13] } else { &[1] };
+    for &n_tok in steps {
+        cases.push(Case::new(ty, 67, n_tok, 10 + n_tok as u64));
     }
     if [Q4K, Q8_0].contains(&ty) {
         for n_tok in [2, 3, 4, 6, 8] {
@@ -191,9 +191,9 @@ fn cases(ty: QuantType) -> Vec<Case> {
         // A single row; then 41 chunks a row (16 lanes a row, a ragged last round) or 64 (32
         // lanes), through both kernels (Q5_0) or the one-token kernel; the short rows above
         // take 8 lanes.
-        cases.push(Case::new(ty, 1, if MULTI_TOKEN.contains(&ty) { 13 } else { 1 }, 40));
+        cases.push(Case::new(ty, 1, steps[steps.len() - 1], 40));
         let long = if ty.block_elems() == 256 { 2048 } else { 41 * 32 };
-        for n_tok in [1, 13].into_iter().filter(|&n| n == 1 || MULTI_TOKEN.contains(&ty)) {
+        for &n_tok in steps {
             cases.push(Case { n_in: long, ..Case::new(ty, 9, n_tok, 41) });
         }
     }
