@@ -458,14 +458,19 @@ impl Runner {
     }
 
     /// Whether `plan` may run overlapped with the steps around it: the backend overlaps, the
-    /// loop drafts nothing, every entry runs one output row and no request needs the host
-    /// between two steps (its logits, a grammar's mask, penalties over the tokens drawn).
+    /// loop drafts for no sequence (no n-gram drafts, no draft model), every entry runs one
+    /// output row and no request needs the host between two steps (its logits, a prediction
+    /// to draft from, a grammar's mask, penalties over the tokens drawn). An engine that
+    /// accepts predictions (the server, the browser) overlaps while no request brings one.
     fn overlappable(&self, plan: &StepPlan) -> bool {
-        let host_free =
-            |r: &RequestState| !r.logits && r.choices.iter().all(|c| c.gen.is_done() || (!c.gen.is_constrained() && !c.gen.sampler().params().penalties_on()));
+        let host_free = |r: &RequestState| {
+            !r.logits
+                && r.prediction.is_empty()
+                && r.choices.iter().all(|c| c.gen.is_done() || (!c.gen.is_constrained() && !c.gen.sampler().params().penalties_on()))
+        };
         self.overlap
             && self.backend.overlaps()
-            && !self.spec.drafts()
+            && (self.spec.kind == SpecKind::None || self.spec.draft_max == 0)
             && self.draft.is_none()
             && plan.output_rows().iter().all(|&(_, n)| n == 1)
             && self.requests.values().all(host_free)

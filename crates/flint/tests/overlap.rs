@@ -22,7 +22,7 @@ use futures::executor::block_on;
 use futures::StreamExt;
 
 use common::{shared, together_with, Job};
-use flint::{BackendKind, Engine, Event, GenerateParams, Input, LoadOptions, Request, SchedStats};
+use flint::{BackendKind, Engine, Event, GenerateParams, Input, LoadOptions, Request, SchedStats, SpecConfig};
 
 /// Two sequences' prompts (the starts of the tiny qwen3's golden prompts 1 and 2).
 const PROMPTS: [&[u32]; 2] = [&[292, 309, 273, 992, 287, 791, 13], &[764, 1504, 661, 478, 325]];
@@ -186,8 +186,12 @@ fn jobs() -> Vec<Job> {
 /// on or off, a context of `n_ctx` and a KV pool of `kv_budget_positions`; returns what it
 /// made and the engine's counts after.
 fn on_qwen3<T>(overlap: bool, n_ctx: usize, kv_budget_positions: Option<usize>, work: impl FnOnce(&Engine) -> T) -> (T, SchedStats) {
+    on_qwen3_with(LoadOptions { backend: BackendKind::Gpu, n_ctx, overlap, kv_budget_positions, ..LoadOptions::exact() }, work)
+}
+
+/// [`on_qwen3`] with load options of the caller's.
+fn on_qwen3_with<T>(opts: LoadOptions, work: impl FnOnce(&Engine) -> T) -> (T, SchedStats) {
     let path = shared().join("golden/families/qwen3/model.gguf");
-    let opts = LoadOptions { backend: BackendKind::Gpu, n_ctx, overlap, kv_budget_positions, ..LoadOptions::exact() };
     let engine = Engine::load_path(&path, &opts).unwrap();
     let out = work(&engine);
     (out, block_on(engine.stats()).unwrap())
@@ -277,4 +281,53 @@ fn preempted_sequences_recompute_through_overlapped_steps() {
     for (i, (a, b)) in want.iter().zip(&got).enumerate() {
         assert_eq!(a.ids, b.ids, "request {i}'s tokens differ after preemption with overlapped steps");
     }
+}
+
+/// A greedy request for `n_gen` tokens of `prompt` with OpenAI's `prediction`; its tokens and
+/// text.
+fn predicted(engine: &Engine, prompt: &[u32], n_gen: usize, prediction: Option<String>) -> (Vec<u32>, String) {
+    let params = GenerateParams { max_tokens: Some(n_gen), sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() };
+    let mut r = Request::new(Input::Tokens(prompt.to_vec()), params);
+    r.prediction = prediction;
+    block_on(engine.submit(r).unwrap().fold((Vec::new(), String::new()), |(mut ids, mut text), ev| async move {
+        match ev.unwrap() {
+            Event::Token { id, text: t, .. } => {
+                ids.push(id);
+                text.push_str(&t);
+            }
+            Event::Done { text: t, .. } => text.push_str(&t),
+        }
+        (ids, text)
+    }))
+}
+
+#[test]
+fn an_engine_that_accepts_predictions_overlaps_the_requests_without_one() {
+    // The server and the browser load engines that accept predicted outputs. Their requests
+    // without a prediction overlap as any engine's do; one with a prediction drafts from it,
+    // its steps one after another, and draws what it draws without one.
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let opts = |overlap| LoadOptions {
+        backend: BackendKind::Gpu,
+        n_ctx: 128,
+        overlap,
+        spec: SpecConfig { predictions: true, ..LoadOptions::default().spec },
+        ..LoadOptions::exact()
+    };
+    let (plain, none) = on_qwen3_with(opts(false), |e| together_with(e, &jobs(), false));
+    let ((got, alone, with), stats) = on_qwen3_with(opts(true), |e| {
+        let got = together_with(e, &jobs(), false);
+        let alone = predicted(e, PROMPTS[0], 12, None);
+        let with = predicted(e, PROMPTS[0], 12, Some(alone.1.clone()));
+        (got, alone, with)
+    });
+    assert_eq!(none.overlapped, 0);
+    assert!(stats.overlapped > 0, "an engine that accepts predictions overlapped no step: {stats:?}");
+    for (i, (a, b)) in plain.iter().zip(&got).enumerate() {
+        assert_eq!(a.ids, b.ids, "request {i}'s tokens differ with overlapped steps");
+    }
+    assert!(stats.spec.drafted > 0, "the prediction was not drafted from: {stats:?}");
+    assert_eq!(with.0, alone.0, "a prediction changed the greedy tokens");
 }
