@@ -74,15 +74,23 @@ impl SpecConfig {
         (self.kind != SpecKind::None || self.predictions) && self.draft_max > 0
     }
 
+    /// Whether every sequence drafts (n-gram lookup or a draft model), rather than only the
+    /// requests that bring a prediction.
+    pub fn drafts_every_sequence(&self) -> bool {
+        self.kind != SpecKind::None && self.draft_max > 0
+    }
+
     /// Output rows an engine of `max_seqs` sequences reserves for drafts: a full draft for
     /// each sequence when every sequence drafts (`kind`); with predictions alone, full drafts
     /// for [`PREDICTION_SEQS`] sequences a step, so that a server that merely accepts
     /// predictions does not grow its logits buffer with its sequence count.
     pub fn draft_rows(&self, max_seqs: usize) -> usize {
-        match (self.drafts(), self.kind) {
-            (false, _) => 0,
-            (true, SpecKind::None) => max_seqs.min(PREDICTION_SEQS) * self.draft_max,
-            (true, _) => max_seqs * self.draft_max,
+        if self.drafts_every_sequence() {
+            max_seqs * self.draft_max
+        } else if self.drafts() {
+            max_seqs.min(PREDICTION_SEQS) * self.draft_max
+        } else {
+            0
         }
     }
 

@@ -470,7 +470,7 @@ impl Runner {
         };
         self.overlap
             && self.backend.overlaps()
-            && (self.spec.kind == SpecKind::None || self.spec.draft_max == 0)
+            && !self.spec.drafts_every_sequence()
             && self.draft.is_none()
             && plan.output_rows().iter().all(|&(_, n)| n == 1)
             && self.requests.values().all(host_free)
