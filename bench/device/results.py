@@ -4,6 +4,7 @@
   results.py tag TAG CMD < json-lines        one {"tag", "cmd", "report"} line per input line
   results.py batched TAG CMD < table         llama-batched-bench's table as tagged lines
   results.py assemble OUT_DIR COMMIT          writes OUT_DIR/results.json, prints its table
+  results.py sweep OUT_DIR                    bench/device/tune.sh's table from OUT_DIR/tune.jsonl
 
 Rows (issue 35): pp512 and tg128 of each model, c32 of qwen2.5-coder-0.5b (llama-batched-bench
 S_TG against `flint bench --concurrency 32`'s steady decode), pp4096 and tg128@d8192 of
@@ -123,6 +124,36 @@ def _exists(path):
         return False
 
 
+def sweep(out):
+    """One row per setting, one column per model and test (ppN / tgN, @dN at a depth): the
+    median tok/s and its ratio to the first setting's (the defaults)."""
+    table, columns = {}, []
+    for r in records(f"{out}/tune.jsonl"):
+        rep = r["report"]
+        model = rep.get("model", "?").rsplit("/", 1)[-1].removesuffix(".gguf")
+        at = f"@d{rep['depth']}" if rep.get("depth") else ""
+        cells = [(f"pp{rep['prompt_tokens']}{at}", rep["prefill_tok_s"]["median"])]
+        if rep.get("gen_tokens", 0) > 1:
+            cells.append((f"tg{rep['gen_tokens']}{at}", rep["decode_tok_s"]["median"]))
+        for test, value in cells:
+            col = f"{model} {test}"
+            if col not in columns:
+                columns.append(col)
+            table.setdefault(r["tag"], {})[col] = value
+    if not table:
+        print("no records")
+        return
+    base = next(iter(table.values()))
+    print("| setting | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for name, row in table.items():
+        cells = []
+        for col in columns:
+            v, b = row.get(col), base.get(col)
+            cells.append("" if v is None else f"{v:.1f}" + (f" ({v / b:.2f}x)" if b and name != next(iter(table)) else ""))
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def _today():
     import datetime
 
@@ -131,4 +162,4 @@ def _today():
 
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
-    {"tag": tag, "batched": batched, "assemble": assemble}[cmd](*args)
+    {"tag": tag, "batched": batched, "assemble": assemble, "sweep": sweep}[cmd](*args)

@@ -353,6 +353,11 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     if let Some(split) = &split {
         report["split"] = split.json(&prefill, &decode);
     }
+    // The GPU kernels' shape knobs this run took (the device checked them at load).
+    let tune = std::env::var("FLINT_TUNE").ok().filter(|t| !t.trim().is_empty());
+    if let Some(t) = &tune {
+        report["tune"] = json!(t);
+    }
     if let Some((prefill, decodes)) = &profile {
         report["prefill_profile_us"] = profile_json(prefill);
         report["decode_profile_us"] =
@@ -362,6 +367,9 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         BenchFormat::Json => println!("{report}"),
         BenchFormat::Text => {
             println!("model      {} on {} ({})", args.model, engine.backend_name(), engine.adapter_name());
+            if let Some(t) = &tune {
+                println!("tune       {t}");
+            }
             println!("load       {load_s:.2} s");
             let at = if args.depth > 0 { format!(" at depth {}", args.depth) } else { String::new() };
             println!("prefill    {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens{at}", prefill.median, prefill.min, prefill.max, args.prompt_tokens);

@@ -20,6 +20,8 @@ pub struct Caps {
     /// A CPU-type adapter (lavapipe, SwiftShader): its invocations run as SIMD lanes of CPU
     /// threads, where cross-lane reductions and barriers cost more than uncoalesced reads.
     pub cpu_like: bool,
+    /// The GPU kernels' shape knobs (`FLINT_TUNE`, see [`crate::tune`]).
+    pub tune: crate::tune::Tuning,
 }
 
 /// Errors reported by wgpu outside error scopes, collected until the next check.
@@ -202,6 +204,7 @@ impl GpuContext {
             // a GPU: the GPU kernels and graph (lane teams, folded norms, split attention) then
             // run in CI on lavapipe.
             cpu_like: info.device_type == wgpu::DeviceType::Cpu && switch("FLINT_TEST_GPU_KERNELS").is_none(),
+            tune: crate::tune::Tuning::from_env().map_err(|message| GpuError::Unsupported { op: "tuning", message })?,
         };
         // The driver's pipeline cache is kept on disk where the backend has one (Vulkan).
         let disk_path = crate::disk_cache::path_for(&info).filter(|_| features.contains(wgpu::Features::PIPELINE_CACHE));

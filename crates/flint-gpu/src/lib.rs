@@ -14,6 +14,7 @@ pub mod shader;
 pub mod split;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tune;
 pub mod weights;
 
 pub use context::{Caps, GpuContext};

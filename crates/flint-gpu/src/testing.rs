@@ -70,6 +70,17 @@ pub fn gpu_like(subgroups: bool) -> Option<&'static (GpuContext, PipelineCache)>
     }))
 }
 
+/// A fresh context on the shared adapter told it is a GPU (as [`gpu_like`], with subgroups
+/// where the adapter has them) and given the shape knobs `tune` (`FLINT_TUNE`'s syntax), so
+/// that a test runs the variants a tuned run would. None without an adapter.
+pub fn gpu_tuned(tune: &str) -> Option<GpuContext> {
+    context()?;
+    let mut ctx = futures::executor::block_on(GpuContext::new()).expect("a second context on the shared adapter");
+    ctx.caps.cpu_like = false;
+    ctx.caps.tune = crate::tune::Tuning::parse(tune).expect("a valid tuning");
+    Some(ctx)
+}
+
 /// Records one compute pass with `f` and submits it: one encoder, one pass, one submit.
 pub fn submit(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
     let mut enc = ctx.device.create_command_encoder(&Default::default());

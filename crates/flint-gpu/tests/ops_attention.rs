@@ -436,16 +436,21 @@ flint_gpu::op_tests! { check;
     }],
 }
 
+/// A layer of 14 heads (2 KV heads) of 64 for the policy tests: steps of up to 512 tokens.
+async fn policy_layer(ctx: &GpuContext) -> Attention {
+    let d = desc(14, 2, 64, None);
+    let batch = Batch::new(ctx, 512, 4, 256, 16).unwrap();
+    let b = |n: u64| storage(ctx, "t", n).unwrap();
+    let (q, out) = (b(512 * 14 * 64 * 4), b(512 * 14 * 64 * 4));
+    let (kc, vc) = (b(256 * 16 * 128 * 4), b(256 * 16 * 128 * 4));
+    let scratch = b(Attention::scratch_bytes(&d, 512));
+    Attention::new(ctx, &PipelineCache::new(), &batch, &d, &q, &kc, &vc, &out, &scratch, Tiles::OnGpus).await.unwrap()
+}
+
 #[test]
 fn split_count_policy() {
     flint_gpu::gpu_test!(ctx => {
-        let d = desc(14, 2, 64, None);
-        let batch = Batch::new(ctx, 512, 4, 256, 16).unwrap();
-        let b = |n: u64| storage(ctx, "t", n).unwrap();
-        let (q, out) = (b(512 * 14 * 64 * 4), b(512 * 14 * 64 * 4));
-        let (kc, vc) = (b(256 * 16 * 128 * 4), b(256 * 16 * 128 * 4));
-        let scratch = b(Attention::scratch_bytes(&d, 512));
-        let attn = Attention::new(ctx, &PipelineCache::new(), &batch, &d, &q, &kc, &vc, &out, &scratch, Tiles::OnGpus).await.unwrap();
+        let attn = policy_layer(ctx).await;
         let target = if attn.serial() { ROWS_TARGET_INVOCATIONS } else { SPLIT_TARGET_GROUPS };
         let p = attn.policy();
         // A token's count depends on its own visible length only: a split per 64 positions,
@@ -457,6 +462,27 @@ fn split_count_policy() {
         assert_eq!(p.splits(SPLIT_MIN_POSITIONS), 1);
         assert_eq!(p.splits(SPLIT_MIN_POSITIONS + 1), 2.min(most));
     });
+}
+
+/// A tuned run's split policy and query tiles (`FLINT_TUNE`: `split_groups`, `split_min`,
+/// `tiles_from`) are what it names.
+#[test]
+fn tuned_split_policy_and_tiles() {
+    for (tune, split_len, most, tiles_at) in
+        [("split_groups=64,split_min=32,tiles_from=4", 32, 64 / 14, Some(5)), ("split_groups=100000,tiles_from=off", 64, MAX_SPLITS, None)]
+    {
+        let Some(ctx) = flint_gpu::testing::gpu_tuned(tune) else { return };
+        futures::executor::block_on(async {
+            let attn = policy_layer(&ctx).await;
+            let p = attn.policy();
+            assert_eq!((p.split_len, p.max_split), (split_len, most), "{tune}");
+            assert_eq!((p.splits(split_len), p.splits(split_len + 1)), (1, 2), "{tune}");
+            assert_eq!(attn.tiled(64), tiles_at.is_some(), "{tune}");
+            if let Some(at) = tiles_at {
+                assert!(attn.tiled(at) && !attn.tiled(at - 1), "{tune}");
+            }
+        });
+    }
 }
 
 /// Runs kv_write + attention for `toks` ((sequence, position); each sequence's K/V history

@@ -120,6 +120,17 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> f64 {
     } else if let Some(tokens) = gemm {
         assert_eq!((shape.gemm, shape.tokens), (true, tokens), "{case:?}: not the GEMM tile expected");
     }
+    // What the adapter's tuning asks of the lane-team kernels (`FLINT_TUNE`).
+    let tune = ctx.caps.tune;
+    if !ctx.caps.cpu_like && !shape.gemm {
+        assert!(shape.wg <= tune.max_wg, "{case:?}: {shape:?} past max_wg {}", tune.max_wg);
+        if let Some(lanes) = tune.lanes {
+            assert_eq!(shape.per, lanes, "{case:?}: {shape:?} not the lanes asked for");
+        }
+    }
+    if shape.gemm {
+        assert!(tune.gemm_min_groups.is_some() && shape.tokens <= 4 * tune.gemm_side, "{case:?}: {shape:?}: the GEMM is off or its tile too large");
+    }
     submit(ctx, |p| mm.encode(p, n_tok));
     let got = read_f32(ctx, &y_buf, 0, y0.len()).await.unwrap();
     ctx.check().unwrap_or_else(|e| panic!("{case:?}: {e}"));
@@ -294,6 +305,26 @@ fn matmul_lane_teams_with_subgroups() {
 #[test]
 fn matmul_lane_teams_without_subgroups() {
     on_lane_teams("matmul_lane_teams_without_subgroups", false);
+}
+
+/// The variants a tuned run takes (`FLINT_TUNE`, see `flint_gpu::tune`) against the CPU
+/// reference, each tuning checked to pick what it names (`run_in`): teams of 8 lanes in
+/// workgroups of 64 and the GEMM's 32 × 32 tiles even for a grid of a few workgroups; teams of
+/// 32 and no GEMM (37 tokens in 16-token tiles).
+#[test]
+fn tuned_variants_compute_the_same_products() {
+    let tunings = [("lanes=8,max_wg=64,min_groups=100000,gemm_min_groups=1,gemm_side=8", Some(32)), ("lanes=32,max_wg=128,gemm_min_groups=off", None)];
+    for (tune, gemm) in tunings {
+        let Some(ctx) = flint_gpu::testing::gpu_tuned(tune) else { return };
+        let cache = PipelineCache::new();
+        for (ty, n_in) in [(QuantType::Q8_0, 41 * 32), (QuantType::Q4K, 2048)] {
+            for (n_tok, n_rows) in [(1, 43), (13, 43), (37, 130)] {
+                let case = Case { n_in, bias: true, gemm: gemm.filter(|_| n_tok > 16), ..Case::new(ty, n_rows, n_tok, 80 + n_tok as u64) };
+                let e = futures::executor::block_on(run_in(&ctx, &cache, case));
+                eprintln!("{tune}: {case:?}: nmse {e:.2e}");
+            }
+        }
+    }
 }
 
 #[test]

@@ -41,7 +41,7 @@ fn every_variant_preprocesses_and_validates() {
         Caps::default(),
         Caps { shader_f16: true, ..Default::default() },
         Caps { subgroups: true, subgroup_min_size: 32, ..Default::default() },
-        Caps { shader_f16: true, subgroups: true, subgroup_min_size: 8, timestamps: true, cpu_like: true },
+        Caps { shader_f16: true, subgroups: true, subgroup_min_size: 8, timestamps: true, cpu_like: true, ..Default::default() },
     ];
     let mut n = 0;
     let mut seen = std::collections::HashSet::new();

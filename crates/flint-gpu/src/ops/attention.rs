@@ -373,7 +373,7 @@ impl Attention {
         let serial = ctx.caps.cpu_like && desc.head_dim == desc.head_dim_v && ROWS_HEAD_DIMS.contains(&desc.head_dim);
         let rows_grid = (batch.max_tokens as u64 * desc.n_head as u64).div_ceil(ROWS_WG as u64);
         let serial = serial && rows_grid <= MAX_GRID_DIM as u64;
-        let policy = Self::policy_for(serial, desc.n_head);
+        let policy = Self::policy_for(serial, desc.n_head, &ctx.caps.tune);
         let base = AttnParams {
             n_head: desc.n_head,
             group: desc.n_head / desc.n_head_kv,
@@ -415,7 +415,7 @@ impl Attention {
         };
         let tiles_from = match tiles {
             Tiles::Off => None,
-            Tiles::OnGpus => (!ctx.caps.cpu_like).then_some(TILES_MIN_TOKENS + 1),
+            Tiles::OnGpus => ctx.caps.tune.tiles_from.filter(|_| !ctx.caps.cpu_like).map(|n| n + 1),
             Tiles::Always => Some(1),
         };
         let tiles = match tiles_from.filter(|_| tiles_fit(desc)) {
@@ -445,10 +445,12 @@ impl Attention {
         })
     }
 
-    fn policy_for(serial: bool, n_head: u32) -> SplitPolicy {
-        let target = if serial { ROWS_TARGET_INVOCATIONS } else { SPLIT_TARGET_GROUPS };
+    /// The serial kernel's policy, or `split`'s from the tuning (`tune.rs`; by default
+    /// [`SPLIT_TARGET_GROUPS`] and [`SPLIT_MIN_POSITIONS`]).
+    fn policy_for(serial: bool, n_head: u32, tune: &crate::tune::Tuning) -> SplitPolicy {
+        let (target, split_len) = if serial { (ROWS_TARGET_INVOCATIONS, SPLIT_MIN_POSITIONS) } else { (tune.split_groups, tune.split_min) };
         let max_split = (target / n_head.max(1)).clamp(1, MAX_SPLITS);
-        SplitPolicy { split_len: SPLIT_MIN_POSITIONS, max_split, max_positions: if serial { ROWS_MAX_POSITIONS } else { 0 } }
+        SplitPolicy { split_len, max_split, max_positions: if serial { ROWS_MAX_POSITIONS } else { 0 } }
     }
 
     /// Whether the serial kernel (CPU-type adapters) runs instead of `split`.
@@ -470,7 +472,7 @@ impl Attention {
     pub fn force_split(&mut self, ctx: &GpuContext) {
         self.rows = None;
         self.tiles = None;
-        let policy = Self::policy_for(false, self.n_head);
+        let policy = Self::policy_for(false, self.n_head, &ctx.caps.tune);
         self.base = AttnParams { split_len: policy.split_len, max_split: policy.max_split, max_positions: 0, ..self.base };
         ctx.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(&self.base));
     }

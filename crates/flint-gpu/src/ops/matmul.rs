@@ -38,8 +38,8 @@ pub const LANES_PER_ROW: [u32; 3] = [8, 16, 32];
 pub const TOKEN_BLOCKS: [u32; 4] = [1, 4, 8, 16];
 /// Workgroup sizes of the lane-team kernels (GPUs): the largest that still gives
 /// [`GPU_MIN_GROUPS`] workgroups, so a small matrix or step spreads over the SMs.
-const GPU_WGS: [u32; 3] = [256, 128, 64];
-const GPU_MIN_GROUPS: u64 = 256;
+pub const GPU_WGS: [u32; 3] = [256, 128, 64];
+pub const GPU_MIN_GROUPS: u64 = 256;
 /// Rows per invocation of the CPU-adapter kernels (see [`blocked_rows`]): 16 for 16-token
 /// blocks, [`SMALL_STEP_ROWS`] for 4- and 8-token blocks, 8 for one token, where each
 /// invocation loads all of x. 16 × 16 measured fastest on
@@ -75,8 +75,9 @@ const GEMM_SHARED_BYTES: u32 = 2 * 32 * 4 * 64;
 /// A step takes the largest GEMM tile whose grid still has [`GPU_MIN_GROUPS`] workgroups, the
 /// smallest while its grid has `GEMM_MIN_GROUPS`, and below that (few rows and few tokens:
 /// a 32-token step of a 896-row matrix is 28 workgroups of 32 × 32) the token-block kernel's
-/// 16-token tiles, which spread wider. The thresholds wait for the H200's figures.
-const GEMM_MIN_GROUPS: u64 = 64;
+/// 16-token tiles, which spread wider. The thresholds wait for the H200's figures; until then
+/// `FLINT_TUNE` (`crate::tune`) sets them, and the workgroup sizes and lanes per row, per run.
+pub const GEMM_MIN_GROUPS: u64 = 64;
 
 /// The static shape of one weight part's matmul.
 #[derive(Clone, Copy, Debug)]
@@ -234,10 +235,14 @@ impl Shape {
         let most = limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x);
         let groups = |s: &Shape| (n_rows as u64).div_ceil(s.rows_per_group() as u64) * tiles;
         let (wgs, per, blocked, min): (&[u32], u32, bool, u64) =
-            if caps.cpu_like { (&CPU_WGS, blocked_rows(tokens), true, CPU_MIN_GROUPS) } else { (&GPU_WGS, 0, false, GPU_MIN_GROUPS) };
+            if caps.cpu_like { (&CPU_WGS, blocked_rows(tokens), true, CPU_MIN_GROUPS) } else { (&GPU_WGS, 0, false, caps.tune.min_groups) };
         let mut pick = None;
-        for &wg in wgs.iter().filter(|&&wg| wg <= most) {
-            let per = if blocked { per } else { lanes_per_row(n_in / CHUNK, wg) };
+        for &wg in wgs.iter().filter(|&&wg| wg <= most && (blocked || wg <= caps.tune.max_wg)) {
+            let per = match (blocked, caps.tune.lanes) {
+                (true, _) => per,
+                (false, Some(lanes)) => lanes.min(wg),
+                (false, None) => lanes_per_row(n_in / CHUNK, wg),
+            };
             let s = Shape { blocked, tokens, wg, per, ids: false, glu: None, norm: false, gemm: false };
             pick = Some(s);
             if groups(&s) >= min {
@@ -260,10 +265,11 @@ impl Shape {
 pub fn takes_gemm(caps: &crate::Caps, limits: &wgpu::Limits, d: &MatmulDesc) -> bool {
     !d.exact
         && !caps.cpu_like
+        && caps.tune.gemm_min_groups.is_some()
         && d.ids.is_none()
         && d.max_tokens > TOKEN_BLOCKS[TOKEN_BLOCKS.len() - 1]
         && limits.max_compute_workgroup_storage_size >= GEMM_SHARED_BYTES
-        && limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x) >= GEMM_SIDES[0] * GEMM_SIDES[0]
+        && limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x) >= caps.tune.gemm_side * caps.tune.gemm_side
 }
 
 /// Lanes per row for rows of `chunks` chunks: the fewest idle lane-slots (lanes × rounds),
@@ -484,6 +490,8 @@ pub struct Matmul {
     buffers: Vec<wgpu::Buffer>,
     /// Experts of the part (grid z walks them); 0 for a plain matrix.
     n_expert: u32,
+    /// The adapter's shape knobs, which [`Matmul::pick`] reads at each step.
+    tune: crate::tune::Tuning,
     device: wgpu::Device,
     cache: PipelineCache,
     label: String,
@@ -612,7 +620,8 @@ impl Matmul {
             });
         }
         if gemm {
-            shapes.extend(GEMM_SIDES.map(|side| Shape::gemm(side, glu, d.norm.is_some())));
+            let sides = GEMM_SIDES.into_iter().filter(|&side| side <= ctx.caps.tune.gemm_side);
+            shapes.extend(sides.map(|side| Shape::gemm(side, glu, d.norm.is_some())));
         }
         for shape in shapes {
             if shape.norm && !shape.gemm && (shape.blocked || shape.wg < NORM_LANES) {
@@ -667,7 +676,8 @@ impl Matmul {
             }
         }
         let n_expert = d.ids.map_or(0, |i| i.n_expert);
-        let mm = Matmul { variants, buffers, n_expert, device: ctx.device.clone(), cache: cache.clone(), label: d.label.to_string() };
+        let tune = ctx.caps.tune;
+        let mm = Matmul { variants, buffers, n_expert, tune, device: ctx.device.clone(), cache: cache.clone(), label: d.label.to_string() };
         // The one-token kernel is built now, so a malformed op fails here rather than mid-step.
         let first = &mm.variants[0];
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -697,19 +707,20 @@ impl Matmul {
     }
 
     /// The variant a step of `n_tok` tokens takes: past the largest token block, a GEMM tile
-    /// where one spreads wide enough (see [`GEMM_MIN_GROUPS`]); else the smallest token block
-    /// that holds the step, or tiles of the largest.
+    /// where one spreads wide enough (see [`GEMM_MIN_GROUPS`], tuned by `min_groups` and
+    /// `gemm_min_groups`); else the smallest token block that holds the step, or tiles of the
+    /// largest.
     fn pick(&self, n_tok: u32) -> &Variant {
         if n_tok > TOKEN_BLOCKS[TOKEN_BLOCKS.len() - 1] {
             let grid = |v: &Variant| v.row_groups as u64 * n_tok.div_ceil(v.shape.tokens) as u64;
             let mut smallest = None;
             for v in self.variants.iter().filter(|v| v.shape.gemm) {
-                if grid(v) >= GPU_MIN_GROUPS {
+                if grid(v) >= self.tune.min_groups {
                     return v;
                 }
                 smallest = Some(v);
             }
-            if let Some(v) = smallest.filter(|v| grid(v) >= GEMM_MIN_GROUPS) {
+            if let Some(v) = smallest.filter(|v| self.tune.gemm_min_groups.is_some_and(|min| grid(v) >= min)) {
                 return v;
             }
         }

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Sweeps the GPU kernels' shape knobs (FLINT_TUNE, crates/flint-gpu/src/tune.rs) on a lent GPU
+# in one call of at most 5 minutes, from bench/device/pack.sh's pack, as run.sh runs:
+#   device run `bash bench/device/tune.sh`, carry [".gl", ".dev/device"], timeout_s 360.
+# Each matmul setting: matmul_speed over the models' shapes (1, 8, 9 and 16 tokens, a 512-token
+# prompt), then flint bench of qwen2.5-coder-0.5b (512-token prefill, decode) and of the 7B's
+# shapes; each attention setting: qwen2.5-coder-0.5b at a 4096-token prompt and decoding at
+# 8192 of context. The first setting is the defaults; every row is read against it.
+# Results in $OUT: tune.log, matmul.txt, tune.jsonl (flint bench's reports, tagged with the
+# setting) and tune.txt (the table; bench/device/results.py sweep).
+# Locally, on any adapter and smaller (the local models, the qwen 0.5b rows only):
+#   B=target/release M=~/.cache/flint/models SMALL=1 bash bench/device/tune.sh
+# (on a CPU-type adapter add FLINT_TEST_GPU_KERNELS=1: the knobs shape the GPU kernels only).
+set -u
+root=$PWD pack=$PWD/.dev/device out=${OUT:-/tmp/out}
+mkdir -p "$out"
+exec > >(tee "$out/tune.log") 2>&1
+if [[ -z ${B:-} ]]; then
+  source bench/device/setup.sh
+else
+  log() { echo "=== $(date +%T) $*"; }
+  synth=
+fi
+ms=$B/matmul_speed
+[[ -x $ms ]] || ms=$B/examples/matmul_speed
+R="python3 $root/bench/device/results.py"
+left() { (( SECONDS < $1 )); }
+small=${SMALL:-}
+# Matmul settings: how wide a grid is wide enough, the workgroup, the lanes per row, the GEMM's
+# tiles and where it starts. Attention settings: the decode splits and the query tiles.
+matmul_tunes=("" min_groups=128 min_groups=1024 max_wg=128 max_wg=64 lanes=16 lanes=32 gemm_side=8 gemm_min_groups=16 gemm_min_groups=off)
+attn_tunes=("" split_groups=256 split_groups=4096 split_min=256 tiles_from=64 tiles_from=off)
+shapes=("Q5_0 896 1152" "Q5_0 896 4864" "Q6_K 4864 896" "Q4_K 3584 18944" "Q6_K 18944 3584")
+steps=1,8,9,16,512 reps=20
+if [[ -n $small ]]; then
+  matmul_tunes=("" lanes=32 gemm_min_groups=off) attn_tunes=("" tiles_from=off) shapes=("Q5_0 896 1152") steps=1,9 reps=2
+fi
+label() { echo "${1:-default}"; }
+
+log matmul_speed
+for t in "${matmul_tunes[@]}"; do
+  for shape in "${shapes[@]}"; do
+    FLINT_TUNE=$t timeout 20 $ms $shape $steps $reps 2>&1 | grep -v "^note:" | sed "s/^/$(label "$t"): /"
+  done
+done > "$out/matmul.txt"
+cat "$out/matmul.txt"
+[[ -n $synth ]] && wait $synth
+
+fb() { # SETTING TIMEOUT ARGS...: flint bench with FLINT_TUNE=SETTING, its report tagged
+  local t=$1 limit=$2; shift 2
+  log "FLINT_TUNE=$t flint bench $*"
+  FLINT_TUNE=$t timeout "$limit" $B/flint bench "$@" --format json > /tmp/tune.json 2>> /tmp/tune.err &&
+    $R tag "$(label "$t")" "flint bench $*" < /tmp/tune.json >> "$out/tune.jsonl"
+  tail -2 /tmp/tune.err
+}
+q=$M/qwen2.5-coder-0.5b.gguf big=$M/qwen2.5-7b-q4km.gguf
+for t in "${matmul_tunes[@]}"; do
+  if [[ -n $small ]]; then
+    fb "$t" 300 -m $q -p 32 -n 8 --reps 1
+    continue
+  fi
+  left 200 || break
+  fb "$t" 30 -m $q -p 512 -n 64 --reps 2
+  left 220 && fb "$t" 40 -m $big -p 512 -n 32 --reps 1
+done
+for t in "${attn_tunes[@]}"; do
+  if [[ -n $small ]]; then
+    fb "$t" 300 -m $q -p 48 -n 4 --reps 1
+    continue
+  fi
+  left 270 || break
+  fb "$t" 30 -m $q -p 4096 -n 1 --reps 1
+  left 280 && fb "$t" 30 -m $q -d 8192 -p 1 -n 64 --reps 1
+done
+$R sweep "$out" | tee "$out/tune.txt"
+log end

@@ -1,0 +1,156 @@
+//! The GPU kernels' shape choices as knobs, so that one run on a lent GPU can time several
+//! settings without a rebuild: `FLINT_TUNE=key=value,...` (native only; read when a device is
+//! opened). Every knob defaults to the constant its op documents. A setting changes which
+//! variants run; under any setting a token's result is the same whatever shares its step: a
+//! matrix's lanes per row are the same at every step size, and the attention split policy stays
+//! a function of a token's own length (another setting may sum in another order, so its last
+//! bits may differ from the defaults'). `bench/device/tune.sh` sweeps them.
+
+use std::fmt;
+
+use crate::ops::{attention, matmul};
+
+/// Shape knobs of the GPU (lane-team) kernels; CPU-type adapters ignore them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// `min_groups`: the fewest workgroups a matmul's grid aims for: its workgroup shrinks
+    /// (256 → 128 → 64 lanes) until the grid has them, and a step past the largest token
+    /// block takes the largest GEMM tile whose grid has them.
+    pub min_groups: u64,
+    /// `max_wg`: the largest lane-team workgroup (64, 128 or 256).
+    pub max_wg: u32,
+    /// `lanes`: lanes per weight row (8, 16 or 32); None (`auto`): from the row's length
+    /// ([`matmul::lanes_per_row`]).
+    pub lanes: Option<u32>,
+    /// `gemm_min_groups`: a step past the largest token block takes the smallest GEMM tile
+    /// while its grid has this many workgroups; None (`off`): never the GEMM.
+    pub gemm_min_groups: Option<u64>,
+    /// `gemm_side`: the largest GEMM tile side in lanes (16: 64 × 64 tiles, 8: 32 × 32).
+    pub gemm_side: u32,
+    /// `split_groups`: split-attention workgroups a decode token aims for.
+    pub split_groups: u32,
+    /// `split_min`: the fewest positions of one attention split.
+    pub split_min: u32,
+    /// `tiles_from`: steps of more than this many tokens take the query-tiled attention; None
+    /// (`off`): never.
+    pub tiles_from: Option<u32>,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            min_groups: matmul::GPU_MIN_GROUPS,
+            max_wg: matmul::GPU_WGS[0],
+            lanes: None,
+            gemm_min_groups: Some(matmul::GEMM_MIN_GROUPS),
+            gemm_side: matmul::GEMM_SIDES[0],
+            split_groups: attention::SPLIT_TARGET_GROUPS,
+            split_min: attention::SPLIT_MIN_POSITIONS,
+            tiles_from: Some(attention::TILES_MIN_TOKENS),
+        }
+    }
+}
+
+const KEYS: &str = "min_groups, max_wg, lanes, gemm_min_groups, gemm_side, split_groups, split_min, tiles_from";
+
+/// Largest value a count knob takes: far past any grid or context that makes sense, and
+/// small enough that no product of it overflows.
+const MOST: u64 = 1 << 20;
+
+impl Tuning {
+    /// Parses `key=value` pairs separated by commas over the defaults; an unknown key, a
+    /// malformed value or one out of range is an error naming it.
+    pub fn parse(s: &str) -> Result<Tuning, String> {
+        let mut t = Tuning::default();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (key, value) = item.split_once('=').ok_or_else(|| format!("{item:?}: expected key=value"))?;
+            let (key, value) = (key.trim(), value.trim());
+            let count = || match value.parse::<u64>() {
+                Ok(n) if (1..=MOST).contains(&n) => Ok(n),
+                _ => Err(format!("{key}={value:?}: expected a count from 1 to {MOST}")),
+            };
+            let one_of = |allowed: &[u32]| match value.parse::<u32>() {
+                Ok(n) if allowed.contains(&n) => Ok(n),
+                _ => Err(format!("{key}={value:?}: expected one of {allowed:?}")),
+            };
+            let off = value == "off";
+            match key {
+                "min_groups" => t.min_groups = count()?,
+                "max_wg" => t.max_wg = one_of(&matmul::GPU_WGS)?,
+                "lanes" if value == "auto" => t.lanes = None,
+                "lanes" => t.lanes = Some(one_of(&matmul::LANES_PER_ROW)?),
+                "gemm_min_groups" if off => t.gemm_min_groups = None,
+                "gemm_min_groups" => t.gemm_min_groups = Some(count()?),
+                "gemm_side" => t.gemm_side = one_of(&matmul::GEMM_SIDES)?,
+                "split_groups" => t.split_groups = count()? as u32,
+                "split_min" => t.split_min = count()? as u32,
+                "tiles_from" if off => t.tiles_from = None,
+                "tiles_from" => t.tiles_from = Some(count()? as u32),
+                _ => return Err(format!("unknown key {key:?} (known: {KEYS})")),
+            }
+        }
+        Ok(t)
+    }
+
+    /// `FLINT_TUNE` (native), or the defaults.
+    pub fn from_env() -> Result<Tuning, String> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Ok(s) = std::env::var("FLINT_TUNE") {
+            return Tuning::parse(&s).map_err(|e| format!("FLINT_TUNE: {e}"));
+        }
+        Ok(Tuning::default())
+    }
+}
+
+/// The settings as `FLINT_TUNE` takes them, every knob named.
+impl fmt::Display for Tuning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let opt = |v: Option<u64>, none: &str| v.map_or(none.to_string(), |n| n.to_string());
+        write!(
+            f,
+            "min_groups={},max_wg={},lanes={},gemm_min_groups={},gemm_side={},split_groups={},split_min={},tiles_from={}",
+            self.min_groups,
+            self.max_wg,
+            opt(self.lanes.map(u64::from), "auto"),
+            opt(self.gemm_min_groups, "off"),
+            self.gemm_side,
+            self.split_groups,
+            self.split_min,
+            opt(self.tiles_from.map(u64::from), "off"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_over_the_defaults_and_prints_what_it_parses() {
+        assert_eq!(Tuning::parse("").unwrap(), Tuning::default());
+        let t = Tuning::parse(" lanes=16, gemm_min_groups=off,max_wg=64,split_min=128 ,").unwrap();
+        assert_eq!(t.lanes, Some(16));
+        assert_eq!(t.gemm_min_groups, None);
+        assert_eq!((t.max_wg, t.split_min), (64, 128));
+        assert_eq!(t.min_groups, Tuning::default().min_groups);
+        assert_eq!(Tuning::parse(&t.to_string()).unwrap(), t);
+        assert_eq!(Tuning::parse(&Tuning::default().to_string()).unwrap(), Tuning::default());
+    }
+
+    #[test]
+    fn refuses_what_it_does_not_know_naming_it() {
+        for (bad, says) in [
+            ("lanes=12", "lanes=\"12\""),
+            ("max_wg=1024", "max_wg"),
+            ("min_groups=0", "min_groups"),
+            ("min_groups=99999999999999999999", "min_groups"),
+            ("split_groups=-1", "split_groups"),
+            ("gemm_side=off", "gemm_side"),
+            ("tiles=3", "unknown key \"tiles\""),
+            ("lanes", "expected key=value"),
+        ] {
+            let e = Tuning::parse(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+}
