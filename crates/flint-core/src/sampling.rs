@@ -448,6 +448,22 @@ impl Sampler {
     /// This step's edits, sorted by id with each id once: every token in the penalty
     /// window with its count, and every biased token.
     pub fn edits(&self) -> Vec<LogitEdit> {
+        self.edits_without(None)
+    }
+
+    /// [`Sampler::edits`] for a step whose pending token, the last one drawn, this sampler
+    /// has not accepted yet (the host has not read it; the device counts it in): the window
+    /// then ends one token early, so the oldest token, which the pending one pushes out of a
+    /// full window, no longer counts. With the pending token's occurrence added (to its entry,
+    /// or as an entry of count 1 without bias), these are the edits of the sampler that
+    /// accepted it.
+    pub fn edits_before_pending(&self) -> Vec<LogitEdit> {
+        let full = usize::try_from(self.params.repeat_last_n).is_ok_and(|cap| cap > 0 && self.window.len() == cap);
+        self.edits_without(self.window.front().copied().filter(|_| full))
+    }
+
+    /// The edits with one occurrence of `gone` taken out of the counts.
+    fn edits_without(&self, gone: Option<u32>) -> Vec<LogitEdit> {
         let mut out = Vec::with_capacity(self.counts.len() + self.bias.len());
         let mut bias = self.bias.iter().peekable();
         for (&id, &count) in &self.counts {
@@ -455,8 +471,11 @@ impl Sampler {
                 out.push(LogitEdit { id: bid, count: 0, bias: b });
                 bias.next();
             }
-            let b = bias.next_if(|b| b.0 == id).map_or(0.0, |b| b.1);
-            out.push(LogitEdit { id, count, bias: b });
+            let count = count - u32::from(gone == Some(id));
+            let b = bias.next_if(|b| b.0 == id).map(|b| b.1);
+            if count > 0 || b.is_some() {
+                out.push(LogitEdit { id, count, bias: b.unwrap_or(0.0) });
+            }
         }
         out.extend(bias.map(|&(id, bias)| LogitEdit { id, count: 0, bias }));
         out
@@ -632,6 +651,39 @@ mod tests {
         assert_eq!(bad(|p| p.top_p = 1.5), SamplingError::TopP(1.5));
         assert_eq!(bad(|p| p.top_k = -2), SamplingError::TopK(-2));
         assert_eq!(bad(|p| p.min_p = 1.1), SamplingError::MinP(1.1));
+    }
+
+    /// `edits_before_pending` plus the pending token's occurrence (what the device adds) is
+    /// `edits` of the sampler that accepted it: windows full and not, unbounded, the token
+    /// already counted, sliding out, biased or new.
+    #[test]
+    fn edits_before_the_pending_token_plus_it_are_the_edits_after_it() {
+        let mut state = 12345u64;
+        let mut next = |n: u64| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 33) % n) as u32
+        };
+        for case in 0..400 {
+            let repeat_last_n = [1, 2, 4, 8, -1][case % 5];
+            let logit_bias = if case % 3 == 0 { vec![(2, 0.5), (5, -1.0)] } else { Vec::new() };
+            let params = SamplingParams { repeat_penalty: 1.3, frequency_penalty: 0.2, repeat_last_n, logit_bias, ..SamplingParams::greedy() };
+            let mut s = Sampler::new(params).unwrap();
+            for _ in 0..next(12) {
+                s.accept(next(7));
+            }
+            let pending = next(7);
+            let mut got = s.edits_before_pending();
+            match got.iter_mut().find(|e| e.id == pending) {
+                Some(e) => e.count += 1,
+                None => {
+                    got.push(LogitEdit { id: pending, count: 1, bias: 0.0 });
+                    got.sort_by_key(|e| e.id);
+                }
+            }
+            let mut after = s.clone();
+            after.accept(pending);
+            assert_eq!(got, after.edits(), "case {case}: window {repeat_last_n}, {:?} then {pending}", s.window);
+        }
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! repetition/presence/frequency penalties over bounded and whole-context windows, logit
 //! bias with bans and repeated ids, the allowed-token mask, odd vocabulary sizes, a
 //! sentinel past the logits, and the errors `prepare` reports; then 3 and 8 rows with their
-//! own edits in one step, each equal to the CPU's and to the row alone.
+//! own edits in one step, each equal to the CPU's and to the row alone; and rows whose pending
+//! token the device holds (overlapped steps), equal to the rows after the host accepted it.
 
 use flint_core::sampling::{LogitEdit, Penalties, Sampler, SamplingParams};
 use flint_gpu::buffer::{read_f32, storage_init};
@@ -102,7 +103,7 @@ async fn run(ctx: &GpuContext, Vocab { kind, n }: Vocab) {
     let case = &all[kind];
     // Two sentinels past the logits catch out-of-bounds writes.
     let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![SENTINEL; n + 2])).unwrap();
-    let mut pen = Penalize::new(ctx, pipelines(), n as u32, 1, &buf).await.unwrap();
+    let mut pen = Penalize::new(ctx, pipelines(), n as u32, 1, &buf, None).await.unwrap();
     let logits = random_logits(&mut rng, n);
     let s = cpu_sampler(&mut rng, n, case);
     let mut want = logits.clone();
@@ -144,7 +145,7 @@ fn hand_computed_edits() {
         let cache = PipelineCache::new();
         let logits = [1.0f32, 2.0, -1.0, 3.0, 0.5, -2.0, 0.0, 4.0, 7.0];
         let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&logits)).unwrap();
-        let mut pen = Penalize::new(ctx, &cache, 9, 1, &buf).await.unwrap();
+        let mut pen = Penalize::new(ctx, &cache, 9, 1, &buf, None).await.unwrap();
         let edits = vec![
             LogitEdit { id: 1, count: 1, bias: 0.0 },
             LogitEdit { id: 5, count: 2, bias: 0.0 },
@@ -154,7 +155,7 @@ fn hand_computed_edits() {
         ];
         // Token 8 masked out: word 0 has bits 0..=7.
         let mask = [0xffu32];
-        let step = StepEdits { penalties: Penalties { repeat: 2.0, presence: 0.5, frequency: 0.25 }, edits, mask: Some(&mask) };
+        let step = StepEdits { penalties: Penalties { repeat: 2.0, presence: 0.5, frequency: 0.25 }, edits, mask: Some(&mask), pending: None };
         let plan = pen.prepare(ctx, &[step]).unwrap();
         submit(ctx, |p| pen.encode(p, &plan));
         let got = read_f32(ctx, &buf, 0, 9).await.unwrap();
@@ -170,10 +171,10 @@ fn prepare_rejects_what_does_not_fit() {
         let cache = PipelineCache::new();
         let n = 100u32;
         let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![0f32; n as usize])).unwrap();
-        let mut pen = Penalize::new(ctx, &cache, n, 1, &buf).await.unwrap();
+        let mut pen = Penalize::new(ctx, &cache, n, 1, &buf, None).await.unwrap();
         let p = Penalties { repeat: 1.1, presence: 0.0, frequency: 0.0 };
         let e = |id| LogitEdit { id, count: 1, bias: 0.0 };
-        let step = |edits: Vec<LogitEdit>, mask: Option<&'static [u32]>| StepEdits { penalties: p, edits, mask };
+        let step = |edits: Vec<LogitEdit>, mask: Option<&'static [u32]>| StepEdits { penalties: p, edits, mask, pending: None };
         assert!(pen.prepare(ctx, &[step(vec![e(1)], None), step(vec![e(2)], None)]).is_err(), "more rows than the buffers hold");
         assert!(pen.prepare(ctx, &[step(vec![e(100)], None)]).is_err(), "id outside the vocabulary");
         assert!(pen.prepare(ctx, &[step(vec![], Some(&[0u32; 3]))]).is_err(), "mask too short");
@@ -183,7 +184,7 @@ fn prepare_rejects_what_does_not_fit() {
         // A list longer than the one allocated at load grows it.
         let many: Vec<LogitEdit> = (0..3000).map(|i| e(i % n)).collect();
         assert_eq!(pen.prepare(ctx, &[step(many, None)]).unwrap().n_edits, 3000);
-        assert!(Penalize::new(ctx, &cache, 200, 1, &buf).await.is_err(), "logits too small");
+        assert!(Penalize::new(ctx, &cache, 200, 1, &buf, None).await.is_err(), "logits too small");
         ctx.check().unwrap();
     });
 }
@@ -197,7 +198,7 @@ async fn rows(ctx: &GpuContext, n_rows: usize) {
     let samplers: Vec<Sampler> = (0..n_rows).map(|r| cpu_sampler(&mut rng, n, &all[r % all.len()])).collect();
     let logits: Vec<Vec<f32>> = (0..n_rows).map(|_| random_logits(&mut rng, n)).collect();
     let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![SENTINEL; n_rows * n + 2])).unwrap();
-    let mut pen = Penalize::new(ctx, pipelines(), n as u32, n_rows as u32, &buf).await.unwrap();
+    let mut pen = Penalize::new(ctx, pipelines(), n as u32, n_rows as u32, &buf, None).await.unwrap();
     ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits.concat()));
     let edits: Vec<StepEdits> = samplers.iter().map(StepEdits::from_sampler).collect();
     let plan = pen.prepare(ctx, &edits).unwrap();
@@ -222,4 +223,88 @@ async fn rows(ctx: &GpuContext, n_rows: usize) {
 
 flint_gpu::op_tests! { rows;
     rows_edit_their_own_logits => [3usize, 8],
+}
+
+/// Rows whose pending token only the device holds (an overlapped step feeds it into the
+/// batch) get the same bits as once their samplers accepted it: the token already in the
+/// window's counts, the one a full window pushes out, biased only, new; windows of 4 and 64
+/// and the whole context; a row without penalties and a row with no pending token beside them.
+#[test]
+fn pending_tokens_are_counted_as_once_accepted() {
+    flint_gpu::gpu_test!(ctx => {
+        let n = 1000usize;
+        let mut rng = TestRng::new(91);
+        let pen = SamplingParams { repeat_penalty: 1.3, presence_penalty: 0.4, frequency_penalty: 0.15, ..Default::default() };
+        let sampler = |window: i32, bias: Vec<(u32, f32)>, history: &[u32]| {
+            let mut s = Sampler::new(SamplingParams { repeat_last_n: window, logit_bias: bias, ..pen.clone() }).unwrap();
+            s.accept_all(history);
+            s
+        };
+        let history = [7u32, 3, 7, 9, 11, 3];
+        // (sampler, its pending token; None: the host has read it)
+        let rows: Vec<(Sampler, Option<u32>)> = vec![
+            (sampler(4, vec![], &history), Some(7)),
+            (sampler(4, vec![], &history), Some(9)),
+            (sampler(4, vec![(500, 2.0)], &history), Some(500)),
+            (sampler(64, vec![], &history), Some(42)),
+            (sampler(-1, vec![(3, -1.0)], &history), Some(3)),
+            (Sampler::new(SamplingParams::default()).unwrap(), Some(7)),
+            (sampler(4, vec![], &history), None),
+        ];
+        let n_rows = rows.len();
+        // The step's tokens: row r's pending token at 2r + 1, other ids around it.
+        let mut tokens: Vec<u32> = (0..2 * n_rows as u32 + 1).map(|i| 600 + i).collect();
+        for (r, (_, p)) in rows.iter().enumerate() {
+            if let Some(id) = p {
+                tokens[2 * r + 1] = *id;
+            }
+        }
+        let tok_buf = storage_init(ctx, "tokens", bytemuck::cast_slice(&tokens)).unwrap();
+        let logits: Vec<f32> = (0..n_rows).flat_map(|_| random_logits(&mut rng, n)).collect();
+        let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![SENTINEL; n_rows * n + 2])).unwrap();
+        let mut pen = Penalize::new(ctx, pipelines(), n as u32, n_rows as u32, &buf, Some(&tok_buf)).await.unwrap();
+        let run = |pen: &mut Penalize, edits: &[StepEdits]| {
+            ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&logits));
+            let plan = pen.prepare(ctx, edits).unwrap();
+            submit(ctx, |p| pen.encode(p, &plan));
+            plan
+        };
+        let pending: Vec<StepEdits> = rows
+            .iter()
+            .enumerate()
+            .map(|(r, (s, p))| match p {
+                Some(_) => StepEdits::with_pending(s, 2 * r as u32 + 1),
+                None => StepEdits::from_sampler(s),
+            })
+            .collect();
+        let plan = run(&mut pen, &pending);
+        assert!(plan.pending);
+        let got = read_f32(ctx, &buf, 0, n_rows * n + 2).await.unwrap();
+        assert_untouched(&got[n_rows * n..], "wrote past the logits");
+        let accepted: Vec<Sampler> = rows
+            .iter()
+            .map(|(s, p)| {
+                let mut s = s.clone();
+                s.accept_all(p.as_slice());
+                s
+            })
+            .collect();
+        run(&mut pen, &accepted.iter().map(StepEdits::from_sampler).collect::<Vec<_>>());
+        let want = read_f32(ctx, &buf, 0, n_rows * n).await.unwrap();
+        for r in 0..n_rows {
+            let (g, w) = (&got[r * n..(r + 1) * n], &want[r * n..(r + 1) * n]);
+            let differ = (0..n).find(|&i| g[i].to_bits() != w[i].to_bits());
+            assert!(differ.is_none(), "row {r}: token {:?}: {:?} pending, {:?} accepted", differ, differ.map(|i| g[i]), differ.map(|i| w[i]));
+            // And the edits did something where penalties are on.
+            if let (Some(id), true) = (rows[r].1, rows[r].0.params().penalties_on()) {
+                assert_ne!(g[id as usize].to_bits(), logits[r * n + id as usize].to_bits(), "row {r}: its pending token {id} was not penalized");
+            }
+        }
+        // A pending token outside the step's tokens, or with no tokens bound, is refused.
+        let s = &rows[0].0;
+        assert!(pen.prepare(ctx, &[StepEdits::with_pending(s, tokens.len() as u32)]).is_err());
+        let mut unbound = Penalize::new(ctx, pipelines(), n as u32, 1, &buf, None).await.unwrap();
+        assert!(unbound.prepare(ctx, &[StepEdits::with_pending(s, 0)]).is_err());
+        ctx.check().unwrap();
+    });
 }

@@ -30,7 +30,7 @@ async fn rig(ctx: &GpuContext, cache: &PipelineCache, n_vocab: usize, max_draws:
 async fn rig_rows(ctx: &GpuContext, cache: &PipelineCache, n_vocab: usize, max_rows: u32, max_draws: u32) -> Rig {
     let logits = storage(ctx, "logits", max_rows as u64 * n_vocab as u64 * 4).unwrap();
     let sampler = Sampler::new(ctx, cache, n_vocab as u32, max_rows, max_draws, &logits).await.unwrap();
-    let mut penalize = Penalize::new(ctx, cache, n_vocab as u32, max_rows, &logits).await.unwrap();
+    let mut penalize = Penalize::new(ctx, cache, n_vocab as u32, max_rows, &logits, None).await.unwrap();
     // Nothing to edit yet (a prepared empty step records nothing).
     penalize.prepare(ctx, &[]).unwrap();
     Rig { sampler, penalize, n_vocab, max_draws, logits }

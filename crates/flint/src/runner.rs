@@ -460,14 +460,11 @@ impl Runner {
     /// Whether `plan` may run overlapped with the steps around it: the backend overlaps, the
     /// loop drafts for no sequence (no n-gram drafts, no draft model), every entry runs one
     /// output row and no request needs the host between two steps (its logits, a prediction
-    /// to draft from, a grammar's mask, penalties over the tokens drawn). An engine that
-    /// accepts predictions (the server, the browser) overlaps while no request brings one.
+    /// to draft from, a grammar's mask). An engine that accepts predictions (the server, the
+    /// browser) overlaps while no request brings one. Penalties need no host: the device
+    /// counts a fed row's pending token in (`ops::penalize` in flint-gpu).
     fn overlappable(&self, plan: &StepPlan) -> bool {
-        let host_free = |r: &RequestState| {
-            !r.logits
-                && r.prediction.is_empty()
-                && r.choices.iter().all(|c| c.gen.is_done() || (!c.gen.is_constrained() && !c.gen.sampler().params().penalties_on()))
-        };
+        let host_free = |r: &RequestState| !r.logits && r.prediction.is_empty() && r.choices.iter().all(|c| c.gen.is_done() || !c.gen.is_constrained());
         self.overlap
             && self.backend.overlaps()
             && !self.spec.drafts_every_sequence()

@@ -6,7 +6,8 @@
 //! outstanding step, collecting out of order, a plain step while steps are outstanding.
 //! And the engine: requests decoded with overlapped steps get the tokens and finish reasons
 //! they get without them (greedy, seeded, different lengths, a penalized request that
-//! joins midway and turns the overlap off while it runs), and the overlap did happen.
+//! joins midway), and the overlap did happen; penalized requests alone overlap too (the
+//! device counts the token it feeds) and draw what they draw without.
 
 mod common;
 
@@ -170,7 +171,7 @@ fn overlapped_steps_refuse_misuse() {
 }
 
 /// Four requests on the tiny qwen3: two greedy of 12 and 5 tokens, a seeded one of 9, and one
-/// with a repetition penalty (the host keeps its window) joining once the first has 4 tokens.
+/// with a repetition penalty joining once the first has 4 tokens.
 fn jobs() -> Vec<Job> {
     let seeded = SamplingParams { temperature: 0.8, seed: Some(3), ..SamplingParams::default() };
     let penalized = SamplingParams { repeat_penalty: 1.3, ..SamplingParams::greedy() };
@@ -215,6 +216,44 @@ fn the_engine_draws_the_same_tokens_with_and_without_overlapped_steps() {
         assert_eq!(reason(a), reason(b), "request {i}'s finish reason differs");
     }
     eprintln!("{steps} steps overlapped");
+}
+
+/// Requests with penalties over windows that fill and slide (8 and 16 tokens, repetition,
+/// presence and frequency), greedy and seeded, overlap their steps and draw the tokens they
+/// draw one step after another; the penalties change those tokens (against the same requests
+/// without them), so they did apply.
+#[test]
+fn penalized_requests_overlap_and_draw_what_they_draw_without() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let pen = |window: i32, seed: Option<u64>| SamplingParams {
+        repeat_penalty: 4.0,
+        presence_penalty: 1.0,
+        frequency_penalty: 1.0,
+        repeat_last_n: window,
+        temperature: if seed.is_some() { 0.9 } else { 0.0 },
+        seed,
+        ..SamplingParams::default()
+    };
+    let jobs = |penalized: bool| {
+        let plain = |s: SamplingParams| if penalized { s } else { SamplingParams { repeat_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, ..s } };
+        vec![
+            Job { sampling: plain(pen(8, None)), ..Job::greedy(PROMPTS[0].to_vec(), 24) },
+            Job { sampling: plain(pen(16, Some(5))), ..Job::greedy(PROMPTS[1].to_vec(), 20) },
+        ]
+    };
+    let run = |overlap: bool, penalized: bool| on_qwen3(overlap, 128, None, |e| together_with(e, &jobs(penalized), false));
+    let (plain, none) = run(false, true);
+    let (overlapped, stats) = run(true, true);
+    let (unpenalized, _) = run(true, false);
+    assert_eq!(none.overlapped, 0);
+    assert!(stats.overlapped > 0, "the penalized requests' steps did not overlap");
+    for (i, (a, b)) in plain.iter().zip(&overlapped).enumerate() {
+        assert_eq!(a.ids, b.ids, "penalized request {i}'s tokens differ with overlapped steps");
+    }
+    assert_ne!(plain[0].ids, unpenalized[0].ids, "the penalties changed nothing: the test shows nothing");
+    eprintln!("{} steps overlapped", stats.overlapped);
 }
 
 /// The browser's concurrent-request scenario: two streams together, then one broken off

@@ -181,7 +181,9 @@ impl GpuModel {
             true => {
                 let n_vocab = c.n_vocab as u32;
                 let sampler = ops::sample::Sampler::new(&ctx, &cache, n_vocab, max_outputs, 1, &acts.logits).await?;
-                let penalize = ops::penalize::Penalize::new(&ctx, &cache, n_vocab, max_outputs, &acts.logits).await?;
+                // Overlapped steps feed rows' pending tokens into the batch (every group's copy).
+                let tokens = batches.first().map(|b| &b.tokens);
+                let penalize = ops::penalize::Penalize::new(&ctx, &cache, n_vocab, max_outputs, &acts.logits, tokens).await?;
                 let readback = [0, 1].map(|_| {
                     ctx.device.create_buffer(&wgpu::BufferDescriptor {
                         label: Some("step_readback"),

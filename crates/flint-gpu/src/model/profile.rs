@@ -18,7 +18,7 @@ impl GpuModel {
         self.outputs("profile")?;
         let layout = self.write_batch(&batch);
         let n_out = layout.gather.len() as u32;
-        let (_, plan) = self.prepare_outputs(&mut batch)?;
+        let (_, plan) = self.prepare_outputs(&mut batch, &[])?;
         let (head_ops, out) = self.outputs("profile")?;
         let head_ops = head_ops.ops();
         let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("profile") });

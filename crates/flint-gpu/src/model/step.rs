@@ -89,13 +89,22 @@ impl GpuModel {
     }
 
     /// Each output row's draw (a fresh counter for its sampler) and logit edits, written for
-    /// the next submission; no plans when the step has no outputs.
-    pub(super) fn prepare_outputs(&mut self, batch: &mut StepBatch<'_>) -> Result<(Vec<SampleRow>, Option<OutputPlans>)> {
+    /// the next submission; no plans when the step has no outputs. `pending[r]`: the step's
+    /// token that is row r's pending token, fed on the device and not yet accepted by its
+    /// sampler (overlapped steps; empty: none).
+    pub(super) fn prepare_outputs(&mut self, batch: &mut StepBatch<'_>, pending: &[Option<u32>]) -> Result<(Vec<SampleRow>, Option<OutputPlans>)> {
         let rows: Vec<SampleRow> = batch.entries.iter_mut().flat_map(|e| e.outputs.iter_mut().map(|o| SampleRow::next(o.sampler))).collect();
         if rows.is_empty() {
             return Ok((rows, None));
         }
-        let edits: Vec<StepEdits> = batch.entries.iter().flat_map(|e| e.outputs.iter().map(|o| StepEdits::from_sampler(o.sampler))).collect();
+        let samplers = batch.entries.iter().flat_map(|e| e.outputs.iter().map(|o| &*o.sampler));
+        let edits: Vec<StepEdits> = samplers
+            .enumerate()
+            .map(|(r, sampler)| match pending.get(r).copied().flatten() {
+                Some(at) => StepEdits::with_pending(sampler, at),
+                None => StepEdits::from_sampler(sampler),
+            })
+            .collect();
         let Some(out) = &mut self.out else { return Err(self.not_last("step")) };
         let plan = (out.penalize.prepare(&self.ctx, &edits)?, out.sampler.prepare(&self.ctx, &rows, 1)?);
         Ok((rows, Some(plan)))
@@ -230,7 +239,9 @@ impl GpuModel {
         }
         let first_use = self.begin_first_use();
         let layout = self.write_batch(&batch);
-        let (rows, plan) = self.prepare_outputs(&mut batch)?;
+        // A fed row's token is its pending one: its sampler has not accepted it (penalties).
+        let pending: Vec<Option<u32>> = layout.gather.iter().map(|&t| feeds.iter().any(|f| f.token == t as usize).then_some(t)).collect();
+        let (rows, plan) = self.prepare_outputs(&mut batch, &pending)?;
         let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         self.encode_feeds(&mut enc, feeds);
         self.encode_step(&mut enc, batch.copies, &layout, plan.is_some(), plan.as_ref());
@@ -413,7 +424,7 @@ async fn run_micro_batches(
                 enc = part.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sample") });
                 apply_masks(&mut sub.entries, masks());
             }
-            let (rows, plan) = if s == last { part.prepare_outputs(sub).map_err(on(s))? } else { (Vec::new(), None) };
+            let (rows, plan) = if s == last { part.prepare_outputs(sub, &[]).map_err(on(s))? } else { (Vec::new(), None) };
             match (&plan, split) {
                 (Some(plan), true) => {
                     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("sample"), timestamp_writes: None });

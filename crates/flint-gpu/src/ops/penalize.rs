@@ -3,6 +3,9 @@
 //! [`LogitEdit`] list, then the allowed-token mask. Each step uploads only its lists (16 bytes
 //! an entry), its rows' penalty factors and, for rows that set one, their masks, with
 //! `queue.write_buffer` into buffers sized at load (the edit list grows when a step needs more).
+//! A row whose pending token the host has not read (an overlapped step, the token fed on the
+//! device) names where the step's batch holds it: the device counts it in, so penalties need
+//! no readback between two steps.
 
 use std::sync::Arc;
 
@@ -25,9 +28,15 @@ const B_LOGITS: u32 = 1;
 const B_EDITS: u32 = 2;
 const B_ROW_PEN: u32 = 3;
 const B_MASK: u32 = 4;
-const ENTRIES: [(&str, &[u32]); 2] = [("edit", &[B_PARAMS, B_LOGITS, B_EDITS, B_ROW_PEN]), ("apply_mask", &[B_PARAMS, B_LOGITS, B_ROW_PEN, B_MASK])];
+const B_PENDING: u32 = 5;
+const B_TOKENS: u32 = 6;
+const EDIT_BINDINGS: &[u32] = &[B_PARAMS, B_LOGITS, B_EDITS, B_ROW_PEN, B_PENDING, B_TOKENS];
+const ENTRIES: [(&str, &[u32]); 3] = [("edit", EDIT_BINDINGS), ("apply_mask", &[B_PARAMS, B_LOGITS, B_ROW_PEN, B_MASK]), ("edit_pending", EDIT_BINDINGS)];
 const EDIT: usize = 0;
 const MASK: usize = 1;
+const PENDING: usize = 2;
+/// `pending` row: no pending token.
+const NONE: u32 = u32::MAX;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
@@ -58,16 +67,29 @@ pub struct StepEdits<'a> {
     pub edits: Vec<LogitEdit>,
     /// 1 bit per token, set = allowed; None = every token allowed.
     pub mask: Option<&'a [u32]>,
+    /// Where the step's tokens hold the row's pending token, when the host has not read it
+    /// (fed on the device); `edits` then leave it out ([`CpuSampler::edits_before_pending`]).
+    pub pending: Option<u32>,
 }
 
 impl<'a> StepEdits<'a> {
     /// The edits `sampler` applies at this step (its penalty window, bias and mask).
     pub fn from_sampler(sampler: &'a CpuSampler) -> StepEdits<'a> {
-        StepEdits { penalties: sampler.params().penalties(), edits: sampler.edits(), mask: sampler.mask() }
+        StepEdits { penalties: sampler.params().penalties(), edits: sampler.edits(), mask: sampler.mask(), pending: None }
+    }
+
+    /// The edits `sampler` applies at a step whose token `at` (fed on the device) is the
+    /// row's pending token, which `sampler` has not accepted yet. Rows without penalties need
+    /// no count of it.
+    pub fn with_pending(sampler: &'a CpuSampler, at: u32) -> StepEdits<'a> {
+        match sampler.params().penalties_on() {
+            true => StepEdits { edits: sampler.edits_before_pending(), pending: Some(at), ..Self::from_sampler(sampler) },
+            false => Self::from_sampler(sampler),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.edits.is_empty() && self.mask.is_none()
+        self.edits.is_empty() && self.mask.is_none() && self.pending.is_none()
     }
 }
 
@@ -77,6 +99,8 @@ pub struct PenalizePlan {
     pub n_rows: u32,
     pub n_edits: u32,
     pub mask: bool,
+    /// Some row has a pending token.
+    pub pending: bool,
 }
 
 struct Kernel {
@@ -91,6 +115,12 @@ pub struct Penalize {
     edits: wgpu::Buffer,
     row_pen: wgpu::Buffer,
     mask: wgpu::Buffer,
+    /// [max_rows] (token index or NONE, first entry, end, 0).
+    pending: wgpu::Buffer,
+    /// The step's token ids, or a small unused buffer.
+    tokens: wgpu::Buffer,
+    /// Token ids `tokens` holds (0: no row may have a pending token).
+    n_tokens: u32,
     logits: wgpu::Buffer,
     kernels: Vec<Kernel>,
 }
@@ -113,8 +143,16 @@ pub fn mask_words(n_vocab: u32) -> usize {
 }
 
 impl Penalize {
-    /// Edits `logits` ([max_rows, n_vocab] f32) in place.
-    pub async fn new(ctx: &GpuContext, cache: &PipelineCache, n_vocab: u32, max_rows: u32, logits: &wgpu::Buffer) -> Result<Penalize> {
+    /// Edits `logits` ([max_rows, n_vocab] f32) in place; `tokens`, the step's token ids,
+    /// holds rows' pending tokens (None: no row has one).
+    pub async fn new(
+        ctx: &GpuContext,
+        cache: &PipelineCache,
+        n_vocab: u32,
+        max_rows: u32,
+        logits: &wgpu::Buffer,
+        tokens: Option<&wgpu::Buffer>,
+    ) -> Result<Penalize> {
         if n_vocab == 0 || max_rows == 0 {
             return Err(unsupported(format!("n_vocab {n_vocab} and max_rows {max_rows} must be > 0")));
         }
@@ -127,7 +165,12 @@ impl Penalize {
         let edits = crate::buffer::storage(ctx, "penalize.edits", rows * EDITS_PER_ROW * size_of::<RowEdit>() as u64)?;
         let row_pen = crate::buffer::storage(ctx, "penalize.row_pen", rows * 16)?;
         let mask = crate::buffer::storage(ctx, "penalize.mask", rows * mask_words(n_vocab) as u64 * 4)?;
-        let mut p = Penalize { n_vocab, max_rows, params, edits, row_pen, mask, logits: logits.clone(), kernels: Vec::new() };
+        let pending = crate::buffer::storage(ctx, "penalize.pending", rows * 16)?;
+        let (tokens, n_tokens) = match tokens {
+            Some(t) => (t.clone(), (t.size() / 4).min(NONE as u64) as u32),
+            None => (crate::buffer::storage(ctx, "penalize.no_tokens", 16)?, 0),
+        };
+        let mut p = Penalize { n_vocab, max_rows, params, edits, row_pen, mask, pending, tokens, n_tokens, logits: logits.clone(), kernels: Vec::new() };
         for (entry, _) in ENTRIES {
             let pipeline = cache.get(ctx, &key(entry)).await?;
             let bind = p.bind(ctx, entry, &pipeline);
@@ -137,7 +180,7 @@ impl Penalize {
     }
 
     fn bind(&self, ctx: &GpuContext, entry: &str, pipeline: &wgpu::ComputePipeline) -> wgpu::BindGroup {
-        let buffers: [&wgpu::Buffer; 5] = [&self.params, &self.logits, &self.edits, &self.row_pen, &self.mask];
+        let buffers: [&wgpu::Buffer; 7] = [&self.params, &self.logits, &self.edits, &self.row_pen, &self.mask, &self.pending, &self.tokens];
         let bindings = ENTRIES.iter().find(|(e, _)| *e == entry).map_or(&[][..], |(_, b)| *b);
         let entries: Vec<wgpu::BindGroupEntry> =
             bindings.iter().map(|&b| wgpu::BindGroupEntry { binding: b, resource: buffers[b as usize].as_entire_binding() }).collect();
@@ -154,6 +197,7 @@ impl Penalize {
         let words = mask_words(self.n_vocab);
         let mut list = Vec::new();
         let mut pen = Vec::with_capacity(rows.len());
+        let mut pending = Vec::with_capacity(rows.len());
         for (r, step) in rows.iter().enumerate() {
             if let Some(e) = step.edits.iter().find(|e| e.id >= self.n_vocab) {
                 return Err(unsupported(format!("edit for token {} outside the vocabulary of {}", e.id, self.n_vocab)));
@@ -161,25 +205,38 @@ impl Penalize {
             if let Some(m) = step.mask.filter(|m| m.len() != words) {
                 return Err(unsupported(format!("mask of {} words, [{words}] u32 needed for {} tokens", m.len(), self.n_vocab)));
             }
+            if let Some(at) = step.pending.filter(|&at| at >= self.n_tokens) {
+                return Err(unsupported(format!("pending token at {at}, the step holds {} tokens", self.n_tokens)));
+            }
+            let first = list.len() as u32;
             list.extend(step.edits.iter().map(|e| RowEdit { id: e.id, count: e.count, bias: e.bias, row: r as u32 }));
+            pending.push([step.pending.unwrap_or(NONE), first, list.len() as u32, 0]);
             let p = &step.penalties;
             pen.push([p.repeat, p.presence, p.frequency, if step.mask.is_some() { 1.0 } else { 0.0 }]);
         }
-        let plan = PenalizePlan { n_rows: rows.len() as u32, n_edits: list.len() as u32, mask: rows.iter().any(|r| r.mask.is_some()) };
-        if plan.n_edits == 0 && !plan.mask {
+        let plan = PenalizePlan {
+            n_rows: rows.len() as u32,
+            n_edits: list.len() as u32,
+            mask: rows.iter().any(|r| r.mask.is_some()),
+            pending: rows.iter().any(|r| r.pending.is_some()),
+        };
+        if plan.n_edits == 0 && !plan.mask && !plan.pending {
             return Ok(plan);
         }
         let need = list.len() as u64 * size_of::<RowEdit>() as u64;
         if need > self.edits.size() {
             // A long penalty window or a large bias map: grow the list (rare), rebind.
             self.edits = crate::buffer::storage(ctx, "penalize.edits", need.next_power_of_two())?;
-            let pipeline = self.kernels[EDIT].pipeline.clone();
-            self.kernels[EDIT].bind = self.bind(ctx, "edit", &pipeline);
+            for (k, entry) in [(EDIT, "edit"), (PENDING, "edit_pending")] {
+                let pipeline = self.kernels[k].pipeline.clone();
+                self.kernels[k].bind = self.bind(ctx, entry, &pipeline);
+            }
         }
         let params =
             Params { n_vocab: self.n_vocab, n_edits: plan.n_edits, n_rows: plan.n_rows, mask_words: words as u32, neg_inf: f32::NEG_INFINITY, _pad: [0; 3] };
         ctx.queue.write_buffer(&self.params, 0, bytemuck::bytes_of(&params));
         ctx.queue.write_buffer(&self.row_pen, 0, bytemuck::cast_slice(&pen));
+        ctx.queue.write_buffer(&self.pending, 0, bytemuck::cast_slice(&pending));
         if !list.is_empty() {
             ctx.queue.write_buffer(&self.edits, 0, bytemuck::cast_slice(&list));
         }
@@ -191,7 +248,8 @@ impl Penalize {
         Ok(plan)
     }
 
-    /// Records a prepared step: the edit list, then the masks (they override every edit).
+    /// Records a prepared step: the edit list and the pending tokens, then the masks (they
+    /// override every edit).
     pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>, plan: &PenalizePlan) {
         if plan.n_edits > 0 {
             let (x, y) = fold_groups(plan.n_edits.div_ceil(WG));
@@ -199,6 +257,13 @@ impl Penalize {
             pass.set_pipeline(&k.pipeline);
             pass.set_bind_group(0, &k.bind, &[]);
             crate::ops::dispatch(pass, x, y, 1);
+        }
+        if plan.pending {
+            // Touches only logits no list entry names, so it needs no order with `edit`.
+            let k = &self.kernels[PENDING];
+            pass.set_pipeline(&k.pipeline);
+            pass.set_bind_group(0, &k.bind, &[]);
+            crate::ops::dispatch(pass, plan.n_rows.div_ceil(WG), 1, 1);
         }
         if plan.mask {
             let k = &self.kernels[MASK];
