@@ -265,6 +265,16 @@ test("info.memory gives the memory plan; deviceMemoryMB below it refuses the loa
       } catch (e) {
         badExact = { name: e.name, message: e.message };
       }
+      // Counts out of range are refused, not dropped for the defaults.
+      const badCounts = [];
+      for (const bad of [{ maxSeqs: 100 }, { nCtx: 0 }, { nCtx: 1.5 }, { selfTest: "yes" }]) {
+        try {
+          await (await flint.createEngine({ model: TINY, useCache: false, ...bad })).unload();
+          badCounts.push({ bad, loaded: true });
+        } catch (e) {
+          badCounts.push({ bad, name: e.name, message: e.message });
+        }
+      }
       // With the cache (the default): a model that does not fit is refused from its header,
       // read by ranges, before the download; one that fits is checked, then downloaded.
       await flint.deleteModelFromCache(TINY);
@@ -280,7 +290,7 @@ test("info.memory gives the memory plan; deviceMemoryMB below it refuses the loa
       const byDefault = await flint.createEngine({ model: TINY, nCtx: 1024, maxSeqs: 2, initProgressCallback: (p) => okStages.push(p.stage) });
       const defaultMemory = byDefault.info.memory;
       await byDefault.unload();
-      return { memory, refused, f32Text, smallMemory, smallText, badType, badExact, defaultMemory, early, stages, cachedAfterRefusal, okStages, cachedAfterLoad: await flint.hasModelInCache(TINY) };
+      return { memory, refused, f32Text, smallMemory, smallText, badType, badExact, badCounts, defaultMemory, early, stages, cachedAfterRefusal, okStages, cachedAfterLoad: await flint.hasModelInCache(TINY) };
     },
     { PKG, TINY },
   );
@@ -304,6 +314,8 @@ test("info.memory gives the memory plan; deviceMemoryMB below it refuses the loa
   assert.ok(s.kv_cache < m.kv_cache * 0.8 && s.kv_cache > m.kv_cache * 0.2, JSON.stringify({ s, m }));
   assert.equal(r.smallText, r.f32Text, "4 greedy tokens with q8_0 keys and f16 values equal f32's");
   assert.equal(r.badType?.name, "InvalidRequestError", JSON.stringify(r.badType));
+  const said = r.badCounts.map((b) => [b.name, b.message?.match(/^(\w+) must/)?.[1]]);
+  assert.deepEqual(said, [["InvalidRequestError", "maxSeqs"], ["InvalidRequestError", "nCtx"], ["InvalidRequestError", "nCtx"], ["InvalidRequestError", "selfTest"]], JSON.stringify(r.badCounts));
   assert.match(r.badType.message, /cacheTypeK: unknown KV cache type "q4_0"/);
   assert.equal(r.early?.name, "ModelLoadError", JSON.stringify(r.early));
   assert.match(r.early.message, /needs about .* MiB/);

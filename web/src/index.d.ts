@@ -63,9 +63,9 @@ export interface EngineOptions {
   initProgressCallback?: (report: InitProgressReport) => void;
   /** Where the engine's .wasm is served from (self-hosting); default: next to this module. */
   wasmUrl?: string | URL;
-  /** Context size in tokens of one request (default 4096). */
+  /** Context size in tokens of one request (default 4096; an integer in 1..=2^24, else the load throws `InvalidRequestError`). */
   nCtx?: number;
-  /** Requests (choices) running at once in the same forward steps (default 4). */
+  /** Requests (choices) running at once in the same forward steps (default 4; an integer in 1..=64, else `InvalidRequestError`). */
   maxSeqs?: number;
   /** Keep URL models in the browser's cache (default true). */
   useCache?: boolean;

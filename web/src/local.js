@@ -69,9 +69,10 @@ export class LocalCore {
     await initWasm(wasmUrl);
     const report = reporter(initProgressCallback);
     const opts = {};
-    if (nCtx) opts.n_ctx = nCtx;
-    if (maxSeqs) opts.max_seqs = maxSeqs;
-    if (selfTest) opts.self_test = true;
+    // Passed as given (undefined and null: the default), so that a bad value is refused, not dropped.
+    if (nCtx != null) opts.n_ctx = nCtx;
+    if (maxSeqs != null) opts.max_seqs = maxSeqs;
+    if (selfTest != null) opts.self_test = selfTest;
     if (typeof chatTemplate === "string") opts.chat_template = chatTemplate;
     if (speculative != null) opts.spec_type = speculative;
     if (draftMax != null) opts.draft_max = draftMax;

@@ -237,10 +237,10 @@ fn compile_progress() -> flint::CompileProgress {
 }
 
 /// The bool option `key` of `opts`, `default` when absent; anything but a bool is an
-/// `InvalidRequestError` naming the option.
-fn bool_option(opts: &serde_json::Value, key: &str, default: bool) -> Result<bool, JsValue> {
+/// `InvalidRequestError` naming the option as the package does (`name`).
+fn bool_option(opts: &serde_json::Value, key: &str, name: &str, default: bool) -> Result<bool, JsValue> {
     match opts.get(key) {
-        Some(v) => v.as_bool().ok_or_else(|| js_error("InvalidRequestError", format!("{key} must be true or false, got {v}"))),
+        Some(v) => v.as_bool().ok_or_else(|| js_error("InvalidRequestError", format!("{name} must be true or false, got {v}"))),
         None => Ok(default),
     }
 }
@@ -250,13 +250,17 @@ fn load_options(options: &str) -> Result<LoadOptions, JsValue> {
     let opts: serde_json::Value = serde_json::from_str(options).map_err(|e| js_error("InvalidRequestError", format!("options: {e}")))?;
     let mut load =
         LoadOptions { template_clock: Some(unix_seconds), clock: Some(performance_now), compile_observer: Some(compile_progress()), ..LoadOptions::default() };
-    if let Some(n) = opts.get("n_ctx").and_then(|v| v.as_u64()) {
-        load.n_ctx = n as usize;
+    // Counts out of range are refused, not dropped for the default: the largest context a
+    // model's header may declare (2^24 positions), at most 64 sequences.
+    if let Some(v) = opts.get("n_ctx") {
+        let n = v.as_u64().filter(|&n| (1..=1 << 24).contains(&n));
+        load.n_ctx = n.ok_or_else(|| js_error("InvalidRequestError", format!("nCtx must be an integer in 1..=16777216, got {v}")))? as usize;
     }
-    if let Some(n) = opts.get("max_seqs").and_then(|v| v.as_u64()).filter(|&n| (1..=64).contains(&n)) {
-        load.max_seqs = n as usize;
+    if let Some(v) = opts.get("max_seqs") {
+        let n = v.as_u64().filter(|&n| (1..=64).contains(&n));
+        load.max_seqs = n.ok_or_else(|| js_error("InvalidRequestError", format!("maxSeqs must be an integer in 1..=64, got {v}")))? as usize;
     }
-    load.self_test = opts.get("self_test").and_then(|v| v.as_bool()).unwrap_or(false);
+    load.self_test = bool_option(&opts, "self_test", "selfTest", false)?;
     // Requests may bring predictions; n-gram drafts when asked for (`speculative: "ngram"`).
     load.spec.predictions = true;
     if let Some(kind) = opts.get("spec_type") {
@@ -285,12 +289,12 @@ fn load_options(options: &str) -> Result<LoadOptions, JsValue> {
             mb.as_u64().filter(|&mb| mb > 0).ok_or_else(|| js_error("InvalidRequestError", format!("deviceMemoryMB must be a positive integer, got {mb}")))?;
         load.split.device_mem_mb = Some(vec![mb]);
     }
-    load.exact = bool_option(&opts, "exact", false)?;
+    load.exact = bool_option(&opts, "exact", "exact", false)?;
     // Overlapped steps (submit a step before the previous one is read) are off in the
     // browser unless asked for: in headless Chromium on SwiftShader a two-sequence gemma
     // decode step took 2.9-3.0 s overlapped against 1.8 s one after another (natively on
     // lavapipe they cost nothing, and on GPUs they hide the host's time).
-    load.overlap = bool_option(&opts, "overlap", false)?;
+    load.overlap = bool_option(&opts, "overlap", "overlap", false)?;
     if load.exact {
         (load.cache_k, load.cache_v) = (flint::KvType::F32, flint::KvType::F32);
     }
