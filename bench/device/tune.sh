@@ -26,9 +26,11 @@ ms=$B/matmul_speed
 R="python3 $root/bench/device/results.py"
 left() { (( SECONDS < $1 )); }
 small=${SMALL:-}
-# Matmul settings: how wide a grid is wide enough, the workgroup, the lanes per row, the GEMM's
-# tiles and where it starts. Attention settings: the decode splits and the query tiles.
-matmul_tunes=("" min_groups=128 min_groups=1024 max_wg=128 max_wg=64 lanes=16 lanes=32 gemm_side=8 gemm_min_groups=16 gemm_min_groups=off)
+# Matmul settings: how wide a grid is wide enough, the workgroup, the lanes per row, the largest
+# mat-vec token block (9-16 token steps in two 8-token tiles), the GEMM's tiles and where it
+# starts. Attention settings: the decode splits and the query tiles.
+# The likeliest to matter first: the later ones are benched only while time is left.
+matmul_tunes=("" max_block=8 gemm_min_groups=off gemm_side=8 lanes=32 max_wg=128 min_groups=1024 min_groups=128 max_wg=64 lanes=16 gemm_min_groups=16)
 attn_tunes=("" split_groups=256 split_groups=4096 split_min=256 tiles_from=64 tiles_from=off)
 shapes=("Q5_0 896 1152" "Q5_0 896 4864" "Q6_K 4864 896" "Q4_K 3584 18944" "Q6_K 18944 3584")
 steps=1,8,9,16,512 reps=20
@@ -54,23 +56,26 @@ fb() { # SETTING TIMEOUT ARGS...: flint bench with FLINT_TUNE=SETTING, its repor
   tail -2 /tmp/tune.err
 }
 q=$M/qwen2.5-coder-0.5b.gguf big=$M/qwen2.5-7b-q4km.gguf
-for t in "${matmul_tunes[@]}"; do
-  if [[ -n $small ]]; then
-    fb "$t" 300 -m $q -p 32 -n 8 --reps 1
-    continue
-  fi
-  left 200 || break
-  fb "$t" 30 -m $q -p 512 -n 64 --reps 2
-  left 220 && fb "$t" 40 -m $big -p 512 -n 32 --reps 1
-done
-for t in "${attn_tunes[@]}"; do
-  if [[ -n $small ]]; then
-    fb "$t" 300 -m $q -p 48 -n 4 --reps 1
-    continue
-  fi
-  left 270 || break
-  fb "$t" 30 -m $q -p 4096 -n 1 --reps 1
-  left 280 && fb "$t" 30 -m $q -d 8192 -p 1 -n 64 --reps 1
-done
+# Each setting's benches, "BY TIMEOUT ARGS...": run while the run is younger than BY seconds.
+matmul_benches=("200 30 -m $q -p 512 -n 64 --reps 2" "220 40 -m $big -p 512 -n 32 --reps 1")
+attn_benches=("270 30 -m $q -p 4096 -n 1 --reps 1" "280 30 -m $q -d 8192 -p 1 -n 64 --reps 1")
+if [[ -n $small ]]; then
+  matmul_benches=("900 300 -m $q -p 32 -n 8 --reps 1") attn_benches=("900 300 -m $q -p 48 -n 4 --reps 1")
+fi
+sweep() { # SETTINGS BENCHES (array names): every bench of every setting, while time is left
+  local -n settings=$1 benches=$2
+  local t b
+  for t in "${settings[@]}"; do
+    for b in "${benches[@]}"; do
+      set -- $b
+      left "$1" || return 0
+      local limit=$2
+      shift 2
+      fb "$t" "$limit" "$@"
+    done
+  done
+}
+sweep matmul_tunes matmul_benches
+sweep attn_tunes attn_benches
 $R sweep "$out" | tee "$out/tune.txt"
 log end

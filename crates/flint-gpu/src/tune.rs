@@ -22,6 +22,9 @@ pub struct Tuning {
     /// `lanes`: lanes per weight row (8, 16 or 32); None (`auto`): from the row's length
     /// ([`matmul::lanes_per_row`]).
     pub lanes: Option<u32>,
+    /// `max_block`: the largest mat-vec token block built (1, 4, 8 or 16); larger steps up to
+    /// 16 tokens take its tiles, each reading the weights again (from L2 where they fit).
+    pub max_block: u32,
     /// `gemm_min_groups`: a step past the largest token block takes the smallest GEMM tile
     /// while its grid has this many workgroups; None (`off`): never the GEMM.
     pub gemm_min_groups: Option<u64>,
@@ -42,6 +45,7 @@ impl Default for Tuning {
             min_groups: matmul::GPU_MIN_GROUPS,
             max_wg: matmul::GPU_WGS[0],
             lanes: None,
+            max_block: matmul::TOKEN_BLOCKS[matmul::TOKEN_BLOCKS.len() - 1],
             gemm_min_groups: Some(matmul::GEMM_MIN_GROUPS),
             gemm_side: matmul::GEMM_SIDES[0],
             split_groups: attention::SPLIT_TARGET_GROUPS,
@@ -51,7 +55,7 @@ impl Default for Tuning {
     }
 }
 
-const KEYS: &str = "min_groups, max_wg, lanes, gemm_min_groups, gemm_side, split_groups, split_min, tiles_from";
+const KEYS: &str = "min_groups, max_wg, lanes, max_block, gemm_min_groups, gemm_side, split_groups, split_min, tiles_from";
 
 /// Largest value a count knob takes: far past any grid or context that makes sense, and
 /// small enough that no product of it overflows.
@@ -79,6 +83,7 @@ impl Tuning {
                 "max_wg" => t.max_wg = one_of(&matmul::GPU_WGS)?,
                 "lanes" if value == "auto" => t.lanes = None,
                 "lanes" => t.lanes = Some(one_of(&matmul::LANES_PER_ROW)?),
+                "max_block" => t.max_block = one_of(&matmul::TOKEN_BLOCKS)?,
                 "gemm_min_groups" if off => t.gemm_min_groups = None,
                 "gemm_min_groups" => t.gemm_min_groups = Some(count()?),
                 "gemm_side" => t.gemm_side = one_of(&matmul::GEMM_SIDES)?,
@@ -108,10 +113,11 @@ impl fmt::Display for Tuning {
         let opt = |v: Option<u64>, none: &str| v.map_or(none.to_string(), |n| n.to_string());
         write!(
             f,
-            "min_groups={},max_wg={},lanes={},gemm_min_groups={},gemm_side={},split_groups={},split_min={},tiles_from={}",
+            "min_groups={},max_wg={},lanes={},max_block={},gemm_min_groups={},gemm_side={},split_groups={},split_min={},tiles_from={}",
             self.min_groups,
             self.max_wg,
             opt(self.lanes.map(u64::from), "auto"),
+            self.max_block,
             opt(self.gemm_min_groups, "off"),
             self.gemm_side,
             self.split_groups,
@@ -128,8 +134,8 @@ mod tests {
     #[test]
     fn parses_over_the_defaults_and_prints_what_it_parses() {
         assert_eq!(Tuning::parse("").unwrap(), Tuning::default());
-        let t = Tuning::parse(" lanes=16, gemm_min_groups=off,max_wg=64,split_min=128 ,").unwrap();
-        assert_eq!(t.lanes, Some(16));
+        let t = Tuning::parse(" lanes=16, gemm_min_groups=off,max_wg=64,split_min=128 ,max_block=8").unwrap();
+        assert_eq!((t.lanes, t.max_block), (Some(16), 8));
         assert_eq!(t.gemm_min_groups, None);
         assert_eq!((t.max_wg, t.split_min), (64, 128));
         assert_eq!(t.min_groups, Tuning::default().min_groups);
@@ -142,6 +148,7 @@ mod tests {
         for (bad, says) in [
             ("lanes=12", "lanes=\"12\""),
             ("max_wg=1024", "max_wg"),
+            ("max_block=32", "max_block"),
             ("min_groups=0", "min_groups"),
             ("min_groups=99999999999999999999", "min_groups"),
             ("split_groups=-1", "split_groups"),

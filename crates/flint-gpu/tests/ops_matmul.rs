@@ -123,7 +123,7 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> f64 {
     // What the adapter's tuning asks of the lane-team kernels (`FLINT_TUNE`).
     let tune = ctx.caps.tune;
     if !ctx.caps.cpu_like && !shape.gemm {
-        assert!(shape.wg <= tune.max_wg, "{case:?}: {shape:?} past max_wg {}", tune.max_wg);
+        assert!(shape.wg <= tune.max_wg && shape.tokens <= tune.max_block, "{case:?}: {shape:?} past max_wg or max_block ({tune})");
         if let Some(lanes) = tune.lanes {
             assert_eq!(shape.per, lanes, "{case:?}: {shape:?} not the lanes asked for");
         }
@@ -310,10 +310,11 @@ fn matmul_lane_teams_without_subgroups() {
 /// The variants a tuned run takes (`FLINT_TUNE`, see `flint_gpu::tune`) against the CPU
 /// reference, each tuning checked to pick what it names (`run_in`): teams of 8 lanes in
 /// workgroups of 64 and the GEMM's 32 × 32 tiles even for a grid of a few workgroups; teams of
-/// 32 and no GEMM (37 tokens in 16-token tiles).
+/// 32, no GEMM, and 8-token blocks at most (13 and 37 tokens in 8-token tiles).
 #[test]
 fn tuned_variants_compute_the_same_products() {
-    let tunings = [("lanes=8,max_wg=64,min_groups=100000,gemm_min_groups=1,gemm_side=8", Some(32)), ("lanes=32,max_wg=128,gemm_min_groups=off", None)];
+    let tunings =
+        [("lanes=8,max_wg=64,min_groups=100000,gemm_min_groups=1,gemm_side=8", Some(32)), ("lanes=32,max_wg=128,gemm_min_groups=off,max_block=8", None)];
     for (tune, gemm) in tunings {
         let Some(ctx) = flint_gpu::testing::gpu_tuned(tune) else { return };
         let cache = PipelineCache::new();

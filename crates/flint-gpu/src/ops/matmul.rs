@@ -592,7 +592,10 @@ impl Matmul {
         if let Some(n) = d.norm {
             check_buffer(ctx, "matmul norm weight bytes", n.w, d.n_in as u64 * 4)?;
         }
-        let largest = TOKEN_BLOCKS[TOKEN_BLOCKS.len() - 1];
+        // The token blocks built: on GPUs up to the tuning's `max_block` (larger steps take its
+        // tiles, or the GEMM past the largest block of all).
+        let blocks: Vec<u32> = TOKEN_BLOCKS.into_iter().filter(|&b| ctx.caps.cpu_like || b <= ctx.caps.tune.max_block).collect();
+        let largest = *blocks.last().expect("the one-token block");
         // Grid z: token tiles (of every expert), at most one-token tiles of each.
         let z_most = if d.ids.is_some() { n_expert * tokens } else { tokens.div_ceil(largest as u64) };
         if z_most > crate::ops::MAX_GROUPS_X as u64 {
@@ -605,13 +608,13 @@ impl Matmul {
             _ => None,
         };
         let mut shapes = Vec::new();
-        for (i, &tb) in TOKEN_BLOCKS.iter().enumerate() {
+        for (i, &tb) in blocks.iter().enumerate() {
             // Steps up to this block's size (or any size for the largest) take this kernel.
-            let prev = if i == 0 { 0 } else { TOKEN_BLOCKS[i - 1] };
+            let prev = if i == 0 { 0 } else { blocks[i - 1] };
             if prev >= d.max_tokens {
                 break;
             }
-            let step_tokens = if i + 1 == TOKEN_BLOCKS.len() { d.max_tokens } else { tb.min(d.max_tokens) };
+            let step_tokens = if i + 1 == blocks.len() { d.max_tokens } else { tb.min(d.max_tokens) };
             shapes.push(Shape {
                 ids: d.ids.is_some(),
                 glu,
