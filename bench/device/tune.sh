@@ -3,7 +3,7 @@
 # in one call of at most 5 minutes, from bench/device/pack.sh's pack, as run.sh runs:
 #   device run `bash bench/device/tune.sh`, carry [".gl", ".dev/device"], timeout_s 360.
 # Each matmul setting: matmul_speed over the models' shapes (1, 8, 9 and 16 tokens, a 512-token
-# prompt), then flint bench of qwen2.5-coder-0.5b (512-token prefill, decode) and of the 7B's
+# prompt; settings started in the first 2 minutes), then flint bench of qwen2.5-coder-0.5b (512-token prefill, decode) and of the 7B's
 # shapes; each attention setting: qwen2.5-coder-0.5b at a 4096-token prompt and decoding at
 # 8192 of context. The first setting is the defaults; every row is read against it.
 # Results in $OUT: tune.log, matmul.txt, tune.jsonl (flint bench's reports, tagged with the
@@ -41,6 +41,7 @@ label() { echo "${1:-default}"; }
 
 log matmul_speed
 for t in "${matmul_tunes[@]}"; do
+  left 120 || break
   for shape in "${shapes[@]}"; do
     FLINT_TUNE=$t timeout 20 $ms $shape $steps $reps 2>&1 | grep -v "^note:" | sed "s/^/$(label "$t"): /"
   done
