@@ -19,13 +19,38 @@ function initWasm(wasmUrl) {
 /** Reports progress: each stage's start and end, and steps of at least 0.5% between. */
 function reporter(cb) {
   let last = { stage: null, progress: -1 };
-  return (stage, loaded, total, text, tensors) => {
+  const report = (stage, loaded, total, text, tensors) => {
+    report.seen = { stage, text, at: performance.now() };
     const progress = total > 0 ? Math.min(1, loaded / total) : stage === "ready" ? 1 : 0;
     // Stages without a total (kernel compiles: a count) report every step.
     if (stage === last.stage && total > 0 && progress < 1 && progress - last.progress < 0.005) return;
     last = { stage, progress };
     cb?.({ stage, loaded, total, progress, text, ...(tensors && { tensors: { ...tensors } }) });
   };
+  // The last report, throttled or not (see `watchQuiet`).
+  report.seen = { stage: null, text: "", at: performance.now() };
+  return report;
+}
+
+/** How long a load may go without any progress before it says so on the console. */
+const QUIET_MS = 60_000;
+
+/**
+ * While `work` runs, says on the console once a minute that it has reported no progress
+ * for a minute, naming its last report: a load waiting on the browser (a device that never
+ * comes, a promise the GPU never settles) shows where it stopped instead of hanging silently.
+ */
+async function watchQuiet(report, work) {
+  const timer = setInterval(() => {
+    const { stage, text, at } = report.seen;
+    const quiet = performance.now() - at;
+    if (quiet >= QUIET_MS) console.warn(`flint: createEngine has reported no progress for ${Math.round(quiet / 1000)} s; the last report: ${stage ?? "none"} (${text})`);
+  }, QUIET_MS);
+  try {
+    return await work();
+  } finally {
+    clearInterval(timer);
+  }
 }
 
 const MB = (n) => (n / 1e6).toFixed(1);
@@ -62,12 +87,16 @@ export class LocalCore {
   #engine;
   info;
 
-  static async load({ model, initProgressCallback, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel, draftPMin, deviceMemoryMB, cacheTypeK, cacheTypeV, exact, overlap, useCache = true }) {
+  static async load(options) {
+    const report = reporter(options.initProgressCallback);
+    return watchQuiet(report, () => LocalCore.#load(options, report));
+  }
+
+  static async #load({ model, wasmUrl, nCtx, maxSeqs, selfTest, chatTemplate, speculative, draftMax, draftModel, draftPMin, deviceMemoryMB, cacheTypeK, cacheTypeV, exact, overlap, useCache = true }, report) {
     if (typeof navigator === "undefined" || !navigator.gpu) {
       throw new WebGPUNotAvailableError("WebGPU is not available in this browser (navigator.gpu is missing)");
     }
     await initWasm(wasmUrl);
-    const report = reporter(initProgressCallback);
     const opts = {};
     // Passed as given (undefined and null: the default), so that a bad value is refused, not dropped.
     if (nCtx != null) opts.n_ctx = nCtx;
