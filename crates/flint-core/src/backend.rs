@@ -205,10 +205,10 @@ pub trait Backend {
     /// Submits one step and returns before its results are read; [`Backend::collect`] reads
     /// them, in the order submitted. At most two steps are outstanding, and [`Backend::step`]
     /// waits for none. `feeds` name tokens whose ids are draws of the step submitted before
-    /// (their ids in `batch` are stand-ins). Only where [`Backend::overlaps`]; no masks, no
-    /// logits.
-    fn submit<'a>(&'a mut self, batch: StepBatch<'a>, feeds: &'a [Feed]) -> LocalBoxFuture<'a, Result<Ticket, BackendError>> {
-        let _ = (batch, feeds);
+    /// (their ids in `batch` are stand-ins). `masks`, if any, as [`Backend::step_with_masks`]
+    /// takes them. Only where [`Backend::overlaps`]; no logits.
+    fn submit<'a>(&'a mut self, batch: StepBatch<'a>, feeds: &'a [Feed], masks: Option<LateMasks<'a>>) -> LocalBoxFuture<'a, Result<Ticket, BackendError>> {
+        let _ = (batch, feeds, masks);
         Box::pin(async { Err(BackendError::Device { cause: format!("{} does not overlap steps", self.name()) }) })
     }
     /// The results of a submitted step (the oldest outstanding).

@@ -124,10 +124,11 @@ impl Backend for GpuBackend {
         &'a mut self,
         batch: StepBatch<'a>,
         feeds: &'a [flint_core::backend::Feed],
+        masks: Option<LateMasks<'a>>,
     ) -> LocalBoxFuture<'a, Result<flint_core::backend::Ticket, BackendError>> {
         Box::pin(async move {
             self.check(&batch)?;
-            let r = self.model.submit(batch, feeds);
+            let r = self.model.submit(batch, feeds, masks);
             r.map(flint_core::backend::Ticket).map_err(|e| self.failed(e))
         })
     }

@@ -11,7 +11,7 @@ use futures::channel::{mpsc, oneshot};
 use futures::future::LocalBoxFuture;
 use futures::StreamExt;
 
-use flint_core::backend::{Backend, BackendError, Feed, StepResult, Ticket};
+use flint_core::backend::{Backend, BackendError, Feed, LateMasks, StepResult, Ticket};
 use flint_core::generate::{Clock, Event, FinishReason, Generation, MaskJob};
 use flint_core::kv::SeqId;
 use flint_core::sampling::{DraftLink, Sampler, SamplingParams};
@@ -72,6 +72,14 @@ pub(crate) type Rebuild = Box<dyn FnMut() -> LocalBoxFuture<'static, Result<(Box
 struct InFlight {
     plan: StepPlan,
     ticket: Ticket,
+    /// Its sequences whose draft is the tokens their grammar forces (see `Runner::forced`).
+    forced: HashSet<SeqId>,
+}
+
+/// What [`Runner::run_plan`] did with a plan: ran it, or submitted it to be read later.
+enum Ran {
+    Done(StepResult),
+    Submitted(Ticket),
 }
 
 struct Choice {
@@ -332,10 +340,11 @@ impl Runner {
         }
     }
 
-    /// Drafts for every choice about to decode, as long as its adapted length and its
-    /// remaining tokens allow: from the request's predicted output where it has one and it
-    /// matches, else by n-gram lookup in the choice's own tokens where the engine has it on.
-    async fn propose_drafts(&mut self) -> Result<(), BackendError> {
+    /// Drafts for every choice about to decode but those of `skip` (sequences holding a
+    /// stand-in for a token not read yet), as long as its adapted length and its remaining
+    /// tokens allow: from the request's predicted output where it has one and it matches, else
+    /// by n-gram lookup in the choice's own tokens where the engine has it on.
+    async fn propose_drafts(&mut self, skip: &HashSet<SeqId>) -> Result<(), BackendError> {
         let sizes = self.backend.verify_sizes();
         let ngram = self.spec.kind == SpecKind::Ngram;
         // Choices the draft model drafts for, with their most tokens.
@@ -345,7 +354,7 @@ impl Runner {
         for req in self.requests.values_mut() {
             let sources = ngram || self.draft.is_some() || !req.prediction.is_empty();
             for c in req.choices.iter_mut() {
-                if c.gen.is_done() || !self.sched.is_decoding(c.seq) {
+                if c.gen.is_done() || !self.sched.is_decoding(c.seq) || skip.contains(&c.seq) {
                     continue;
                 }
                 // k drafts yield up to k + 1 tokens (the model's own after them): no more
@@ -404,8 +413,8 @@ impl Runner {
     }
 
     /// One forward step: drafts proposed, the plan run, its results folded back. Where the
-    /// backend overlaps steps and nothing needs the host between two, the step is submitted
-    /// and read at the next one ([`Runner::step_overlapped`]).
+    /// backend overlaps steps, the step is submitted and read at the next one
+    /// ([`Runner::step_overlapped`]).
     /// Returns whether anything ran or was read (false: the plan was empty, nothing out).
     async fn step(&mut self) -> Result<bool, BackendError> {
         if let Some(prev) = self.in_flight.take() {
@@ -413,26 +422,29 @@ impl Runner {
             return Ok(true);
         }
         if self.spec.drafts() {
-            self.propose_drafts().await?;
+            self.propose_drafts(&HashSet::new()).await?;
         }
         let plan = self.schedule();
         if plan.is_empty() {
             return Ok(false);
         }
         self.started(&plan);
-        if self.overlappable(&plan) {
-            let ticket = self.submit_plan(&plan, &[]).await?;
-            self.in_flight = Some(InFlight { plan, ticket });
+        if self.overlappable() {
+            if let Ran::Submitted(ticket) = self.run_plan(&plan, Some(&[])).await? {
+                self.in_flight = Some(InFlight { plan, ticket, forced: std::mem::take(&mut self.forced) });
+            }
             return Ok(true);
         }
-        let result = self.run_plan(&plan).await;
+        let result = self.run_plan(&plan, None).await;
         // Links hold for this step only.
         for req in self.requests.values_mut() {
             for c in req.choices.iter_mut() {
                 c.gen.sampler_mut().set_link(None);
             }
         }
-        self.fold(&plan, result?, None);
+        if let Ran::Done(result) = result? {
+            self.fold(&plan, result, None);
+        }
         Ok(true)
     }
 
@@ -457,20 +469,21 @@ impl Runner {
         }
     }
 
-    /// Whether `plan` may run overlapped with the steps around it: the backend overlaps, the
-    /// loop drafts for no sequence (no n-gram drafts, no draft model), every entry runs one
-    /// output row and no request needs the host between two steps (its logits, a prediction
-    /// to draft from, a grammar's mask). An engine that accepts predictions (the server, the
-    /// browser) overlaps while no request brings one. Penalties need no host: the device
-    /// counts a fed row's pending token in (`ops::penalize` in flint-gpu).
-    fn overlappable(&self, plan: &StepPlan) -> bool {
-        let host_free = |r: &RequestState| !r.logits && r.prediction.is_empty() && r.choices.iter().all(|c| c.gen.is_done() || !c.gen.is_constrained());
-        self.overlap
-            && self.backend.overlaps()
-            && !self.spec.drafts_every_sequence()
-            && self.draft.is_none()
-            && plan.output_rows().iter().all(|&(_, n)| n == 1)
-            && self.requests.values().all(host_free)
+    /// Whether steps may run overlapped: the backend overlaps, the loop drafts for no
+    /// sequence on its own (no n-gram drafts, no draft model: each sequence would need the
+    /// host between two steps) and no request reads logits back. Choices that need the host
+    /// between two steps (a grammar's mask, a prediction to draft from: [`Runner::host_bound`])
+    /// are not fed: they sit out the step submitted while their last one runs, and the rest
+    /// go on. Penalties need no host: the device counts a fed row's pending token in
+    /// (`ops::penalize` in flint-gpu).
+    fn overlappable(&self) -> bool {
+        self.overlap && self.backend.overlaps() && !self.spec.drafts_every_sequence() && self.draft.is_none() && self.requests.values().all(|r| !r.logits)
+    }
+
+    /// Whether `c` of `r` needs the host between two steps: its grammar's mask for the next
+    /// token follows the last one, and so do the drafts from its prediction.
+    fn host_bound(&self, r: &RequestState, c: &Choice) -> bool {
+        !c.gen.is_done() && (c.gen.is_constrained() || (!r.prediction.is_empty() && self.spec.drafts()))
     }
 
     /// With `prev` submitted and unread: where it may, plans and submits the next step first,
@@ -478,26 +491,31 @@ impl Runner {
     /// `prev` and folds it in ([`Scheduler::update_overlapped`]: stops apply one step late,
     /// the overrun row is dropped); else reads `prev` and folds it in as any step.
     async fn step_overlapped(&mut self, prev: InFlight) -> Result<(), BackendError> {
-        if !self.overlappable(&prev.plan) {
-            let result = self.backend.collect(prev.ticket).await?;
-            self.fold(&prev.plan, result, None);
-            return Ok(());
+        if !self.overlappable() {
+            return self.read_in(prev, None).await;
         }
         let rows = prev.plan.output_rows();
-        // Sequences expected to go on: not done, more tokens allowed, room in the context.
+        // Sequences expected to go on: one output row (no drafts to verify), not done, not
+        // bound to the host, more tokens allowed, room in the context.
         let fed: HashSet<SeqId> = rows
             .iter()
-            .map(|&(seq, _)| seq)
-            .filter(|&seq| {
+            .filter(|&&(seq, n)| {
                 let held = self.sched.contains(seq).then(|| self.sched.tokens(seq).len());
-                let choice = self.owner.get(&seq).and_then(|&(r, c)| self.requests.get(&r).map(|r| &r.choices[c]));
-                match (held, choice) {
-                    (Some(held), Some(c)) => !c.gen.is_done() && c.gen.remaining().is_none_or(|r| r > 1) && held + 1 < self.n_ctx,
+                let owner = self.owner.get(&seq).and_then(|&(r, c)| self.requests.get(&r).map(|r| (r, &r.choices[c])));
+                match (held, owner) {
+                    (Some(held), Some((r, c))) => {
+                        n == 1 && !c.gen.is_done() && !self.host_bound(r, c) && c.gen.remaining().is_none_or(|r| r > 1) && held + 1 < self.n_ctx
+                    }
                     _ => false,
                 }
             })
+            .map(|&(seq, _)| seq)
             .collect();
         self.sched.overlap(&prev.plan, &fed);
+        // The sequences that sat out `prev` may draft (forced tokens, predictions).
+        if self.spec.drafts() {
+            self.propose_drafts(&fed).await?;
+        }
         let plan = self.schedule();
         let mut feeds = Vec::new();
         let mut at = 0;
@@ -506,7 +524,9 @@ impl Runner {
             // last of a recompute (the scheduler preempted and took it back at once).
             let stand_in = self.sched.tokens(e.seq).len() - 1;
             if fed.contains(&e.seq) && (e.start..e.start + e.len).contains(&stand_in) {
-                if let Some(row) = rows.iter().position(|&(s, _)| s == e.seq) {
+                // Its row among `prev`'s output rows, entries of several rows counted whole.
+                if let Some(i) = rows.iter().position(|&(s, _)| s == e.seq) {
+                    let row = rows[..i].iter().map(|&(_, n)| n).sum();
                     feeds.push(Feed { token: at + stand_in - e.start, row });
                 }
             }
@@ -514,10 +534,12 @@ impl Runner {
         }
         if !plan.is_empty() {
             self.started(&plan);
-            match self.submit_plan(&plan, &feeds).await {
-                Ok(ticket) => {
-                    self.in_flight = Some(InFlight { plan, ticket });
-                    self.overlapped += 1;
+            match self.run_plan(&plan, Some(&feeds)).await {
+                Ok(ran) => {
+                    if let Ran::Submitted(ticket) = ran {
+                        self.in_flight = Some(InFlight { plan, ticket, forced: std::mem::take(&mut self.forced) });
+                        self.overlapped += 1;
+                    }
                 }
                 Err(e) => {
                     let _ = self.backend.collect(prev.ticket).await;
@@ -525,31 +547,23 @@ impl Runner {
                 }
             }
         }
-        let result = self.backend.collect(prev.ticket).await?;
-        self.fold(&prev.plan, result, Some(&fed));
-        Ok(())
+        self.read_in(prev, Some(&fed)).await
     }
 
-    /// Submits `plan` (one output row per entry, nothing masked) without waiting for it.
-    async fn submit_plan(&mut self, plan: &StepPlan, feeds: &[Feed]) -> Result<Ticket, BackendError> {
-        let rows = plan.output_rows();
-        let mut samplers: HashMap<SeqId, Vec<&mut Sampler>> = HashMap::new();
-        for req in self.requests.values_mut() {
-            for c in req.choices.iter_mut().filter(|c| rows.iter().any(|(s, _)| *s == c.seq)) {
-                samplers.insert(c.seq, vec![c.gen.sampler_mut()]);
-            }
-        }
-        let batch = self.sched.batch_rows(plan, &mut samplers, false);
-        self.backend.submit(batch, feeds).await
+    /// Reads submitted step `f` and folds it in (`fed`: the sequences the step after it runs).
+    async fn read_in(&mut self, f: InFlight, fed: Option<&HashSet<SeqId>>) -> Result<(), BackendError> {
+        let result = self.backend.collect(f.ticket).await?;
+        self.forced = f.forced;
+        self.fold(&f.plan, result, fed);
+        Ok(())
     }
 
     /// Reads and folds in the step still out, if any.
     async fn drain(&mut self) -> Result<(), BackendError> {
-        if let Some(f) = self.in_flight.take() {
-            let result = self.backend.collect(f.ticket).await?;
-            self.fold(&f.plan, result, None);
+        match self.in_flight.take() {
+            Some(f) => self.read_in(f, None).await,
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// After a failed step: the step still out is read and dropped (the backend takes no
@@ -577,8 +591,10 @@ impl Runner {
 
     /// Runs `plan` on the backend, each output row with its sampler: a verify entry's row j
     /// draws after drafts 1..j, so its sampler is a copy of the choice's whose penalty
-    /// history holds them; sampled drafts link row j to draft j's distribution.
-    async fn run_plan(&mut self, plan: &StepPlan) -> Result<StepResult, BackendError> {
+    /// history holds them; sampled drafts link row j to draft j's distribution. With `feeds`
+    /// (tokens whose ids are the draws of the step still out) it is submitted, not waited for
+    /// ([`Backend::submit`]).
+    async fn run_plan(&mut self, plan: &StepPlan, feeds: Option<&[Feed]>) -> Result<Ran, BackendError> {
         let rows = plan.output_rows();
         let want_logits = rows.iter().any(|(s, _)| self.owner.get(s).and_then(|(r, _)| self.requests.get(r)).is_some_and(|r| r.logits));
         let mut copies: Vec<(SeqId, Vec<Sampler>)> = Vec::new();
@@ -616,10 +632,13 @@ impl Runner {
         }
         let batch = self.sched.batch_rows(plan, &mut samplers, want_logits);
         if jobs.is_empty() {
-            return self.backend.step(batch).await;
+            return match feeds {
+                Some(feeds) => self.backend.submit(batch, feeds, None).await.map(Ran::Submitted),
+                None => self.backend.step(batch).await.map(Ran::Done),
+            };
         }
         // Each output row's mask (None for free rows), computed while the forward pass runs.
-        let masks = Box::new(move || {
+        let masks: LateMasks<'_> = Box::new(move || {
             let mut out = Vec::new();
             for (seq, n) in rows {
                 match jobs.remove(&seq) {
@@ -629,7 +648,10 @@ impl Runner {
             }
             out
         });
-        self.backend.step_with_masks(batch, masks).await
+        match feeds {
+            Some(feeds) => self.backend.submit(batch, feeds, Some(masks)).await.map(Ran::Submitted),
+            None => self.backend.step_with_masks(batch, masks).await.map(Ran::Done),
+        }
     }
 
     /// Folds a step's results back ([`Scheduler::update`], or with `fed` the sequences the

@@ -7,7 +7,8 @@
 //! And the engine: requests decoded with overlapped steps get the tokens and finish reasons
 //! they get without them (greedy, seeded, different lengths, a penalized request that
 //! joins midway), and the overlap did happen; penalized requests alone overlap too (the
-//! device counts the token it feeds) and draw what they draw without.
+//! device counts the token it feeds) and draw what they draw without; constrained and
+//! predicted requests sit out every other step while the rest overlap, and reply as without.
 
 mod common;
 
@@ -23,7 +24,7 @@ use futures::executor::block_on;
 use futures::StreamExt;
 
 use common::{shared, together_with, Job};
-use flint::{BackendKind, Engine, Event, GenerateParams, Input, LoadOptions, Request, SchedStats, SpecConfig};
+use flint::{BackendKind, Constrained, Engine, Event, GenerateParams, Grammar, Input, LoadOptions, Request, SchedStats, SpecConfig};
 
 /// Two sequences' prompts (the starts of the tiny qwen3's golden prompts 1 and 2).
 const PROMPTS: [&[u32]; 2] = [&[292, 309, 273, 992, 287, 791, 13], &[764, 1504, 661, 478, 325]];
@@ -102,7 +103,7 @@ fn overlapped(backend: &mut dyn Backend) -> Vec<StepResult> {
             None => Vec::new(),
             Some(p) => order.iter().enumerate().map(|(i, s)| Feed { token: i, row: p.iter().position(|x| x == s).unwrap() }).collect(),
         };
-        let t = block_on(backend.submit(batch(&kv, &order, &tokens, starts, &mut samplers), &feeds)).unwrap();
+        let t = block_on(backend.submit(batch(&kv, &order, &tokens, starts, &mut samplers), &feeds, None)).unwrap();
         tickets.push_back(t);
         for &s in &order {
             starts[s] += tokens[s].len();
@@ -154,15 +155,15 @@ fn overlapped_steps_refuse_misuse() {
     let tokens = PROMPTS.map(|p| p.to_vec());
     let one = [vec![0u32], vec![0u32]];
     let (mut s1, mut s2, mut s3, mut s4) = (samplers(), samplers(), samplers(), samplers());
-    let t0: Ticket = block_on(gpu.submit(batch(&kv, &[0, 1], &tokens, [0, 0], &mut s1), &[])).unwrap();
+    let t0: Ticket = block_on(gpu.submit(batch(&kv, &[0, 1], &tokens, [0, 0], &mut s1), &[], None)).unwrap();
     // Row 2 does not exist: the step before had two output rows.
     let starts = [PROMPTS[0].len(), PROMPTS[1].len()];
     let bad = [Feed { token: 0, row: 2 }];
-    assert!(block_on(gpu.submit(batch(&kv, &[0, 1], &one, starts, &mut s2), &bad)).is_err());
+    assert!(block_on(gpu.submit(batch(&kv, &[0, 1], &one, starts, &mut s2), &bad, None)).is_err());
     let feeds = [Feed { token: 0, row: 0 }, Feed { token: 1, row: 1 }];
-    let t1 = block_on(gpu.submit(batch(&kv, &[0, 1], &one, starts, &mut s3), &feeds)).unwrap();
+    let t1 = block_on(gpu.submit(batch(&kv, &[0, 1], &one, starts, &mut s3), &feeds, None)).unwrap();
     // A third outstanding step, and a plain step while two are outstanding.
-    assert!(block_on(gpu.submit(batch(&kv, &[0, 1], &one, starts, &mut s4), &feeds)).is_err());
+    assert!(block_on(gpu.submit(batch(&kv, &[0, 1], &one, starts, &mut s4), &feeds, None)).is_err());
     assert!(block_on(gpu.step(batch(&kv, &[0, 1], &one, starts, &mut samplers()))).is_err());
     // The newer one cannot be collected first.
     assert!(block_on(gpu.collect(Ticket(t1.0))).is_err());
@@ -343,8 +344,8 @@ fn predicted(engine: &Engine, prompt: &[u32], n_gen: usize, prediction: Option<S
 #[test]
 fn an_engine_that_accepts_predictions_overlaps_the_requests_without_one() {
     // The server and the browser load engines that accept predicted outputs. Their requests
-    // without a prediction overlap as any engine's do; one with a prediction drafts from it,
-    // its steps one after another, and draws what it draws without one.
+    // without a prediction overlap as any engine's do; one with a prediction drafts from it
+    // (sitting out every other step while others run) and draws what it draws without one.
     if flint_gpu::testing::context().is_none() {
         return;
     }
@@ -369,4 +370,87 @@ fn an_engine_that_accepts_predictions_overlaps_the_requests_without_one() {
     }
     assert!(stats.spec.drafted > 0, "the prediction was not drafted from: {stats:?}");
     assert_eq!(with.0, alone.0, "a prediction changed the greedy tokens");
+}
+
+/// Each reply's token ids and text, per request and choice, the requests read together.
+fn replies(engine: &Engine, reqs: Vec<Request>) -> Vec<Vec<(Vec<u32>, String)>> {
+    let handles: Vec<_> = reqs.into_iter().map(|r| (r.n, engine.submit(r).unwrap())).collect();
+    block_on(futures::future::join_all(handles.into_iter().map(|(n, mut h)| async move {
+        let mut out = vec![(Vec::new(), String::new()); n];
+        while let Some(ev) = h.next().await {
+            match ev.unwrap() {
+                Event::Token { choice, id, text, .. } => {
+                    out[choice].0.push(id);
+                    out[choice].1.push_str(&text);
+                }
+                Event::Done { choice, text, .. } => out[choice].1.push_str(&text),
+            }
+        }
+        out
+    })))
+}
+
+#[test]
+fn constrained_and_predicted_requests_sit_out_every_other_step_while_the_rest_overlap() {
+    // A choice whose next step needs the host (its grammar's mask, drafts from its
+    // prediction) is not fed: it waits for its readback, sitting out the step submitted
+    // meanwhile, and the other requests overlap theirs. Forty digits (one token each) keep a
+    // grammar live past the free requests' ends, so an overlapped step means one ran beside
+    // it; a JSON schema's keys are forced tokens (fast-forward) and its choices sampled; a
+    // prediction is drafted from. Every reply is the one the same engine gives without
+    // overlapped steps.
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let opts = |overlap| LoadOptions {
+        backend: BackendKind::Gpu,
+        n_ctx: 256,
+        overlap,
+        spec: SpecConfig { predictions: true, ..LoadOptions::default().spec },
+        ..LoadOptions::exact()
+    };
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}, "color": {"enum": ["red", "green", "blue"]}},
+        "required": ["ok", "n", "color"],
+        "additionalProperties": false
+    });
+    let reqs = |prediction: &str| {
+        let req = |prompt: &[u32], n_gen: usize, sampling: SamplingParams| {
+            let params = GenerateParams { max_tokens: Some(n_gen), sampling, ignore_eos: true, ..Default::default() };
+            Request::new(Input::Tokens(prompt.to_vec()), params)
+        };
+        let constrained = |grammar: Grammar, sampling: SamplingParams, n: usize| {
+            let params = GenerateParams { max_tokens: Some(120), sampling, ..Default::default() };
+            let mut r = Request::new(Input::Text("Answer:".into()), params);
+            r.constraint = Some(Constrained { grammar, field: "test" });
+            r.n = n;
+            r
+        };
+        let seeded = |seed| SamplingParams { temperature: 0.9, seed: Some(seed), ..SamplingParams::default() };
+        let mut with_prediction = req(PROMPTS[0], 12, SamplingParams::greedy());
+        with_prediction.prediction = Some(prediction.to_string());
+        vec![
+            constrained(Grammar::Regex("[0-9]{40}".into()), SamplingParams::greedy(), 1),
+            constrained(Grammar::JsonSchema(schema.clone()), seeded(4), 2),
+            req(PROMPTS[0], 10, SamplingParams::greedy()),
+            req(PROMPTS[1], 12, seeded(8)),
+            with_prediction,
+        ]
+    };
+    let alone = on_qwen3_with(opts(false), |e| predicted(e, PROMPTS[0], 12, None)).0;
+    let (plain, none) = on_qwen3_with(opts(false), |e| replies(e, reqs(&alone.1)));
+    let (got, stats) = on_qwen3_with(opts(true), |e| replies(e, reqs(&alone.1)));
+    assert_eq!(none.overlapped, 0);
+    assert!(stats.overlapped > 0, "no step overlapped while a grammar was live: {stats:?}");
+    assert!(stats.spec.drafted > 0, "the prediction was not drafted from: {stats:?}");
+    let digits = &got[0][0].1;
+    assert!(digits.len() == 40 && digits.bytes().all(|b| b.is_ascii_digit()), "the regex reply {digits:?}");
+    let json: serde_json::Value = serde_json::from_str(&got[1][0].1).unwrap_or_else(|e| panic!("{e}: {:?}", got[1][0].1));
+    assert!(json["color"].is_string(), "{json}");
+    assert_eq!(got[4][0].0, alone.0, "a prediction changed the greedy tokens");
+    for (i, (a, b)) in plain.iter().zip(&got).enumerate() {
+        assert_eq!(a, b, "request {i}'s replies differ with overlapped steps");
+    }
+    eprintln!("{} steps overlapped", stats.overlapped);
 }

@@ -217,8 +217,11 @@ impl GpuModel {
 
     /// Submits one step of a whole model without waiting for its draws (read by
     /// [`GpuModel::collect`]); `feeds` take tokens from the draws of the step submitted before,
-    /// on the device. At most two steps are outstanding, each with its own readback.
-    pub fn submit(&mut self, mut batch: StepBatch<'_>, feeds: &[Feed]) -> Result<u64> {
+    /// on the device. At most two steps are outstanding, each with its own readback. With
+    /// `masks` (constrained rows), the forward pass through the head is submitted first and
+    /// the masks computed while it runs, then the edits, the draws and the readback: two
+    /// submissions, as [`run_parts`] makes on one part.
+    pub fn submit(&mut self, mut batch: StepBatch<'_>, feeds: &[Feed], masks: Option<LateMasks<'_>>) -> Result<u64> {
         let bad = |message: String| GpuError::Unsupported { op: "submit", message };
         self.outputs("submit")?;
         if !self.part.embed {
@@ -241,10 +244,30 @@ impl GpuModel {
         let layout = self.write_batch(&batch);
         // A fed row's token is its pending one: its sampler has not accepted it (penalties).
         let pending: Vec<Option<u32>> = layout.gather.iter().map(|&t| feeds.iter().any(|f| f.token == t as usize).then_some(t)).collect();
-        let (rows, plan) = self.prepare_outputs(&mut batch, &pending)?;
         let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
         self.encode_feeds(&mut enc, feeds);
-        self.encode_step(&mut enc, batch.copies, &layout, plan.is_some(), plan.as_ref());
+        let (rows, plan) = match masks.filter(|_| !layout.gather.is_empty()) {
+            Some(masks) => {
+                self.encode_step(&mut enc, batch.copies, &layout, true, None);
+                self.ctx.queue.submit([std::mem::replace(
+                    &mut enc,
+                    self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sample") }),
+                )
+                .finish()]);
+                apply_masks(&mut batch.entries, masks());
+                let (rows, plan) = self.prepare_outputs(&mut batch, &pending)?;
+                if let Some(plan) = &plan {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("sample"), timestamp_writes: None });
+                    self.encode_outputs(&mut pass, plan);
+                }
+                (rows, plan)
+            }
+            None => {
+                let (rows, plan) = self.prepare_outputs(&mut batch, &pending)?;
+                self.encode_step(&mut enc, batch.copies, &layout, plan.is_some(), plan.as_ref());
+                (rows, plan)
+            }
+        };
         let slot = self.next_slot;
         let drawn = plan.map(|(_, samples)| {
             self.encode_readback(&mut enc, &samples, 0, layout.gather.len(), slot);
