@@ -373,6 +373,44 @@ test("a two-layer model of 7B widths loads with the default options from a URL (
   assert.ok(!fromCache.stages.includes("download"));
 });
 
+test("loads survive garbage collection: with gc() every 30 ms, wide-2l downloads into storage, then loads from storage and from a File", { timeout: 10 * MINUTES }, async () => {
+  // Chromium may collect a stream whose only reference is its own pending read, which then
+  // never settles: loads stalled for good now and then, and at once under this GC. The
+  // package holds each reader while it reads (web/src/source.js).
+  const gcBrowser = await launchPersistent({ args: ["--js-flags=--expose-gc"] });
+  try {
+    const gcPage = await openPage(gcBrowser.context, "gc");
+    await gcPage.goto(`${server.url}/index.html`);
+    for (const from of ["url", "cache", "file"]) {
+      const t0 = performance.now();
+      const load = gcPage.evaluate(
+        async ({ PKG, WIDE, from }) => {
+          globalThis.gcTimer ??= setInterval(() => globalThis.gc(), 30);
+          const flint = await import(PKG);
+          const model = from === "file" ? new File([await (await fetch(WIDE)).blob()], "wide-2l.gguf") : WIDE;
+          const stages = [];
+          const engine = await flint.createEngine({ model, initProgressCallback: (p) => stages.includes(p.stage) || stages.push(p.stage) });
+          const n = engine.info.n_layer;
+          await engine.unload();
+          return { stages, n };
+        },
+        { PKG, WIDE, from },
+      );
+      // A load takes seconds; one that stalls is reported, not waited for until the timeout.
+      let timer;
+      const stalled = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`the load from ${from} stalled under garbage collection`)), 3 * MINUTES);
+      });
+      const got = await Promise.race([load, stalled]).finally(() => clearTimeout(timer));
+      console.log(`wide-2l from ${from} under gc(): stages ${got.stages}, ${secondsSince(t0)} s`);
+      assert.equal(got.n, 2);
+      assert.equal(got.stages[0], { url: "check", cache: "cache", file: "load" }[from]);
+    }
+  } finally {
+    await gcBrowser.context.close();
+  }
+});
+
 test("a model the browser's storage cannot hold (over the quota, or a write refused) is read by HTTP ranges instead, saying so", { timeout: 10 * MINUTES }, async () => {
   const r = await page.evaluate(
     async ({ PKG, TINY }) => {

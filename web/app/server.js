@@ -15,6 +15,17 @@ export async function serverModels() {
   }
 }
 
+/**
+ * Stream readers with a read pending: Chromium may collect a stream (a fetch body's) whose only
+ * reference is its own pending read, which then never settles. Each is held here while it reads.
+ */
+const reading = new Set();
+
+function holding(reader, promise) {
+  reading.add(reader);
+  return promise.finally(() => reading.delete(reader));
+}
+
 /** An error the server sent: its OpenAI error body, or the bare status. */
 class ServerError extends Error {
   constructor(status, body) {
@@ -46,7 +57,7 @@ export function createServerEngine(model, { apiKey = "" } = {}) {
       const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
       let buf = "";
       for (;;) {
-        const { value, done } = await reader.read();
+        const { value, done } = await holding(reader, reader.read());
         if (done) return;
         buf += value;
         let end;

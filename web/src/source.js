@@ -7,10 +7,23 @@
 import { ModelLoadError } from "./errors.js";
 
 /**
+ * Readers and slices with a read pending. Chromium may collect a stream (a Blob's, a fetch
+ * body's) whose only references are its own pending read, and that read then never settles:
+ * loads stalled for good now and then, and at once with garbage collection forced every
+ * 30 ms. Each is held here while it reads.
+ */
+const reading = new Set();
+
+/** `promise` (a read of `source`), with `source` held until it settles. */
+function holding(source, promise) {
+  reading.add(source);
+  return promise.finally(() => reading.delete(source));
+}
+
+/**
  * How long a read may go without a byte before it counts as stalled (the sources and
- * `readInto` take another as their last argument). Chromium's Blob streams (a File, a model
- * in the browser's storage) now and then leave a read pending forever under load; a stalled
- * read is abandoned and made again (a slice or a range reads the same bytes twice), up to
+ * `readInto` take another as their last argument): a read that waits on a browser that never
+ * answers is abandoned and made again (a slice or a range reads the same bytes twice), up to
  * `READ_TRIES` times in all, then the load fails saying so.
  */
 const STALL_MS = 20_000;
@@ -53,7 +66,7 @@ export function streamReader(stream) {
 export async function readInto(r, length, reuse, stallMs = STALL_MS) {
   let buffer = reuse && reuse.byteLength >= length ? reuse : new ArrayBuffer(length);
   let got = 0;
-  const read = (view) => unlessStalled(view ? r.reader.read(view) : r.reader.read(), stallMs, () => r.reader.cancel().catch(() => {}));
+  const read = (view) => unlessStalled(holding(r.reader, view ? r.reader.read(view) : r.reader.read()), stallMs, () => r.reader.cancel().catch(() => {}));
   if (r.byob) {
     while (got < length) {
       const { value, done } = await read(new Uint8Array(buffer, got, length - got));
@@ -129,7 +142,7 @@ function counted(size, read, onRead) {
 export function blobSource(blob, onRead, stallMs = STALL_MS) {
   const read = reusing(async (offset, length, reuse) => {
     const slice = blob.slice(offset, offset + length);
-    const whole = () => unlessStalled(slice.arrayBuffer(), stallMs).then((b) => ({ bytes: new Uint8Array(b), buffer: null }));
+    const whole = () => unlessStalled(holding(slice, slice.arrayBuffer()), stallMs).then((b) => ({ bytes: new Uint8Array(b), buffer: null }));
     const got = typeof slice.stream === "function" ? await readStream(slice.stream(), length, reuse, stallMs) : await whole();
     if (got.bytes.length !== length) throw new ModelLoadError(`reading the model: ${got.bytes.length} of ${length} bytes at ${offset}`);
     return got;
