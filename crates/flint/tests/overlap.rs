@@ -329,16 +329,13 @@ fn predicted(engine: &Engine, prompt: &[u32], n_gen: usize, prediction: Option<S
     let params = GenerateParams { max_tokens: Some(n_gen), sampling: SamplingParams::greedy(), ignore_eos: true, ..Default::default() };
     let mut r = Request::new(Input::Tokens(prompt.to_vec()), params);
     r.prediction = prediction;
-    block_on(engine.submit(r).unwrap().fold((Vec::new(), String::new()), |(mut ids, mut text), ev| async move {
-        match ev.unwrap() {
-            Event::Token { id, text: t, .. } => {
-                ids.push(id);
-                text.push_str(&t);
-            }
-            Event::Done { text: t, .. } => text.push_str(&t),
-        }
-        (ids, text)
-    }))
+    replies(engine, vec![r]).swap_remove(0).swap_remove(0)
+}
+
+/// The tiny qwen3's load options for an engine that accepts predictions (as the server's and
+/// the browser's do), overlapping or not, with a context of `n_ctx`.
+fn predicting(overlap: bool, n_ctx: usize) -> LoadOptions {
+    LoadOptions { backend: BackendKind::Gpu, n_ctx, overlap, spec: SpecConfig { predictions: true, ..LoadOptions::default().spec }, ..LoadOptions::exact() }
 }
 
 #[test]
@@ -349,13 +346,7 @@ fn an_engine_that_accepts_predictions_overlaps_the_requests_without_one() {
     if flint_gpu::testing::context().is_none() {
         return;
     }
-    let opts = |overlap| LoadOptions {
-        backend: BackendKind::Gpu,
-        n_ctx: 128,
-        overlap,
-        spec: SpecConfig { predictions: true, ..LoadOptions::default().spec },
-        ..LoadOptions::exact()
-    };
+    let opts = |overlap| predicting(overlap, 128);
     let (plain, none) = on_qwen3_with(opts(false), |e| together_with(e, &jobs(), false));
     let ((got, alone, with), stats) = on_qwen3_with(opts(true), |e| {
         let got = together_with(e, &jobs(), false);
@@ -402,13 +393,7 @@ fn constrained_and_predicted_requests_sit_out_every_other_step_while_the_rest_ov
     if flint_gpu::testing::context().is_none() {
         return;
     }
-    let opts = |overlap| LoadOptions {
-        backend: BackendKind::Gpu,
-        n_ctx: 256,
-        overlap,
-        spec: SpecConfig { predictions: true, ..LoadOptions::default().spec },
-        ..LoadOptions::exact()
-    };
+    let opts = |overlap| predicting(overlap, 256);
     let schema = serde_json::json!({
         "type": "object",
         "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}, "color": {"enum": ["red", "green", "blue"]}},

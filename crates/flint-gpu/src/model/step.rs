@@ -157,6 +157,21 @@ impl GpuModel {
         }
     }
 
+    /// The first of a step's two submissions where its masks come late: the forward pass
+    /// through the head goes now, so the masks are computed while it runs; `enc` becomes the
+    /// second's encoder (the logit edits and the draws: [`GpuModel::encode_outputs_pass`]).
+    fn submit_through_head(&self, enc: &mut wgpu::CommandEncoder, copies: &[GroupCopy], layout: &Layout) {
+        self.encode_step(enc, copies, layout, true, None);
+        let sample = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sample") });
+        self.ctx.queue.submit([std::mem::replace(enc, sample).finish()]);
+    }
+
+    /// The logit edits and the draws of `plan` in a compute pass of their own.
+    fn encode_outputs_pass(&self, enc: &mut wgpu::CommandEncoder, plan: &OutputPlans) {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("sample"), timestamp_writes: None });
+        self.encode_outputs(&mut pass, plan);
+    }
+
     /// The logit edits and the draws over the head's logits.
     fn encode_outputs(&self, pass: &mut wgpu::ComputePass<'_>, (edits, samples): &OutputPlans) {
         if let Ok((_, out)) = self.outputs("step") {
@@ -248,17 +263,11 @@ impl GpuModel {
         self.encode_feeds(&mut enc, feeds);
         let (rows, plan) = match masks.filter(|_| !layout.gather.is_empty()) {
             Some(masks) => {
-                self.encode_step(&mut enc, batch.copies, &layout, true, None);
-                self.ctx.queue.submit([std::mem::replace(
-                    &mut enc,
-                    self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sample") }),
-                )
-                .finish()]);
+                self.submit_through_head(&mut enc, batch.copies, &layout);
                 apply_masks(&mut batch.entries, masks());
                 let (rows, plan) = self.prepare_outputs(&mut batch, &pending)?;
                 if let Some(plan) = &plan {
-                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("sample"), timestamp_writes: None });
-                    self.encode_outputs(&mut pass, plan);
+                    self.encode_outputs_pass(&mut enc, plan);
                 }
                 (rows, plan)
             }
@@ -440,19 +449,12 @@ async fn run_micro_batches(
             let late_now = late.take().filter(|_| s == last && !layout.gather.is_empty());
             let split = late_now.is_some();
             if let Some(masks) = late_now {
-                // The forward pass through the head goes now; the masks are computed while it
-                // runs, then the edits and the draws are a second submission.
-                part.encode_step(&mut enc, sub.copies, &layout, true, None);
-                part.ctx.queue.submit([enc.finish()]);
-                enc = part.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sample") });
+                part.submit_through_head(&mut enc, sub.copies, &layout);
                 apply_masks(&mut sub.entries, masks());
             }
             let (rows, plan) = if s == last { part.prepare_outputs(sub, &[]).map_err(on(s))? } else { (Vec::new(), None) };
             match (&plan, split) {
-                (Some(plan), true) => {
-                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("sample"), timestamp_writes: None });
-                    part.encode_outputs(&mut pass, plan);
-                }
+                (Some(plan), true) => part.encode_outputs_pass(&mut enc, plan),
                 _ => part.encode_step(&mut enc, sub.copies, &layout, plan.is_some(), plan.as_ref()),
             }
             let residual = (layout.tokens.len() * part.cfg.n_embd * 4) as u64;
