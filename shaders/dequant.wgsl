@@ -3,14 +3,16 @@
 //
 // The including shader declares the weights and sets the format (ShaderDefs::quant):
 //   var<storage, read> w: array<u32>;   // little-endian bytes of the weight rows
-//   (array<vec4<u32>> where the format defines W_VEC4: Q8_0, in its GPU layout)
+//   (array<vec4<u32>> where the format defines W_VEC4: Q4_0, Q5_0, Q8_0 and Q6_K in their GPU
+//   layout, Q4_K and Q5_K in the file's)
 //   Q_<NAME> (Q_F32, Q_Q4_K, ...), BLOCK_ELEMS, BLOCK_BYTES
 //
 // The unit is a 32-element chunk: dequant_chunk(row_base, c) returns elements 32c .. 32c + 32
 // of the row starting at byte row_base, as 8 vec4 in element order. Rows hold whole blocks
 // and a multiple of 32 elements, so a chunk never straddles two legacy blocks and a K-quant
-// super-block is 8 chunks. Blocks of 18, 22, 110 or 210 bytes are not word-aligned, hence the
-// byte-offset loads below; Q8_0's 34-byte blocks are regrouped at upload so that they are.
+// super-block is 8 chunks. Blocks of 20, 24 or 110 bytes are not 16-aligned, hence the
+// byte-offset loads below; Q4_0's, Q5_0's, Q8_0's and Q6_K's blocks are regrouped at upload so
+// that they are (weights::layout), and Q4_K's and Q5_K's (144 and 176 bytes) are already.
 
 const CHUNK: u32 = 32u;
 // f32 exponent bias minus f16 exponent bias, and the smallest f16 subnormal (2^-24).
@@ -85,6 +87,28 @@ fn load_8_words_at(b: u32) -> array<u32, 8> {
         funnel(a4, a5, s), funnel(a5, a6, s), funnel(a6, a7, s), funnel(a7, a8, s),
     );
 }
+#else
+// 16-byte vector loads; b is 16-aligned (Q4_K's and Q5_K's fields are).
+// The 4 words at byte offset b, one load.
+fn load_4_words_at(b: u32) -> array<u32, 4> {
+    let v = w[b >> 4u];
+    return array<u32, 4>(v.x, v.y, v.z, v.w);
+}
+
+// The 8 words at byte offset b, two loads.
+fn load_8_words_at(b: u32) -> array<u32, 8> {
+    let v0 = w[b >> 4u];
+    let v1 = w[(b >> 4u) + 1u];
+    return array<u32, 8>(v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w);
+}
+#endif
+
+#ifdef W_VEC4
+// Block j's f16 scale (j < 8) from the 16 bytes at vector g that lead a group in the GPU layout
+// (weights::layout).
+fn group_scale(g: u32, j: u32) -> f32 {
+    return f16_to_f32(vec4<u32>((w[g][j >> 1u] >> ((j & 1u) * 16u)) & 0xffffu)).x;
+}
 #endif
 
 // Low and high nibbles of the 4 bytes of q, in byte order.
@@ -141,14 +165,19 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 
 #ifdef Q_Q4_0
 // Block (18 B): d f16, qs[16]; y = (q - 8) * d, low nibbles are elements 0..16.
+// GPU layout (weights::layout): groups of 8 blocks, each 16 bytes of their d, then their qs;
+// every group but a row's last is full, so chunk c's group starts (c / 8) · 9 vectors in.
+const Q4_0_GROUP_VEC4S: u32 = 9u;
+
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
-    let base = row_base + c * BLOCK_BYTES;
-    let d = load_f16_at(base);
+    let j = c & 7u;
+    let g = (row_base >> 4u) + (c >> 3u) * Q4_0_GROUP_VEC4S;
+    let d = group_scale(g, j);
+    let q = w[g + 1u + j];
     var out: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {
-        let q = load_u32_at(base + 2u + 4u * k);
-        out[k] = vec4<f32>(vec4<i32>(nibbles_lo(q)) - vec4<i32>(8)) * d;
-        out[k + 4u] = vec4<f32>(vec4<i32>(nibbles_hi(q)) - vec4<i32>(8)) * d;
+        out[k] = vec4<f32>(vec4<i32>(nibbles_lo(q[k])) - vec4<i32>(8)) * d;
+        out[k + 4u] = vec4<f32>(vec4<i32>(nibbles_hi(q[k])) - vec4<i32>(8)) * d;
     }
     return out;
 }
@@ -176,28 +205,23 @@ fn q5_high(qh: u32, j: u32) -> vec4<u32> {
 }
 
 #ifdef Q_Q5_0
-// Block (22 B): d f16, qh u32, qs[16]; y = (q - 16) * d. q5_0_words: qh, then the 4 words of qs.
-fn q5_0_words(base: u32) -> array<u32, 5> {
-    let b = base + 2u;
-    let i = b >> 2u;
-    let s = (b & 3u) * 8u;
-    let a0 = w[i];
-    let a1 = w[i + 1u];
-    let a2 = w[i + 2u];
-    let a3 = w[i + 3u];
-    let a4 = w[i + 4u];
-    let a5 = w[i + 5u];
-    return array<u32, 5>(funnel(a0, a1, s), funnel(a1, a2, s), funnel(a2, a3, s), funnel(a3, a4, s), funnel(a4, a5, s));
-}
+// Block (22 B): d f16, qh u32, qs[16]; y = (q - 16) * d.
+// GPU layout (weights::layout): groups of 8 blocks, each 16 bytes of their d, then per four
+// blocks 16 bytes of their qh and their qs (5 vectors); every group but a row's last is full,
+// so chunk c's group starts (c / 8) · 11 vectors in.
+const Q5_0_GROUP_VEC4S: u32 = 11u;
 
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
-    let base = row_base + c * BLOCK_BYTES;
-    let d = load_f16_at(base);
-    let q = q5_0_words(base);
+    let j = c & 7u;
+    let g = (row_base >> 4u) + (c >> 3u) * Q5_0_GROUP_VEC4S;
+    let d = group_scale(g, j);
+    let four = g + 1u + 5u * (j >> 2u);
+    let qh = w[four][j & 3u];
+    let q = w[four + 1u + (j & 3u)];
     var out: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {
-        let lo = nibbles_lo(q[k + 1u]) | q5_high(q[0], 4u * k);
-        let hi = nibbles_hi(q[k + 1u]) | q5_high(q[0], 4u * k + 16u);
+        let lo = nibbles_lo(q[k]) | q5_high(qh, 4u * k);
+        let hi = nibbles_hi(q[k]) | q5_high(qh, 4u * k + 16u);
         out[k] = vec4<f32>(vec4<i32>(lo) - vec4<i32>(16)) * d;
         out[k + 4u] = vec4<f32>(vec4<i32>(hi) - vec4<i32>(16)) * d;
     }
@@ -231,8 +255,7 @@ const Q8_0_GROUP_VEC4S: u32 = 17u;
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
     let g = (row_base >> 4u) + (c >> 3u) * Q8_0_GROUP_VEC4S;
-    let scale_pair = w[g][j >> 1u];
-    let d = f16_to_f32(vec4<u32>((scale_pair >> ((j & 1u) * 16u)) & 0xffffu)).x;
+    let d = group_scale(g, j);
     let q0 = w[g + 1u + 2u * j];
     let q1 = w[g + 2u + 2u * j];
     var out: array<vec4<f32>, 8>;
@@ -244,12 +267,10 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 }
 #endif
 
-#ifndef W_VEC4
 // Q4_K / Q5_K: the super-block's first 16 bytes (d, dmin, scales[12]) as 4 words.
 fn k_header(base: u32) -> array<u32, 4> {
     return load_4_words_at(base);
 }
-#endif
 
 // Byte n (< 12) of the scales, which are words 1..4 of the header.
 fn k_scale_byte(h: array<u32, 4>, n: u32) -> u32 {
@@ -314,31 +335,44 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // Super-block (210 B): ql[128], qh[64], scales[16] i8, d f16; two halves of 128 elements, each
 // four quarters (chunks) qq of 32: q = nibble (qq / 2) of ql[32 * (qq % 2) + l] | bits 2qq..2qq+2
 // of qh[l] << 4; y = (d * sc[l / 16 + 2qq]) * (q - 32).
-// d * sc for the chunk's two 16-element halves.
-fn q6_k_scales(base: u32, half: u32, qq: u32) -> vec2<f32> {
-    let sc = load_u16_at(base + 192u + 8u * half + 2u * qq);
-    let q = vec2<i32>(bitcast<i32>(sc << 24u) >> 24u, bitcast<i32>(sc << 16u) >> 24u);
-    return load_f16_at(base + 208u) * vec2<f32>(q);
-}
+// GPU layout (weights::layout): groups of 8 super-blocks, each 16 bytes of their d (f16), then
+// per super-block its first 208 bytes (ql, qh, scales: 13 vectors); rows start 16-aligned, and
+// every group but a row's last is full, so super-block b's group starts (b / 8) · 105 vectors in.
+const Q6_K_GROUP_VEC4S: u32 = 105u;
+const Q6_K_BLOCK_VEC4S: u32 = 13u;
 
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
     let half = j >> 2u;
     let qq = j & 3u;
-    let base = row_base + (c >> 3u) * BLOCK_BYTES;
-    let ds = q6_k_scales(base, half, qq);
-    let ql = load_8_words_at(base + 64u * half + 32u * (qq & 1u));
-    let qh = load_8_words_at(base + 128u + 32u * half);
+    let b = c >> 3u;
+    let g = (row_base >> 4u) + (b >> 3u) * Q6_K_GROUP_VEC4S;
+    let i = b & 7u;
+    let blk = g + 1u + i * Q6_K_BLOCK_VEC4S;
+    // d * sc for the chunk's two 16-element halves: scales 8 half + 2 qq and the next.
+    let d = group_scale(g, i);
+    let sc = w[blk + 12u][2u * half + (qq >> 1u)] >> ((qq & 1u) * 16u);
+    let ds = d * vec2<f32>(vec2<i32>(bitcast<i32>(sc << 24u) >> 24u, bitcast<i32>(sc << 16u) >> 24u));
+    let ql0 = w[blk + 4u * half + 2u * (qq & 1u)];
+    let ql1 = w[blk + 4u * half + 2u * (qq & 1u) + 1u];
+    let qh0 = w[blk + 8u + 2u * half];
+    let qh1 = w[blk + 9u + 2u * half];
     let ql_shift = BYTE_SHIFTS + vec4<u32>(4u * (qq >> 1u));
     let qh_shift = BYTE_SHIFTS + vec4<u32>(2u * qq);
     var out: array<vec4<f32>, 8>;
-    for (var k = 0u; k < 8u; k++) {
-        let lo = (vec4<u32>(ql[k]) >> ql_shift) & vec4<u32>(15u);
-        let hi = (vec4<u32>(qh[k]) >> qh_shift) & vec4<u32>(3u);
-        let q = vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(32);
-        out[k] = select(ds.y, ds.x, k < 4u) * vec4<f32>(q);
+    for (var k = 0u; k < 4u; k++) {
+        out[k] = ds.x * q6_k_quants(ql0[k], qh0[k], ql_shift, qh_shift);
+        out[k + 4u] = ds.y * q6_k_quants(ql1[k], qh1[k], ql_shift, qh_shift);
     }
     return out;
+}
+
+// Four 6-bit quants minus 32: nibbles of the ql word at ql_shift, 2 bits of the qh word at
+// qh_shift above them.
+fn q6_k_quants(ql: u32, qh: u32, ql_shift: vec4<u32>, qh_shift: vec4<u32>) -> vec4<f32> {
+    let lo = (vec4<u32>(ql) >> ql_shift) & vec4<u32>(15u);
+    let hi = (vec4<u32>(qh) >> qh_shift) & vec4<u32>(3u);
+    return vec4<f32>(vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(32));
 }
 #endif
 

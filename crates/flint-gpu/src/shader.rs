@@ -75,8 +75,9 @@ impl ShaderDefs {
         self.defs.insert(format!("Q_{}", ty.name()), "true".into());
         self.defs.insert("BLOCK_ELEMS".into(), format!("{}u", ty.block_elems()));
         self.defs.insert("BLOCK_BYTES".into(), format!("{}u", ty.block_bytes()));
-        if ty == QuantType::Q8_0 {
-            // Read as 16-byte vectors in its GPU layout (weights::layout).
+        if crate::weights::layout::repacked(ty) || matches!(ty, QuantType::Q4K | QuantType::Q5K) {
+            // Read as 16-byte vectors: the regrouped formats in their GPU layout, Q4_K and Q5_K
+            // in the file's, whose blocks are 16-aligned (weights::layout).
             self.defs.insert("W_VEC4".into(), "true".into());
         }
         self

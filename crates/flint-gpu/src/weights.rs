@@ -11,59 +11,114 @@ use crate::error::{GpuError, Result};
 
 /// How a weight format lies in GPU memory where that differs from the file.
 ///
-/// Q8_0's 34-byte blocks are only 2-aligned, so a kernel reading them from the file layout
-/// loads two words and funnel-shifts them for every word of quants (9 loads and 8 shifts per
-/// block, plus the scale). On the GPU each Q8_0 row instead holds groups of [`Q8_0_GROUP`]
-/// blocks: their f16 scales in 16 bytes (zero-padded in a row's last, shorter group), then
-/// their quants. A full group is 272 bytes, as in the file, and every load is an aligned
-/// 16-byte vector: one for the scales, two per block of quants. On a GPU that is full-width,
-/// coalesced transactions instead of 2-byte-aligned word pairs; on CPU-type adapters, where
-/// each load with a computed address is issued lane by lane, it is 3 loads per block
-/// instead of 10. Every other format keeps the file's layout.
+/// Q4_0's 18-byte blocks, Q5_0's 22, Q8_0's 34 and Q6_K's 210-byte super-blocks are only
+/// 2-aligned, so a kernel reading them from the file's layout loads two words and
+/// funnel-shifts them for every word it needs (Q5_0: 7 loads per block; Q8_0: 9 and 8 shifts,
+/// plus the scale; Q6_K: 20 loads per 32 weights). Each is a 2-byte f16 scale beside a 16-byte
+/// multiple of the rest (Q5_0's 4-byte high bits aside). On the GPU each row instead holds
+/// groups of [`GROUP`] blocks: their f16 scales in 16 bytes (zero-padded in a row's last,
+/// shorter group), then each block's other bytes; Q5_0 puts each four blocks' high bits in 16
+/// bytes before their quants. A full group is as long as in the file (Q4_0: 144 bytes, Q5_0:
+/// 176, Q8_0: 272, Q6_K: 1,680), and every load is an aligned 16-byte vector (Q4_0 and Q5_0:
+/// one of quants per block, beside the group's scales and high bits; Q8_0: two; Q6_K: six per
+/// 32 weights). On a GPU that is full-width, coalesced transactions instead of
+/// 2-byte-aligned word pairs; on CPU-type adapters, where each load with a computed address is
+/// issued lane by lane, it is 3 loads per Q8_0 block instead of 10. Only a row's last, short
+/// group is longer than in the file: its scales (and Q5_0's high bits) are padded to 16 bytes.
+/// Q4_K and Q5_K (144 and 176 bytes) are 16-aligned as they are and are read as vectors in the
+/// file's layout; every other format keeps the file's layout too.
 pub mod layout {
     use flint_core::quant::QuantType;
 
-    /// Q8_0 blocks per group.
-    pub const Q8_0_GROUP: usize = 8;
-    const Q8_0_BLOCK: usize = 34;
-    const Q8_0_ELEMS: usize = 32;
-    /// Bytes of a group's scales (8 f16).
-    const Q8_0_SCALES: usize = 16;
+    /// Blocks per group.
+    pub const GROUP: usize = 8;
+    /// Q5_0 blocks whose high bits share 16 bytes.
+    const Q5_0_HIGH_GROUP: usize = 4;
+    /// Bytes of a group's scales (8 f16), and of Q5_0's high bits for four blocks.
+    const VEC: usize = 16;
+    /// Bytes of one block's scale.
+    const SCALE: usize = 2;
+    /// Bytes of one Q5_0 block's high bits, after its scale.
+    const Q5_0_HIGH: usize = 4;
+
+    /// A regrouped format's block: its bytes, elements, and where its f16 scale lies; Q5_0's
+    /// high bits (`high`) follow the scale.
+    struct Block {
+        bytes: usize,
+        elems: usize,
+        scale_at: usize,
+        high: bool,
+    }
+
+    fn block(ty: QuantType) -> Option<Block> {
+        let b = |bytes, elems, scale_at| Some(Block { bytes, elems, scale_at, high: false });
+        match ty {
+            QuantType::Q4_0 => b(18, 32, 0),
+            QuantType::Q5_0 => Some(Block { bytes: 22, elems: 32, scale_at: 0, high: true }),
+            QuantType::Q8_0 => b(34, 32, 0),
+            QuantType::Q6K => b(210, 256, 208),
+            _ => None,
+        }
+    }
+
+    impl Block {
+        /// Bytes of a group of `m` blocks on the GPU.
+        fn group_bytes(&self, m: usize) -> usize {
+            match self.high {
+                true => VEC + m.div_ceil(Q5_0_HIGH_GROUP) * VEC + m * (self.bytes - SCALE - Q5_0_HIGH),
+                false => VEC + m * (self.bytes - SCALE),
+            }
+        }
+    }
 
     /// Whether `ty` is laid out differently on the GPU.
     pub fn repacked(ty: QuantType) -> bool {
-        ty == QuantType::Q8_0
+        block(ty).is_some()
     }
 
     /// Bytes of one `n_in`-element row of `ty` on the GPU (None if `n_in` is not whole blocks).
     pub fn row_bytes(ty: QuantType, n_in: u64) -> Option<u64> {
-        if !repacked(ty) {
+        let Some(b) = block(ty) else {
             return ty.bytes_for(n_in);
-        }
-        if !n_in.is_multiple_of(Q8_0_ELEMS as u64) {
+        };
+        if !n_in.is_multiple_of(b.elems as u64) {
             return None;
         }
-        let blocks = n_in / Q8_0_ELEMS as u64;
-        Some(blocks.div_ceil(Q8_0_GROUP as u64) * Q8_0_SCALES as u64 + blocks * Q8_0_ELEMS as u64)
+        let blocks = n_in / b.elems as u64;
+        let short = (blocks % GROUP as u64) as usize;
+        Some(blocks / GROUP as u64 * b.group_bytes(GROUP) as u64 + if short > 0 { b.group_bytes(short) as u64 } else { 0 })
     }
 
     /// Appends whole rows `src` of `n_in` elements (file layout) to `dst` in GPU layout.
     /// `src` must hold whole rows.
     pub fn append_rows(ty: QuantType, n_in: usize, src: &[u8], dst: &mut Vec<u8>) {
-        if !repacked(ty) {
+        let Some(b) = block(ty) else {
             dst.extend_from_slice(src);
             return;
-        }
-        let blocks = n_in / Q8_0_ELEMS;
-        for row in src.chunks_exact(blocks * Q8_0_BLOCK) {
-            for group in row.chunks(Q8_0_GROUP * Q8_0_BLOCK) {
-                let start = dst.len();
-                dst.resize(start + Q8_0_SCALES, 0);
-                for (i, block) in group.chunks_exact(Q8_0_BLOCK).enumerate() {
-                    dst[start + 2 * i..start + 2 * i + 2].copy_from_slice(&block[..2]);
+        };
+        // 16 bytes of one field of each of `blocks`, zero-padded.
+        let fields = |dst: &mut Vec<u8>, blocks: &[u8], at: usize, len: usize| {
+            let start = dst.len();
+            dst.resize(start + VEC, 0);
+            for (i, block) in blocks.chunks_exact(b.bytes).enumerate() {
+                dst[start + len * i..start + len * (i + 1)].copy_from_slice(&block[at..at + len]);
+            }
+        };
+        for row in src.chunks_exact(n_in / b.elems * b.bytes) {
+            for group in row.chunks(GROUP * b.bytes) {
+                fields(dst, group, b.scale_at, SCALE);
+                if b.high {
+                    for four in group.chunks(Q5_0_HIGH_GROUP * b.bytes) {
+                        fields(dst, four, SCALE, Q5_0_HIGH);
+                        for block in four.chunks_exact(b.bytes) {
+                            dst.extend_from_slice(&block[SCALE + Q5_0_HIGH..]);
+                        }
+                    }
+                    continue;
                 }
-                for block in group.chunks_exact(Q8_0_BLOCK) {
-                    dst.extend_from_slice(&block[2..]);
+                for block in group.chunks_exact(b.bytes) {
+                    dst.extend_from_slice(&block[..b.scale_at]);
+                    dst.extend_from_slice(&block[b.scale_at + SCALE..]);
                 }
             }
         }
@@ -71,7 +126,7 @@ pub mod layout {
 
     /// Rows of `ty` (file layout, `n_in` elements each) in GPU layout.
     pub fn to_gpu(ty: QuantType, n_in: usize, src: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(src.len() + src.len() / 16);
+        let mut out = Vec::with_capacity(src.len() + src.len() / 8);
         append_rows(ty, n_in, src, &mut out);
         out
     }
@@ -80,27 +135,87 @@ pub mod layout {
     mod tests {
         use super::*;
 
+        /// Two rows of `blocks` blocks of `ty` with distinct bytes, regrouped; checks every
+        /// block's scale and other bytes (for Q5_0 its high bits and quants) where the shader
+        /// reads them, and the short group's padding.
+        fn check_regrouped(ty: QuantType, blocks: usize) {
+            let b = block(ty).unwrap();
+            let n_in = blocks * b.elems;
+            let src: Vec<u8> = (0..2 * blocks * b.bytes).map(|i| (i * 7 + 3) as u8).collect();
+            let out = to_gpu(ty, n_in, &src);
+            let row = row_bytes(ty, n_in as u64).unwrap() as usize;
+            assert_eq!(row % 16, 0, "rows stay 16-aligned");
+            assert_eq!(out.len(), 2 * row);
+            let full = b.group_bytes(GROUP);
+            assert_eq!(full, GROUP * b.bytes, "a full group is as long as in the file");
+            let short = blocks % GROUP;
+            assert_eq!(row, blocks / GROUP * full + if short > 0 { b.group_bytes(short) } else { 0 });
+            for r in 0..2 {
+                for k in 0..blocks {
+                    let file = &src[(r * blocks + k) * b.bytes..][..b.bytes];
+                    let group = r * row + (k / GROUP) * full;
+                    let i = k % GROUP;
+                    assert_eq!(&out[group + SCALE * i..][..SCALE], &file[b.scale_at..][..SCALE], "scale of row {r} block {k}");
+                    if b.high {
+                        // Four blocks: 16 bytes of high bits, then 16 bytes of quants each.
+                        let four = group + VEC + (i / 4) * 5 * VEC;
+                        assert_eq!(&out[four + Q5_0_HIGH * (i % 4)..][..Q5_0_HIGH], &file[SCALE..][..Q5_0_HIGH], "high bits of row {r} block {k}");
+                        assert_eq!(&out[four + VEC * (1 + i % 4)..][..VEC], &file[SCALE + Q5_0_HIGH..], "quants of row {r} block {k}");
+                        continue;
+                    }
+                    let at = group + VEC + (b.bytes - SCALE) * i;
+                    assert_eq!(&out[at..][..b.scale_at], &file[..b.scale_at], "bytes before the scale, row {r} block {k}");
+                    assert_eq!(
+                        &out[at + b.scale_at..][..b.bytes - b.scale_at - SCALE],
+                        &file[b.scale_at + SCALE..],
+                        "bytes after the scale, row {r} block {k}"
+                    );
+                }
+                if short > 0 {
+                    let last = r * row + (blocks / GROUP) * full;
+                    assert!(out[last + SCALE * short..last + VEC].iter().all(|&x| x == 0), "the short group's scale padding");
+                    if b.high && !short.is_multiple_of(4) {
+                        let four = last + VEC + (short / 4) * 5 * VEC;
+                        assert!(out[four + Q5_0_HIGH * (short % 4)..four + VEC].iter().all(|&x| x == 0), "the short group's high-bit padding");
+                    }
+                }
+            }
+            // Whole groups take the file's bytes.
+            assert_eq!(row_bytes(ty, (GROUP * b.elems) as u64), ty.bytes_for((GROUP * b.elems) as u64));
+            assert_eq!(row_bytes(ty, b.elems as u64 / 2), None);
+        }
+
         #[test]
         fn q8_0_rows_keep_every_scale_and_quant_in_16_byte_groups() {
             // 20 blocks a row (n_in 640, gemma's): groups of 8, 8 and 4.
-            let n_in = 640;
-            let src: Vec<u8> = (0..2 * 20 * Q8_0_BLOCK).map(|i| (i * 7 + 3) as u8).collect();
-            let out = to_gpu(QuantType::Q8_0, n_in, &src);
-            let row = row_bytes(QuantType::Q8_0, n_in as u64).unwrap() as usize;
-            assert_eq!(row, 3 * 16 + 640);
-            assert_eq!(out.len(), 2 * row);
-            for r in 0..2 {
-                for b in 0..20 {
-                    let file = &src[(r * 20 + b) * Q8_0_BLOCK..][..Q8_0_BLOCK];
-                    let group = r * row + (b / 8) * (Q8_0_SCALES + 8 * 32);
-                    assert_eq!(&out[group + 2 * (b % 8)..][..2], &file[..2], "scale of row {r} block {b}");
-                    assert_eq!(&out[group + Q8_0_SCALES + 32 * (b % 8)..][..32], &file[2..], "quants of row {r} block {b}");
+            check_regrouped(QuantType::Q8_0, 20);
+            assert_eq!(row_bytes(QuantType::Q8_0, 640), Some(3 * 16 + 640));
+        }
+
+        #[test]
+        fn q4_0_and_q5_0_rows_keep_every_scale_high_bit_and_quant_in_16_byte_groups() {
+            // 28 blocks a row (n_in 896, qwen2.5-0.5b's): groups of 8, 8, 8 and 4; then a
+            // short group of 7 (two fours, the second short) and of 1.
+            for ty in [QuantType::Q4_0, QuantType::Q5_0] {
+                for blocks in [28, 15, 9] {
+                    check_regrouped(ty, blocks);
                 }
-                assert_eq!(&out[r * row + 2 * 272 + 8..][..8], &[0; 8], "the short group's padding");
             }
-            // Whole groups take the file's bytes.
-            assert_eq!(row_bytes(QuantType::Q8_0, 4096), QuantType::Q8_0.bytes_for(4096));
-            assert_eq!(to_gpu(QuantType::Q4K, 256, &src[..144]), &src[..144]);
+            assert_eq!(row_bytes(QuantType::Q5_0, 896), Some(3 * 176 + 16 + 16 + 4 * 16));
+        }
+
+        #[test]
+        fn q6_k_rows_keep_every_scale_and_quant_in_16_byte_groups() {
+            // 14 super-blocks a row (n_in 3584, Qwen2.5-7B's): groups of 8 and 6.
+            check_regrouped(QuantType::Q6K, 14);
+            assert_eq!(row_bytes(QuantType::Q6K, 3584), Some(2 * 16 + 14 * 208));
+        }
+
+        #[test]
+        fn other_formats_keep_the_file_layout() {
+            let src: Vec<u8> = (0..144).map(|i| i as u8).collect();
+            assert_eq!(to_gpu(QuantType::Q4K, 256, &src), src);
+            assert_eq!(row_bytes(QuantType::Q4K, 256), Some(144));
         }
     }
 }

@@ -198,14 +198,21 @@ fn cases(ty: QuantType) -> Vec<Case> {
             }
         }
     }
-    if [Q5_0, Q5K, BF16].contains(&ty) {
-        // A single row; then 41 chunks a row (16 lanes a row, a ragged last round) or 64 (32
-        // lanes), through both kernels (Q5_0) or the one-token kernel; the short rows above
-        // take 8 lanes.
+    if [Q4_0, Q5_0, Q5K, BF16].contains(&ty) {
+        // A single row; then 41 chunks a row (16 lanes a row, a ragged last round; Q4_0 and
+        // Q5_0: five full groups and a short one in the GPU layout) or 64 (32 lanes), through
+        // both kernels (Q5_0) or the one-token kernel; the short rows above take 8 lanes.
         cases.push(Case::new(ty, 1, steps[steps.len() - 1], 40));
         let long = if ty.block_elems() == 256 { 2048 } else { 41 * 32 };
         for &n_tok in steps {
             cases.push(Case { n_in: long, ..Case::new(ty, 9, n_tok, 41) });
+        }
+    }
+    if ty == Q6K {
+        // 14 super-blocks a row (Qwen2.5-7B's 3584): a full group of 8 and a short one of 6 in
+        // the GPU layout (weights::layout), through every kernel family.
+        for n_tok in [1, 13, 37] {
+            cases.push(Case { n_in: 14 * 256, ..Case::new(ty, 9, n_tok, 42) });
         }
     }
     if [Q5_0, Q8_0, Q4K, Q6K].contains(&ty) {
@@ -251,7 +258,7 @@ fn on_lane_teams(test: &str, subgroups: bool) {
     let Some((ctx, cache)) = gpu_like(subgroups) else { return };
     // Rows of 5, 41 and 64 chunks: teams of 8, 16 and 32 lanes; the other formats, whose
     // multi-token dequantization no other case here runs (see MULTI_TOKEN), with rows of 5 to
-    // 64 chunks.
+    // 72 chunks.
     let formats = [(QuantType::Q5_0, 5 * 32), (QuantType::Q8_0, 41 * 32), (QuantType::Q4K, 2048)];
     let added = [
         (QuantType::F32, 41 * 32),
@@ -262,7 +269,8 @@ fn on_lane_teams(test: &str, subgroups: bool) {
         (QuantType::Q2K, 2048),
         (QuantType::Q3K, 3 * 256),
         (QuantType::Q5K, 2048),
-        (QuantType::Q6K, 5 * 256),
+        // A full group of 8 super-blocks and a short one in the GPU layout (weights::layout).
+        (QuantType::Q6K, 9 * 256),
         (QuantType::IQ4NL, 41 * 32),
         (QuantType::IQ4XS, 5 * 256),
     ];
