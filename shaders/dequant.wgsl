@@ -10,9 +10,11 @@
 // The unit is a 32-element chunk: dequant_chunk(row_base, c) returns elements 32c .. 32c + 32
 // of the row starting at byte row_base, as 8 vec4 in element order. Rows hold whole blocks
 // and a multiple of 32 elements, so a chunk never straddles two legacy blocks and a K-quant
-// super-block is 8 chunks. Blocks of 20, 24 or 110 bytes are not 16-aligned, hence the
-// byte-offset loads below; Q4_0's, Q5_0's, Q8_0's and Q6_K's blocks are regrouped at upload so
-// that they are (weights::layout), and Q4_K's and Q5_K's (144 and 176 bytes) are already.
+// super-block is 8 chunks. Q4_0's, Q5_0's, Q8_0's and Q6_K's blocks are regrouped at upload
+// so that every field is 16-aligned (weights::layout), and Q4_K's and Q5_K's (144 and 176
+// bytes) are already: those are read as vectors. The other formats keep the file's blocks,
+// most not word-aligned (IQ4_NL 18 bytes, Q4_1 20, Q5_1 24, Q3_K 110; Q2_K's 84 and IQ4_XS's
+// 136 are), hence the byte-offset word loads below.
 
 const CHUNK: u32 = 32u;
 // f32 exponent bias minus f16 exponent bias, and the smallest f16 subnormal (2^-24).
@@ -101,9 +103,7 @@ fn load_8_words_at(b: u32) -> array<u32, 8> {
     let v1 = w[(b >> 4u) + 1u];
     return array<u32, 8>(v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w);
 }
-#endif
 
-#ifdef W_VEC4
 // Block j's f16 scale (j < 8) from the 16 bytes at vector g that lead a group in the GPU layout
 // (weights::layout).
 fn group_scale(g: u32, j: u32) -> f32 {

@@ -75,9 +75,8 @@ impl ShaderDefs {
         self.defs.insert(format!("Q_{}", ty.name()), "true".into());
         self.defs.insert("BLOCK_ELEMS".into(), format!("{}u", ty.block_elems()));
         self.defs.insert("BLOCK_BYTES".into(), format!("{}u", ty.block_bytes()));
-        if crate::weights::layout::repacked(ty) || matches!(ty, QuantType::Q4K | QuantType::Q5K) {
-            // Read as 16-byte vectors: the regrouped formats in their GPU layout, Q4_K and Q5_K
-            // in the file's, whose blocks are 16-aligned (weights::layout).
+        // Read as 16-byte vectors where the GPU layout aligns them.
+        if crate::weights::layout::vectors(ty) {
             self.defs.insert("W_VEC4".into(), "true".into());
         }
         self

@@ -76,6 +76,12 @@ pub mod layout {
         block(ty).is_some()
     }
 
+    /// Whether kernels read `ty` as 16-byte vectors: the regrouped formats, and Q4_K and Q5_K,
+    /// whose blocks are 16-aligned in the file's layout.
+    pub fn vectors(ty: QuantType) -> bool {
+        repacked(ty) || matches!(ty, QuantType::Q4K | QuantType::Q5K)
+    }
+
     /// Bytes of one `n_in`-element row of `ty` on the GPU (None if `n_in` is not whole blocks).
     pub fn row_bytes(ty: QuantType, n_in: u64) -> Option<u64> {
         let Some(b) = block(ty) else {
@@ -158,9 +164,10 @@ pub mod layout {
                     assert_eq!(&out[group + SCALE * i..][..SCALE], &file[b.scale_at..][..SCALE], "scale of row {r} block {k}");
                     if b.high {
                         // Four blocks: 16 bytes of high bits, then 16 bytes of quants each.
-                        let four = group + VEC + (i / 4) * 5 * VEC;
-                        assert_eq!(&out[four + Q5_0_HIGH * (i % 4)..][..Q5_0_HIGH], &file[SCALE..][..Q5_0_HIGH], "high bits of row {r} block {k}");
-                        assert_eq!(&out[four + VEC * (1 + i % 4)..][..VEC], &file[SCALE + Q5_0_HIGH..], "quants of row {r} block {k}");
+                        let (n, at) = (Q5_0_HIGH_GROUP, i % Q5_0_HIGH_GROUP);
+                        let four = group + VEC + (i / n) * (1 + n) * VEC;
+                        assert_eq!(&out[four + Q5_0_HIGH * at..][..Q5_0_HIGH], &file[SCALE..][..Q5_0_HIGH], "high bits of row {r} block {k}");
+                        assert_eq!(&out[four + VEC * (1 + at)..][..VEC], &file[SCALE + Q5_0_HIGH..], "quants of row {r} block {k}");
                         continue;
                     }
                     let at = group + VEC + (b.bytes - SCALE) * i;
@@ -174,9 +181,10 @@ pub mod layout {
                 if short > 0 {
                     let last = r * row + (blocks / GROUP) * full;
                     assert!(out[last + SCALE * short..last + VEC].iter().all(|&x| x == 0), "the short group's scale padding");
-                    if b.high && !short.is_multiple_of(4) {
-                        let four = last + VEC + (short / 4) * 5 * VEC;
-                        assert!(out[four + Q5_0_HIGH * (short % 4)..four + VEC].iter().all(|&x| x == 0), "the short group's high-bit padding");
+                    let n = Q5_0_HIGH_GROUP;
+                    if b.high && !short.is_multiple_of(n) {
+                        let four = last + VEC + (short / n) * (1 + n) * VEC;
+                        assert!(out[four + Q5_0_HIGH * (short % n)..four + VEC].iter().all(|&x| x == 0), "the short group's high-bit padding");
                     }
                 }
             }

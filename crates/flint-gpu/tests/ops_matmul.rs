@@ -210,7 +210,8 @@ fn cases(ty: QuantType) -> Vec<Case> {
     }
     if ty == Q6K {
         // 14 super-blocks a row (Qwen2.5-7B's 3584): a full group of 8 and a short one of 6 in
-        // the GPU layout (weights::layout), through every kernel family.
+        // the GPU layout (weights::layout), at 1, 13 and 37 tokens through this adapter's
+        // kernels (the lane teams' rows of 9 super-blocks are in on_lane_teams).
         for n_tok in [1, 13, 37] {
             cases.push(Case { n_in: 14 * 256, ..Case::new(ty, 9, n_tok, 42) });
         }
