@@ -3,18 +3,16 @@
 //
 // The including shader declares the weights and sets the format (ShaderDefs::quant):
 //   var<storage, read> w: array<u32>;   // little-endian bytes of the weight rows
-//   (array<vec4<u32>> where the format defines W_VEC4: Q4_0, Q5_0, Q8_0 and Q6_K in their GPU
-//   layout, Q4_K and Q5_K in the file's)
+//   (array<vec4<u32>> where the format defines W_VEC4: every quantized format, Q4_K and Q5_K in
+//   the file's layout, the others in their GPU layout)
 //   Q_<NAME> (Q_F32, Q_Q4_K, ...), BLOCK_ELEMS, BLOCK_BYTES
 //
 // The unit is a 32-element chunk: dequant_chunk(row_base, c) returns elements 32c .. 32c + 32
 // of the row starting at byte row_base, as 8 vec4 in element order. Rows hold whole blocks
 // and a multiple of 32 elements, so a chunk never straddles two legacy blocks and a K-quant
-// super-block is 8 chunks. Q4_0's, Q5_0's, Q8_0's and Q6_K's blocks are regrouped at upload
-// so that every field is 16-aligned (weights::layout), and Q4_K's and Q5_K's (144 and 176
-// bytes) are already: those are read as vectors. The other formats keep the file's blocks,
-// most not word-aligned (IQ4_NL 18 bytes, Q4_1 20, Q5_1 24, Q3_K 110; Q2_K's 84 and IQ4_XS's
-// 136 are), hence the byte-offset word loads below.
+// super-block is 8 chunks. The quantized formats' blocks are regrouped at upload so that every
+// field is 16-aligned (weights::layout), except Q4_K's and Q5_K's (144 and 176 bytes), which
+// already are: all are read as 16-byte vectors. The float formats are read as words.
 
 const CHUNK: u32 = 32u;
 // f32 exponent bias minus f16 exponent bias, and the smallest f16 subnormal (2^-24).
@@ -35,61 +33,7 @@ fn f16_to_f32(h: vec4<u32>) -> vec4<f32> {
     return bitcast<vec4<f32>>(sign | bits);
 }
 
-#ifndef W_VEC4
-// Word loads at byte offsets (every format but Q8_0).
-// The u16 at an even byte offset b (every 16-bit field of every format is 2-aligned).
-fn load_u16_at(b: u32) -> u32 {
-    return (w[b >> 2u] >> ((b & 2u) * 8u)) & 0xffffu;
-}
-
-fn load_f16_at(b: u32) -> f32 {
-    return f16_to_f32(vec4<u32>(load_u16_at(b))).x;
-}
-
-// The u32 at any byte offset b; reads the next word only through a shift that is zero when
-// b is aligned, so there is no branch.
-fn load_u32_at(b: u32) -> u32 {
-    let i = b >> 2u;
-    return funnel(w[i], w[i + 1u], (b & 3u) * 8u);
-}
-
-// The u32 that starts s bits into the 64-bit pair (a low, b high), s < 32.
-fn funnel(a: u32, b: u32, s: u32) -> u32 {
-    return (a >> s) | ((b << (31u - s)) << 1u);
-}
-
-// The 4 consecutive u32 at any byte offset b, from 5 aligned loads.
-fn load_4_words_at(b: u32) -> array<u32, 4> {
-    let i = b >> 2u;
-    let s = (b & 3u) * 8u;
-    let a0 = w[i];
-    let a1 = w[i + 1u];
-    let a2 = w[i + 2u];
-    let a3 = w[i + 3u];
-    let a4 = w[i + 4u];
-    return array<u32, 4>(funnel(a0, a1, s), funnel(a1, a2, s), funnel(a2, a3, s), funnel(a3, a4, s));
-}
-
-// The 8 consecutive u32 at any byte offset b, from 9 aligned loads (where every load costs,
-// as on CPU adapters, this halves load_u32_at's two per word).
-fn load_8_words_at(b: u32) -> array<u32, 8> {
-    let i = b >> 2u;
-    let s = (b & 3u) * 8u;
-    let a0 = w[i];
-    let a1 = w[i + 1u];
-    let a2 = w[i + 2u];
-    let a3 = w[i + 3u];
-    let a4 = w[i + 4u];
-    let a5 = w[i + 5u];
-    let a6 = w[i + 6u];
-    let a7 = w[i + 7u];
-    let a8 = w[i + 8u];
-    return array<u32, 8>(
-        funnel(a0, a1, s), funnel(a1, a2, s), funnel(a2, a3, s), funnel(a3, a4, s),
-        funnel(a4, a5, s), funnel(a5, a6, s), funnel(a6, a7, s), funnel(a7, a8, s),
-    );
-}
-#else
+#ifdef W_VEC4
 // 16-byte vector loads; b is 16-aligned (Q4_K's and Q5_K's fields are).
 // The 4 words at byte offset b, one load.
 fn load_4_words_at(b: u32) -> array<u32, 4> {
@@ -108,6 +52,12 @@ fn load_8_words_at(b: u32) -> array<u32, 8> {
 // (weights::layout).
 fn group_scale(g: u32, j: u32) -> f32 {
     return f16_to_f32(vec4<u32>((w[g][j >> 1u] >> ((j & 1u) * 16u)) & 0xffffu)).x;
+}
+
+// Block j's two f16 (Q4_1's d and m, Q2_K's d and dmin) from the 32 bytes at vectors g, g + 1.
+fn group_pair(g: u32, j: u32) -> vec2<f32> {
+    let word = w[g + (j >> 2u)][j & 3u];
+    return f16_to_f32(vec4<u32>(word, word >> 16u, 0u, 0u) & vec4<u32>(0xffffu)).xy;
 }
 #endif
 
@@ -185,15 +135,19 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 
 #ifdef Q_Q4_1
 // Block (20 B): d f16, m f16, qs[16]; y = q * d + m.
+// GPU layout (weights::layout): groups of 8 blocks, each 32 bytes of their (d, m), then their
+// qs; chunk c's group starts (c / 8) · 10 vectors in.
+const Q4_1_GROUP_VEC4S: u32 = 10u;
+
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
-    let base = row_base + c * BLOCK_BYTES;
-    let d = load_f16_at(base);
-    let m = load_f16_at(base + 2u);
+    let j = c & 7u;
+    let g = (row_base >> 4u) + (c >> 3u) * Q4_1_GROUP_VEC4S;
+    let dm = group_pair(g, j);
+    let q = w[g + 2u + j];
     var out: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {
-        let q = load_u32_at(base + 4u + 4u * k);
-        out[k] = vec4<f32>(nibbles_lo(q)) * d + m;
-        out[k + 4u] = vec4<f32>(nibbles_hi(q)) * d + m;
+        out[k] = vec4<f32>(nibbles_lo(q[k])) * dm.x + dm.y;
+        out[k + 4u] = vec4<f32>(nibbles_hi(q[k])) * dm.x + dm.y;
     }
     return out;
 }
@@ -203,6 +157,22 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 fn q5_high(qh: u32, j: u32) -> vec4<u32> {
     return ((vec4<u32>(qh) >> (vec4<u32>(j) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u)) << vec4<u32>(4u);
 }
+
+#ifdef W_VEC4
+// The 32 5-bit quants of Q5_0's or Q5_1's block j (< 8) of a group, whose fours start at
+// vector `fours` (weights::layout): each four's qh words, then its blocks' qs.
+fn q5_quants(fours: u32, j: u32) -> array<vec4<u32>, 8> {
+    let four = fours + 5u * (j >> 2u);
+    let qh = w[four][j & 3u];
+    let q = w[four + 1u + (j & 3u)];
+    var out: array<vec4<u32>, 8>;
+    for (var k = 0u; k < 4u; k++) {
+        out[k] = nibbles_lo(q[k]) | q5_high(qh, 4u * k);
+        out[k + 4u] = nibbles_hi(q[k]) | q5_high(qh, 4u * k + 16u);
+    }
+    return out;
+}
+#endif
 
 #ifdef Q_Q5_0
 // Block (22 B): d f16, qh u32, qs[16]; y = (q - 16) * d.
@@ -215,15 +185,10 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
     let g = (row_base >> 4u) + (c >> 3u) * Q5_0_GROUP_VEC4S;
     let d = group_scale(g, j);
-    let four = g + 1u + 5u * (j >> 2u);
-    let qh = w[four][j & 3u];
-    let q = w[four + 1u + (j & 3u)];
+    let q = q5_quants(g + 1u, j);
     var out: array<vec4<f32>, 8>;
-    for (var k = 0u; k < 4u; k++) {
-        let lo = nibbles_lo(q[k]) | q5_high(qh, 4u * k);
-        let hi = nibbles_hi(q[k]) | q5_high(qh, 4u * k + 16u);
-        out[k] = vec4<f32>(vec4<i32>(lo) - vec4<i32>(16)) * d;
-        out[k + 4u] = vec4<f32>(vec4<i32>(hi) - vec4<i32>(16)) * d;
+    for (var k = 0u; k < 8u; k++) {
+        out[k] = vec4<f32>(vec4<i32>(q[k]) - vec4<i32>(16)) * d;
     }
     return out;
 }
@@ -231,16 +196,19 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 
 #ifdef Q_Q5_1
 // Block (24 B): d f16, m f16, qh u32, qs[16]; y = q * d + m.
+// GPU layout (weights::layout): groups of 8 blocks, each 32 bytes of their (d, m), then per
+// four blocks 16 bytes of their qh and their qs (5 vectors); chunk c's group starts (c / 8) ·
+// 12 vectors in.
+const Q5_1_GROUP_VEC4S: u32 = 12u;
+
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
-    let base = row_base + c * BLOCK_BYTES;
-    let d = load_f16_at(base);
-    let m = load_f16_at(base + 2u);
-    let qh = load_u32_at(base + 4u);
+    let j = c & 7u;
+    let g = (row_base >> 4u) + (c >> 3u) * Q5_1_GROUP_VEC4S;
+    let dm = group_pair(g, j);
+    let q = q5_quants(g + 2u, j);
     var out: array<vec4<f32>, 8>;
-    for (var k = 0u; k < 4u; k++) {
-        let q = load_u32_at(base + 8u + 4u * k);
-        out[k] = vec4<f32>(nibbles_lo(q) | q5_high(qh, 4u * k)) * d + m;
-        out[k + 4u] = vec4<f32>(nibbles_hi(q) | q5_high(qh, 4u * k + 16u)) * d + m;
+    for (var k = 0u; k < 8u; k++) {
+        out[k] = vec4<f32>(q[k]) * dm.x + dm.y;
     }
     return out;
 }
@@ -267,10 +235,12 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 }
 #endif
 
+#ifdef W_VEC4
 // Q4_K / Q5_K: the super-block's first 16 bytes (d, dmin, scales[12]) as 4 words.
 fn k_header(base: u32) -> array<u32, 4> {
     return load_4_words_at(base);
 }
+#endif
 
 // Byte n (< 12) of the scales, which are words 1..4 of the header.
 fn k_scale_byte(h: array<u32, 4>, n: u32) -> u32 {
@@ -380,20 +350,29 @@ fn q6_k_quants(ql: u32, qh: u32, ql_shift: vec4<u32>, qh_shift: vec4<u32>) -> ve
 // Super-block (84 B): scales[16] (scale in the low nibble, min in the high), qs[64], d, dmin
 // f16. Chunk j is quarter j % 4 of half j / 4: q = bits 2(j % 4)..+2 of qs[32 (j / 4) + l],
 // and its two 16-element halves are sub-blocks 2j and 2j + 1: y = d*sc * q - dmin*m.
+// GPU layout (weights::layout): groups of 8 super-blocks, each 32 bytes of their (d, dmin),
+// then per super-block its first 80 bytes (scales, qs: 5 vectors); super-block b's group
+// starts (b / 8) · 42 vectors in.
+const Q2_K_GROUP_VEC4S: u32 = 42u;
+const Q2_K_BLOCK_VEC4S: u32 = 5u;
+
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
-    let base = row_base + (c >> 3u) * BLOCK_BYTES;
-    let dm = f16_to_f32((vec4<u32>(load_u32_at(base + 80u)) >> vec4<u32>(0u, 16u, 0u, 16u)) & vec4<u32>(0xffffu));
-    let sc = load_u16_at(base + 2u * j);
+    let b = c >> 3u;
+    let g = (row_base >> 4u) + (b >> 3u) * Q2_K_GROUP_VEC4S;
+    let i = b & 7u;
+    let blk = g + 2u + i * Q2_K_BLOCK_VEC4S;
+    let dm = group_pair(g, i).xyxy;
+    let sc = (w[blk][j >> 1u] >> ((j & 1u) * 16u)) & 0xffffu;
     // (d * sc, dmin * m) of the first half, then of the second.
     let dl = dm * vec4<f32>((vec4<u32>(sc) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));
-    let qs = load_8_words_at(base + 16u + 32u * (j >> 2u));
+    let q0 = w[blk + 1u + 2u * (j >> 2u)];
+    let q1 = w[blk + 2u + 2u * (j >> 2u)];
     let shift = BYTE_SHIFTS + vec4<u32>(2u * (j & 3u));
     var out: array<vec4<f32>, 8>;
-    for (var k = 0u; k < 8u; k++) {
-        let q = (vec4<u32>(qs[k]) >> shift) & vec4<u32>(3u);
-        let s = select(dl.zw, dl.xy, k < 4u);
-        out[k] = s.x * vec4<f32>(q) - s.y;
+    for (var k = 0u; k < 4u; k++) {
+        out[k] = dl.x * vec4<f32>((vec4<u32>(q0[k]) >> shift) & vec4<u32>(3u)) - dl.y;
+        out[k + 4u] = dl.z * vec4<f32>((vec4<u32>(q1[k]) >> shift) & vec4<u32>(3u)) - dl.w;
     }
     return out;
 }
@@ -404,8 +383,19 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // where bit 4(j / 4) + j % 4 of hmask[l] is clear; y = d*(sc - 32) * q with 6-bit scales:
 // sub-block i's low nibble is nibble i / 8 of scales[i % 8], its top bits are bits
 // 2(i / 4)..+2 of scales[8 + i % 4].
-// d * (sc - 32) of chunk j's two sub-blocks 2j and 2j + 1, from the last 16 bytes of the
-// block (scales, d).
+// GPU layout (weights::layout): groups of 8 super-blocks, each 96 bytes of their scales, then
+// 16 of their d, then per super-block its first 96 bytes (hmask, qs: 6 vectors); super-block
+// b's group starts (b / 8) · 55 vectors in.
+const Q3_K_GROUP_VEC4S: u32 = 55u;
+const Q3_K_BLOCK_VEC4S: u32 = 6u;
+
+// Word n of the vectors from g on.
+fn group_word(g: u32, n: u32) -> u32 {
+    return w[g + (n >> 2u)][n & 3u];
+}
+
+// d * (sc - 32) of chunk j's two sub-blocks 2j and 2j + 1, from the super-block's scales
+// (words 0..3 of tail) and d (the low 16 bits of word 3).
 fn q3_k_scales(tail: array<u32, 4>, j: u32) -> vec2<f32> {
     let n = j >> 2u;
     let jj = j & 3u;
@@ -421,19 +411,31 @@ fn q3_k_scales(tail: array<u32, 4>, j: u32) -> vec2<f32> {
 
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
-    let base = row_base + (c >> 3u) * BLOCK_BYTES;
-    let dl = q3_k_scales(load_4_words_at(base + 96u), j);
-    let hm = load_8_words_at(base);
-    let qs = load_8_words_at(base + 32u + 32u * (j >> 2u));
+    let b = c >> 3u;
+    let g = (row_base >> 4u) + (b >> 3u) * Q3_K_GROUP_VEC4S;
+    let i = b & 7u;
+    let blk = g + 7u + i * Q3_K_BLOCK_VEC4S;
+    let d = w[g + 6u][i >> 1u] >> ((i & 1u) * 16u);
+    let dl = q3_k_scales(array<u32, 4>(group_word(g, 3u * i), group_word(g, 3u * i + 1u), group_word(g, 3u * i + 2u), d), j);
+    let hm0 = w[blk];
+    let hm1 = w[blk + 1u];
+    let q0 = w[blk + 2u + 2u * (j >> 2u)];
+    let q1 = w[blk + 3u + 2u * (j >> 2u)];
     let shift = BYTE_SHIFTS + vec4<u32>(2u * (j & 3u));
     let bit = BYTE_SHIFTS + vec4<u32>(4u * (j >> 2u) + (j & 3u));
     var out: array<vec4<f32>, 8>;
-    for (var k = 0u; k < 8u; k++) {
-        let q = (vec4<u32>(qs[k]) >> shift) & vec4<u32>(3u);
-        let offset = (~(vec4<u32>(hm[k]) >> bit) & vec4<u32>(1u)) << vec4<u32>(2u);
-        out[k] = select(dl.y, dl.x, k < 4u) * vec4<f32>(vec4<i32>(q) - vec4<i32>(offset));
+    for (var k = 0u; k < 4u; k++) {
+        out[k] = dl.x * q3_k_quants(q0[k], hm0[k], shift, bit);
+        out[k + 4u] = dl.y * q3_k_quants(q1[k], hm1[k], shift, bit);
     }
     return out;
+}
+
+// Four 2-bit quants of the qs word at shift, less 4 where the hmask word's bit is clear.
+fn q3_k_quants(qs: u32, hm: u32, shift: vec4<u32>, bit: vec4<u32>) -> vec4<f32> {
+    let q = (vec4<u32>(qs) >> shift) & vec4<u32>(3u);
+    let offset = (~(vec4<u32>(hm) >> bit) & vec4<u32>(1u)) << vec4<u32>(2u);
+    return vec4<f32>(vec4<i32>(q) - vec4<i32>(offset));
 }
 #endif
 
@@ -452,7 +454,7 @@ fn iq4nl_values(n: vec4<u32>) -> vec4<f32> {
 }
 
 // 32 elements from 16 bytes of IQ4 nibbles scaled by `d`: low nibbles are elements 0..16.
-fn iq4_chunk(d: f32, qs: array<u32, 4>) -> array<vec4<f32>, 8> {
+fn iq4_chunk(d: f32, qs: vec4<u32>) -> array<vec4<f32>, 8> {
     var out: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {
         out[k] = d * iq4nl_values(nibbles_lo(qs[k]));
@@ -463,11 +465,13 @@ fn iq4_chunk(d: f32, qs: array<u32, 4>) -> array<vec4<f32>, 8> {
 
 #ifdef Q_IQ4_NL
 // Block (18 B): d f16, qs[16]; y = d * kvalues[q], low nibbles are elements 0..16.
+// GPU layout as Q4_0's (weights::layout): chunk c's group starts (c / 8) · 9 vectors in.
+const IQ4_NL_GROUP_VEC4S: u32 = 9u;
+
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
-    let base = row_base + c * BLOCK_BYTES;
-    let d = load_f16_at(base);
-    let qs = load_4_words_at(base + 2u);
-    return iq4_chunk(d, qs);
+    let j = c & 7u;
+    let g = (row_base >> 4u) + (c >> 3u) * IQ4_NL_GROUP_VEC4S;
+    return iq4_chunk(group_scale(g, j), w[g + 1u + j]);
 }
 #endif
 
@@ -475,13 +479,20 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // Super-block (136 B): d f16, scales_h u16, scales_l[4], qs[128]; chunk j is an IQ4_NL block
 // (16 bytes of qs at 16j) scaled by d * (ls - 32), ls = nibble j of scales_l | bits
 // 2j..2j+2 of scales_h << 4.
+// GPU layout (weights::layout): groups of 8 super-blocks, each 64 bytes of their first 8
+// (d, scales_h, scales_l), then each one's qs (8 vectors); super-block b's group starts
+// (b / 8) · 68 vectors in.
+const IQ4_XS_GROUP_VEC4S: u32 = 68u;
+
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
-    let base = row_base + (c >> 3u) * BLOCK_BYTES;
-    let head = load_u32_at(base);
-    let ls = ((load_u32_at(base + 4u) >> (4u * j)) & 15u) | (((head >> (16u + 2u * j)) & 3u) << 4u);
+    let b = c >> 3u;
+    let g = (row_base >> 4u) + (b >> 3u) * IQ4_XS_GROUP_VEC4S;
+    let i = b & 7u;
+    let h = w[g + (i >> 1u)];
+    let head = h[2u * (i & 1u)];
+    let ls = ((h[2u * (i & 1u) + 1u] >> (4u * j)) & 15u) | (((head >> (16u + 2u * j)) & 3u) << 4u);
     let dl = f16_to_f32(vec4<u32>(head & 0xffffu)).x * f32(i32(ls) - 32);
-    let qs = load_4_words_at(base + 8u + 16u * j);
-    return iq4_chunk(dl, qs);
+    return iq4_chunk(dl, w[g + 4u + 8u * i + j]);
 }
 #endif

@@ -11,62 +11,94 @@ use crate::error::{GpuError, Result};
 
 /// How a weight format lies in GPU memory where that differs from the file.
 ///
-/// Q4_0's 18-byte blocks, Q5_0's 22, Q8_0's 34 and Q6_K's 210-byte super-blocks are only
-/// 2-aligned, so a kernel reading them from the file's layout loads two words and
-/// funnel-shifts them for every word it needs (Q5_0: 7 loads per block; Q8_0: 9 and 8 shifts,
-/// plus the scale; Q6_K: 20 loads per 32 weights). Each is a 2-byte f16 scale beside a 16-byte
-/// multiple of the rest (Q5_0's 4-byte high bits aside). On the GPU each row instead holds
-/// groups of [`GROUP`] blocks: their f16 scales in 16 bytes (zero-padded in a row's last,
-/// shorter group), then each block's other bytes; Q5_0 puts each four blocks' high bits in 16
-/// bytes before their quants. A full group is as long as in the file (Q4_0: 144 bytes, Q5_0:
-/// 176, Q8_0: 272, Q6_K: 1,680), and every load is an aligned 16-byte vector (Q4_0 and Q5_0:
-/// one of quants per block, beside the group's scales and high bits; Q8_0: two; Q6_K: six per
-/// 32 weights). On a GPU that is full-width, coalesced transactions instead of
-/// 2-byte-aligned word pairs; on CPU-type adapters, where each load with a computed address is
-/// issued lane by lane, it is 3 loads per Q8_0 block instead of 10. Only a row's last, short
-/// group is longer than in the file: its scales (and Q5_0's high bits) are padded to 16 bytes.
-/// Q4_K and Q5_K (144 and 176 bytes) are 16-aligned as they are and are read as vectors in the
-/// file's layout; every other format keeps the file's layout too.
+/// Most blocks are only 2- or 4-aligned in the file (Q4_0 and IQ4_NL 18 bytes, Q4_1 20, Q5_0
+/// 22, Q5_1 24, Q8_0 34; super-blocks: Q2_K 84, Q3_K 110, IQ4_XS 136, Q6_K 210), so a kernel
+/// reading the file's layout loads two words and funnel-shifts them for every word it needs
+/// (Q5_0: 7 loads per block; Q8_0: 9 and 8 shifts, plus the scale; Q6_K: 20 loads per 32
+/// weights). Each block is a few small header fields (f16 scales and mins, packed sub-block
+/// scales) beside a 16-byte multiple of quants (Q5_0's and Q5_1's 4-byte high bits aside). On
+/// the GPU each row instead holds groups of [`GROUP`] blocks: each header field of the group's
+/// blocks side by side, padded to 16 bytes, then each block's quants; Q5_0 and Q5_1 put each
+/// four blocks' high bits in 16 bytes before their quants. A full group is as long as in the
+/// file (Q4_0: 144 bytes, Q5_0: 176, Q8_0: 272, Q6_K: 1,680, ...), and every load is an
+/// aligned 16-byte vector (a 32-weight block: one or two of quants, beside the group's header
+/// vectors that its lanes share). On a GPU that is full-width, coalesced transactions instead
+/// of 2-byte-aligned word pairs; on CPU-type adapters, where each load with a computed address
+/// is issued lane by lane, it is 3 loads per Q8_0 block instead of 10. Only a row's last,
+/// short group is longer than in the file: its header fields take a full group's vectors
+/// (and its last four's high bits 16 bytes). Q4_K and Q5_K (144 and 176 bytes) are 16-aligned as they are and are read as vectors
+/// in the file's layout; the float formats keep the file's layout too.
 pub mod layout {
     use flint_core::quant::QuantType;
 
     /// Blocks per group.
     pub const GROUP: usize = 8;
-    /// Q5_0 blocks whose high bits share 16 bytes.
-    const Q5_0_HIGH_GROUP: usize = 4;
-    /// Bytes of a group's scales (8 f16), and of Q5_0's high bits for four blocks.
+    /// Q5_0 and Q5_1 blocks whose high bits share 16 bytes.
+    const HIGH_GROUP: usize = 4;
+    /// The unit of alignment: bytes of one vector load.
     const VEC: usize = 16;
-    /// Bytes of one block's scale.
-    const SCALE: usize = 2;
-    /// Bytes of one Q5_0 block's high bits, after its scale.
-    const Q5_0_HIGH: usize = 4;
+    /// Bytes of one block's high bits (Q5_0, Q5_1), right after its header fields.
+    const HIGH: usize = 4;
 
-    /// A regrouped format's block: its bytes, elements, and where its f16 scale lies; Q5_0's
-    /// high bits (`high`) follow the scale.
+    /// A regrouped format's block: its bytes and elements, its header fields (their lengths,
+    /// consecutive from byte `head_at`), and whether 4 bytes of high bits follow them. The
+    /// rest of the block, before and after those, is its quants.
     struct Block {
         bytes: usize,
         elems: usize,
-        scale_at: usize,
+        head_at: usize,
+        heads: &'static [usize],
         high: bool,
     }
 
     fn block(ty: QuantType) -> Option<Block> {
-        let b = |bytes, elems, scale_at| Some(Block { bytes, elems, scale_at, high: false });
+        use QuantType::*;
+        let b = |bytes, elems, head_at, heads| Some(Block { bytes, elems, head_at, heads, high: false });
         match ty {
-            QuantType::Q4_0 => b(18, 32, 0),
-            QuantType::Q5_0 => Some(Block { bytes: 22, elems: 32, scale_at: 0, high: true }),
-            QuantType::Q8_0 => b(34, 32, 0),
-            QuantType::Q6K => b(210, 256, 208),
+            // d
+            Q4_0 | IQ4NL => b(18, 32, 0, &[2]),
+            // d and m together
+            Q4_1 => b(20, 32, 0, &[4]),
+            Q5_0 => Some(Block { high: true, ..b(22, 32, 0, &[2])? }),
+            Q5_1 => Some(Block { high: true, ..b(24, 32, 0, &[4])? }),
+            Q8_0 => b(34, 32, 0, &[2]),
+            // d and dmin together, after scales[16] and qs[64]
+            Q2K => b(84, 256, 80, &[4]),
+            // scales[12], then d, after hmask[32] and qs[64]
+            Q3K => b(110, 256, 96, &[12, 2]),
+            // d, after ql[128], qh[64] and scales[16]
+            Q6K => b(210, 256, 208, &[2]),
+            // d, scales_h and scales_l together, before qs[128]
+            IQ4XS => b(136, 256, 0, &[8]),
             _ => None,
         }
     }
 
+    /// Bytes of a group's copies of a `len`-byte header field, [`GROUP`] of them padded to a
+    /// whole vector; a short group's take as many, so that kernels find every field and the
+    /// quants at the same place in every group.
+    fn field_bytes(len: usize) -> usize {
+        (GROUP * len).div_ceil(VEC) * VEC
+    }
+
     impl Block {
+        /// Bytes of the header fields and high bits.
+        fn head_bytes(&self) -> usize {
+            self.heads.iter().sum::<usize>() + if self.high { HIGH } else { 0 }
+        }
+
         /// Bytes of a group of `m` blocks on the GPU.
         fn group_bytes(&self, m: usize) -> usize {
-            match self.high {
-                true => VEC + m.div_ceil(Q5_0_HIGH_GROUP) * VEC + m * (self.bytes - SCALE - Q5_0_HIGH),
-                false => VEC + m * (self.bytes - SCALE),
+            let heads: usize = self.heads.iter().map(|&len| field_bytes(len)).sum();
+            let high = if self.high { m.div_ceil(HIGH_GROUP) * VEC } else { 0 };
+            heads + high + m * (self.bytes - self.head_bytes())
+        }
+
+        /// Appends each block's quants: the bytes around its header fields and high bits.
+        fn quants(&self, blocks: &[u8], dst: &mut Vec<u8>) {
+            for block in blocks.chunks_exact(self.bytes) {
+                dst.extend_from_slice(&block[..self.head_at]);
+                dst.extend_from_slice(&block[self.head_at + self.head_bytes()..]);
             }
         }
     }
@@ -102,29 +134,28 @@ pub mod layout {
             dst.extend_from_slice(src);
             return;
         };
-        // 16 bytes of one field of each of `blocks`, zero-padded.
-        let fields = |dst: &mut Vec<u8>, blocks: &[u8], at: usize, len: usize| {
+        // One field of each of `blocks`, side by side, zero-padded to `region` bytes.
+        let field = |dst: &mut Vec<u8>, blocks: &[u8], at: usize, len: usize, region: usize| {
             let start = dst.len();
-            dst.resize(start + VEC, 0);
+            dst.resize(start + region, 0);
             for (i, block) in blocks.chunks_exact(b.bytes).enumerate() {
                 dst[start + len * i..start + len * (i + 1)].copy_from_slice(&block[at..at + len]);
             }
         };
         for row in src.chunks_exact(n_in / b.elems * b.bytes) {
             for group in row.chunks(GROUP * b.bytes) {
-                fields(dst, group, b.scale_at, SCALE);
-                if b.high {
-                    for four in group.chunks(Q5_0_HIGH_GROUP * b.bytes) {
-                        fields(dst, four, SCALE, Q5_0_HIGH);
-                        for block in four.chunks_exact(b.bytes) {
-                            dst.extend_from_slice(&block[SCALE + Q5_0_HIGH..]);
-                        }
-                    }
+                let mut at = b.head_at;
+                for &len in b.heads {
+                    field(dst, group, at, len, field_bytes(len));
+                    at += len;
+                }
+                if !b.high {
+                    b.quants(group, dst);
                     continue;
                 }
-                for block in group.chunks_exact(b.bytes) {
-                    dst.extend_from_slice(&block[..b.scale_at]);
-                    dst.extend_from_slice(&block[b.scale_at + SCALE..]);
+                for four in group.chunks(HIGH_GROUP * b.bytes) {
+                    field(dst, four, at, HIGH, VEC);
+                    b.quants(four, dst);
                 }
             }
         }
@@ -142,50 +173,62 @@ pub mod layout {
         use super::*;
 
         /// Two rows of `blocks` blocks of `ty` with distinct bytes, regrouped; checks every
-        /// block's scale and other bytes (for Q5_0 its high bits and quants) where the shader
-        /// reads them, and the short group's padding.
+        /// block's header fields, high bits and quants where the shader reads them, and the
+        /// short group's padding.
         fn check_regrouped(ty: QuantType, blocks: usize) {
             let b = block(ty).unwrap();
             let n_in = blocks * b.elems;
             let src: Vec<u8> = (0..2 * blocks * b.bytes).map(|i| (i * 7 + 3) as u8).collect();
             let out = to_gpu(ty, n_in, &src);
             let row = row_bytes(ty, n_in as u64).unwrap() as usize;
-            assert_eq!(row % 16, 0, "rows stay 16-aligned");
+            assert_eq!(row % VEC, 0, "rows stay 16-aligned");
             assert_eq!(out.len(), 2 * row);
             let full = b.group_bytes(GROUP);
             assert_eq!(full, GROUP * b.bytes, "a full group is as long as in the file");
             let short = blocks % GROUP;
             assert_eq!(row, blocks / GROUP * full + if short > 0 { b.group_bytes(short) } else { 0 });
+            let heads: usize = b.heads.iter().map(|&len| field_bytes(len)).sum();
+            let quants = b.bytes - b.head_bytes();
             for r in 0..2 {
                 for k in 0..blocks {
                     let file = &src[(r * blocks + k) * b.bytes..][..b.bytes];
                     let group = r * row + (k / GROUP) * full;
                     let i = k % GROUP;
-                    assert_eq!(&out[group + SCALE * i..][..SCALE], &file[b.scale_at..][..SCALE], "scale of row {r} block {k}");
-                    if b.high {
-                        // Four blocks: 16 bytes of high bits, then 16 bytes of quants each.
-                        let (n, at) = (Q5_0_HIGH_GROUP, i % Q5_0_HIGH_GROUP);
-                        let four = group + VEC + (i / n) * (1 + n) * VEC;
-                        assert_eq!(&out[four + Q5_0_HIGH * at..][..Q5_0_HIGH], &file[SCALE..][..Q5_0_HIGH], "high bits of row {r} block {k}");
-                        assert_eq!(&out[four + VEC * (1 + at)..][..VEC], &file[SCALE + Q5_0_HIGH..], "quants of row {r} block {k}");
-                        continue;
+                    let (mut region, mut at) = (group, b.head_at);
+                    for &len in b.heads {
+                        assert_eq!(&out[region + len * i..][..len], &file[at..][..len], "{len}-byte field at {at} of row {r} block {k}");
+                        region += field_bytes(len);
+                        at += len;
                     }
-                    let at = group + VEC + (b.bytes - SCALE) * i;
-                    assert_eq!(&out[at..][..b.scale_at], &file[..b.scale_at], "bytes before the scale, row {r} block {k}");
-                    assert_eq!(
-                        &out[at + b.scale_at..][..b.bytes - b.scale_at - SCALE],
-                        &file[b.scale_at + SCALE..],
-                        "bytes after the scale, row {r} block {k}"
-                    );
+                    let mut want = file[..b.head_at].to_vec();
+                    want.extend_from_slice(&file[b.head_at + b.head_bytes()..]);
+                    let got = if b.high {
+                        // Four blocks: 16 bytes of high bits, then each block's quants.
+                        let (n, j) = (HIGH_GROUP, i % HIGH_GROUP);
+                        let four = region + (i / n) * (VEC + n * quants);
+                        assert_eq!(&out[four + HIGH * j..][..HIGH], &file[at..][..HIGH], "high bits of row {r} block {k}");
+                        &out[four + VEC + quants * j..][..quants]
+                    } else {
+                        &out[region + quants * i..][..quants]
+                    };
+                    assert_eq!(got, &want[..], "quants of row {r} block {k}");
                 }
                 if short > 0 {
                     let last = r * row + (blocks / GROUP) * full;
-                    assert!(out[last + SCALE * short..last + VEC].iter().all(|&x| x == 0), "the short group's scale padding");
-                    let n = Q5_0_HIGH_GROUP;
-                    if b.high && !short.is_multiple_of(n) {
-                        let four = last + VEC + (short / n) * (1 + n) * VEC;
-                        assert!(out[four + Q5_0_HIGH * (short % n)..four + VEC].iter().all(|&x| x == 0), "the short group's high-bit padding");
+                    let mut region = last;
+                    for &len in b.heads {
+                        assert!(
+                            out[region + len * short..region + field_bytes(len)].iter().all(|&x| x == 0),
+                            "the short group's padding of a {len}-byte field"
+                        );
+                        region += field_bytes(len);
                     }
+                    let n = HIGH_GROUP;
+                    if b.high && !short.is_multiple_of(n) {
+                        let four = region + (short / n) * (VEC + n * quants);
+                        assert!(out[four + HIGH * (short % n)..four + VEC].iter().all(|&x| x == 0), "the short group's high-bit padding");
+                    }
+                    assert_eq!(row - (blocks / GROUP) * full, heads + short.div_ceil(n) * VEC * b.high as usize + short * quants);
                 }
             }
             // Whole groups take the file's bytes.
@@ -201,22 +244,33 @@ pub mod layout {
         }
 
         #[test]
-        fn q4_0_and_q5_0_rows_keep_every_scale_high_bit_and_quant_in_16_byte_groups() {
+        fn legacy_rows_keep_every_field_high_bit_and_quant_in_16_byte_groups() {
             // 28 blocks a row (n_in 896, qwen2.5-0.5b's): groups of 8, 8, 8 and 4; then a
-            // short group of 7 (two fours, the second short) and of 1.
-            for ty in [QuantType::Q4_0, QuantType::Q5_0] {
-                for blocks in [28, 15, 9] {
+            // short group of 7 (two fours, the second short), of 3 (d and m of Q4_1 and Q5_1
+            // in a full group's two vectors) and of 1.
+            use QuantType::*;
+            for ty in [Q4_0, Q4_1, Q5_0, Q5_1, IQ4NL] {
+                for blocks in [28, 15, 11, 9] {
                     check_regrouped(ty, blocks);
                 }
             }
-            assert_eq!(row_bytes(QuantType::Q5_0, 896), Some(3 * 176 + 16 + 16 + 4 * 16));
+            assert_eq!(row_bytes(Q5_0, 896), Some(3 * 176 + 16 + 16 + 4 * 16));
+            assert_eq!(row_bytes(Q5_1, 896), Some(3 * 192 + 32 + 16 + 4 * 16));
+            assert_eq!(row_bytes(Q4_1, 11 * 32), Some(160 + 32 + 3 * 16));
         }
 
         #[test]
-        fn q6_k_rows_keep_every_scale_and_quant_in_16_byte_groups() {
-            // 14 super-blocks a row (n_in 3584, Qwen2.5-7B's): groups of 8 and 6.
-            check_regrouped(QuantType::Q6K, 14);
-            assert_eq!(row_bytes(QuantType::Q6K, 3584), Some(2 * 16 + 14 * 208));
+        fn k_rows_keep_every_field_and_quant_in_16_byte_groups() {
+            // 14 super-blocks a row (n_in 3584, Qwen2.5-7B's): groups of 8 and 6; 11: a short
+            // group of 3 (Q3_K's scales take a full group's 96 bytes); 9: of 1.
+            use QuantType::*;
+            for ty in [Q2K, Q3K, Q6K, IQ4XS] {
+                for blocks in [14, 11, 9] {
+                    check_regrouped(ty, blocks);
+                }
+            }
+            assert_eq!(row_bytes(Q6K, 3584), Some(2 * 16 + 14 * 208));
+            assert_eq!(row_bytes(Q3K, 11 * 256), Some(880 + 96 + 16 + 3 * 96));
         }
 
         #[test]

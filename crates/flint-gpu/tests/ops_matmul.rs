@@ -199,21 +199,18 @@ fn cases(ty: QuantType) -> Vec<Case> {
         }
     }
     if [Q4_0, Q5_0, Q5K, BF16].contains(&ty) {
-        // A single row; then 41 chunks a row (16 lanes a row, a ragged last round; Q4_0 and
-        // Q5_0: five full groups and a short one in the GPU layout) or 64 (32 lanes), through
-        // both kernels (Q5_0) or the one-token kernel; the short rows above take 8 lanes.
+        // A single row.
         cases.push(Case::new(ty, 1, steps[steps.len() - 1], 40));
-        let long = if ty.block_elems() == 256 { 2048 } else { 41 * 32 };
+    }
+    if layout::repacked(ty) || [Q5K, BF16].contains(&ty) {
+        // 41 chunks a row (16 lanes a row, a ragged last round; in the GPU layout
+        // (weights::layout) five full groups and a short one) or 14 super-blocks (Qwen2.5-7B's
+        // 3584: a full group of 8 and a short one of 6), through both kernels (MULTI_TOKEN)
+        // or the one-token kernel; the short rows above take 8 lanes and one short group.
+        let long = if ty.block_elems() == 256 { 14 * 256 } else { 41 * 32 };
+        let steps: &[u32] = if ty == Q6K { &[1, 13, 37] } else { steps };
         for &n_tok in steps {
             cases.push(Case { n_in: long, ..Case::new(ty, 9, n_tok, 41) });
-        }
-    }
-    if ty == Q6K {
-        // 14 super-blocks a row (Qwen2.5-7B's 3584): a full group of 8 and a short one of 6 in
-        // the GPU layout (weights::layout), at 1, 13 and 37 tokens through this adapter's
-        // kernels (the lane teams' rows of 9 super-blocks are in on_lane_teams).
-        for n_tok in [1, 13, 37] {
-            cases.push(Case { n_in: 14 * 256, ..Case::new(ty, 9, n_tok, 42) });
         }
     }
     if [Q5_0, Q8_0, Q4K, Q6K].contains(&ty) {
@@ -265,9 +262,10 @@ fn on_lane_teams(test: &str, subgroups: bool) {
         (QuantType::F32, 41 * 32),
         (QuantType::BF16, 5 * 32),
         (QuantType::Q4_0, 2048),
-        (QuantType::Q4_1, 24 * 32),
+        // Three full groups and a short one of 3 in the GPU layout.
+        (QuantType::Q4_1, 27 * 32),
         (QuantType::Q5_1, 41 * 32),
-        (QuantType::Q2K, 2048),
+        (QuantType::Q2K, 9 * 256),
         (QuantType::Q3K, 3 * 256),
         (QuantType::Q5K, 2048),
         // A full group of 8 super-blocks and a short one in the GPU layout (weights::layout).
