@@ -11,7 +11,7 @@ use crate::error::{GpuError, Result};
 
 /// How a weight format lies in GPU memory where that differs from the file.
 ///
-/// Most blocks are only 2- or 4-aligned in the file (Q4_0 and IQ4_NL 18 bytes, Q4_1 20, Q5_0
+/// Most blocks are only 2-, 4- or 8-aligned in the file (Q4_0 and IQ4_NL 18 bytes, Q4_1 20, Q5_0
 /// 22, Q5_1 24, Q8_0 34; super-blocks: Q2_K 84, Q3_K 110, IQ4_XS 136, Q6_K 210), so a kernel
 /// reading the file's layout loads two words and funnel-shifts them for every word it needs
 /// (Q5_0: 7 loads per block; Q8_0: 9 and 8 shifts, plus the scale; Q6_K: 20 loads per 32
@@ -26,8 +26,9 @@ use crate::error::{GpuError, Result};
 /// of 2-byte-aligned word pairs; on CPU-type adapters, where each load with a computed address
 /// is issued lane by lane, it is 3 loads per Q8_0 block instead of 10. Only a row's last,
 /// short group is longer than in the file: its header fields take a full group's vectors
-/// (and its last four's high bits 16 bytes). Q4_K and Q5_K (144 and 176 bytes) are 16-aligned as they are and are read as vectors
-/// in the file's layout; the float formats keep the file's layout too.
+/// (and its last four's high bits 16 bytes). Q4_K and Q5_K (144 and 176 bytes) are 16-aligned
+/// as they are and are read as vectors in the file's layout; the float formats keep the file's
+/// layout too.
 pub mod layout {
     use flint_core::quant::QuantType;
 
