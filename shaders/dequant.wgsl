@@ -395,7 +395,7 @@ fn group_word(g: u32, n: u32) -> u32 {
 }
 
 // d * (sc - 32) of chunk j's two sub-blocks 2j and 2j + 1, from the super-block's scales
-// (words 0..3 of tail) and d (the low 16 bits of word 3).
+// (words 0..2 of tail) and d (the low 16 bits of word 3).
 fn q3_k_scales(tail: array<u32, 4>, j: u32) -> vec2<f32> {
     let n = j >> 2u;
     let jj = j & 3u;
