@@ -61,6 +61,15 @@ fn group_pair(g: u32, j: u32) -> vec2<f32> {
 }
 #endif
 
+#ifdef GROUP_VEC4S
+// The first vector of the group that holds block `blk` of the row starting at byte row_base,
+// in a regrouped format: every group but a row's last is full, GROUP_VEC4S vectors long
+// (weights::layout::group_vectors).
+fn group_start(row_base: u32, blk: u32) -> u32 {
+    return (row_base >> 4u) + (blk >> 3u) * GROUP_VEC4S;
+}
+#endif
+
 // Low and high nibbles of the 4 bytes of q, in byte order.
 fn nibbles_lo(q: u32) -> vec4<u32> {
     return (vec4<u32>(q) >> BYTE_SHIFTS) & vec4<u32>(15u);
@@ -117,11 +126,9 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // Block (18 B): d f16, qs[16]; y = (q - 8) * d, low nibbles are elements 0..16.
 // GPU layout (weights::layout): groups of 8 blocks, each 16 bytes of their d, then their qs;
 // every group but a row's last is full, so chunk c's group starts (c / 8) · 9 vectors in.
-const Q4_0_GROUP_VEC4S: u32 = 9u;
-
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
-    let g = (row_base >> 4u) + (c >> 3u) * Q4_0_GROUP_VEC4S;
+    let g = group_start(row_base, c);
     let d = group_scale(g, j);
     let q = w[g + 1u + j];
     var out: array<vec4<f32>, 8>;
@@ -137,11 +144,9 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // Block (20 B): d f16, m f16, qs[16]; y = q * d + m.
 // GPU layout (weights::layout): groups of 8 blocks, each 32 bytes of their (d, m), then their
 // qs; chunk c's group starts (c / 8) · 10 vectors in.
-const Q4_1_GROUP_VEC4S: u32 = 10u;
-
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
-    let g = (row_base >> 4u) + (c >> 3u) * Q4_1_GROUP_VEC4S;
+    let g = group_start(row_base, c);
     let dm = group_pair(g, j);
     let q = w[g + 2u + j];
     var out: array<vec4<f32>, 8>;
@@ -179,11 +184,9 @@ fn q5_quants(fours: u32, j: u32) -> array<vec4<u32>, 8> {
 // GPU layout (weights::layout): groups of 8 blocks, each 16 bytes of their d, then per four
 // blocks 16 bytes of their qh and their qs (5 vectors); every group but a row's last is full,
 // so chunk c's group starts (c / 8) · 11 vectors in.
-const Q5_0_GROUP_VEC4S: u32 = 11u;
-
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
-    let g = (row_base >> 4u) + (c >> 3u) * Q5_0_GROUP_VEC4S;
+    let g = group_start(row_base, c);
     let d = group_scale(g, j);
     let q = q5_quants(g + 1u, j);
     var out: array<vec4<f32>, 8>;
@@ -199,11 +202,9 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // GPU layout (weights::layout): groups of 8 blocks, each 32 bytes of their (d, m), then per
 // four blocks 16 bytes of their qh and their qs (5 vectors); chunk c's group starts (c / 8) ·
 // 12 vectors in.
-const Q5_1_GROUP_VEC4S: u32 = 12u;
-
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
-    let g = (row_base >> 4u) + (c >> 3u) * Q5_1_GROUP_VEC4S;
+    let g = group_start(row_base, c);
     let dm = group_pair(g, j);
     let q = q5_quants(g + 2u, j);
     var out: array<vec4<f32>, 8>;
@@ -218,11 +219,9 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // GPU layout (weights::layout): groups of Q8_0_GROUP blocks, each 16 bytes of f16 scales then
 // the blocks' 32 i8 quants (QS 0..31); rows start 16-aligned, and every group but a row's last
 // is full, so chunk c's group starts (c / 8) · 17 vectors in. y = q * d.
-const Q8_0_GROUP_VEC4S: u32 = 17u;
-
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
-    let g = (row_base >> 4u) + (c >> 3u) * Q8_0_GROUP_VEC4S;
+    let g = group_start(row_base, c);
     let d = group_scale(g, j);
     let q0 = w[g + 1u + 2u * j];
     let q1 = w[g + 2u + 2u * j];
@@ -308,7 +307,6 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // GPU layout (weights::layout): groups of 8 super-blocks, each 16 bytes of their d (f16), then
 // per super-block its first 208 bytes (ql, qh, scales: 13 vectors); rows start 16-aligned, and
 // every group but a row's last is full, so super-block b's group starts (b / 8) · 105 vectors in.
-const Q6_K_GROUP_VEC4S: u32 = 105u;
 const Q6_K_BLOCK_VEC4S: u32 = 13u;
 
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
@@ -316,7 +314,7 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let half = j >> 2u;
     let qq = j & 3u;
     let b = c >> 3u;
-    let g = (row_base >> 4u) + (b >> 3u) * Q6_K_GROUP_VEC4S;
+    let g = group_start(row_base, b);
     let i = b & 7u;
     let blk = g + 1u + i * Q6_K_BLOCK_VEC4S;
     // d * sc for the chunk's two 16-element halves: scales 8 half + 2 qq and the next.
@@ -353,13 +351,12 @@ fn q6_k_quants(ql: u32, qh: u32, ql_shift: vec4<u32>, qh_shift: vec4<u32>) -> ve
 // GPU layout (weights::layout): groups of 8 super-blocks, each 32 bytes of their (d, dmin),
 // then per super-block its first 80 bytes (scales, qs: 5 vectors); super-block b's group
 // starts (b / 8) · 42 vectors in.
-const Q2_K_GROUP_VEC4S: u32 = 42u;
 const Q2_K_BLOCK_VEC4S: u32 = 5u;
 
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
     let b = c >> 3u;
-    let g = (row_base >> 4u) + (b >> 3u) * Q2_K_GROUP_VEC4S;
+    let g = group_start(row_base, b);
     let i = b & 7u;
     let blk = g + 2u + i * Q2_K_BLOCK_VEC4S;
     let dm = group_pair(g, i).xyxy;
@@ -386,7 +383,6 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // GPU layout (weights::layout): groups of 8 super-blocks, each 96 bytes of their scales, then
 // 16 of their d, then per super-block its first 96 bytes (hmask, qs: 6 vectors); super-block
 // b's group starts (b / 8) · 55 vectors in.
-const Q3_K_GROUP_VEC4S: u32 = 55u;
 const Q3_K_BLOCK_VEC4S: u32 = 6u;
 
 // Word n of the vectors from g on.
@@ -412,7 +408,7 @@ fn q3_k_scales(tail: array<u32, 4>, j: u32) -> vec2<f32> {
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
     let b = c >> 3u;
-    let g = (row_base >> 4u) + (b >> 3u) * Q3_K_GROUP_VEC4S;
+    let g = group_start(row_base, b);
     let i = b & 7u;
     let blk = g + 7u + i * Q3_K_BLOCK_VEC4S;
     let d = w[g + 6u][i >> 1u] >> ((i & 1u) * 16u);
@@ -466,11 +462,9 @@ fn iq4_chunk(d: f32, qs: vec4<u32>) -> array<vec4<f32>, 8> {
 #ifdef Q_IQ4_NL
 // Block (18 B): d f16, qs[16]; y = d * kvalues[q], low nibbles are elements 0..16.
 // GPU layout as Q4_0's (weights::layout): chunk c's group starts (c / 8) · 9 vectors in.
-const IQ4_NL_GROUP_VEC4S: u32 = 9u;
-
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
-    let g = (row_base >> 4u) + (c >> 3u) * IQ4_NL_GROUP_VEC4S;
+    let g = group_start(row_base, c);
     return iq4_chunk(group_scale(g, j), w[g + 1u + j]);
 }
 #endif
@@ -482,12 +476,10 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // GPU layout (weights::layout): groups of 8 super-blocks, each 64 bytes of their first 8
 // (d, scales_h, scales_l), then each one's qs (8 vectors); super-block b's group starts
 // (b / 8) · 68 vectors in.
-const IQ4_XS_GROUP_VEC4S: u32 = 68u;
-
 fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     let j = c & 7u;
     let b = c >> 3u;
-    let g = (row_base >> 4u) + (b >> 3u) * IQ4_XS_GROUP_VEC4S;
+    let g = group_start(row_base, b);
     let i = b & 7u;
     let h = w[g + (i >> 1u)];
     let head = h[2u * (i & 1u)];

@@ -70,7 +70,8 @@ impl ShaderDefs {
         self
     }
 
-    /// The weight format: `Q_<NAME>` for `#ifdef`, plus `BLOCK_ELEMS` and `BLOCK_BYTES`.
+    /// The weight format: `Q_<NAME>` for `#ifdef`, plus `BLOCK_ELEMS` and `BLOCK_BYTES`; `W_VEC4`
+    /// where it is read as vectors, and `GROUP_VEC4S` where it is regrouped (weights::layout).
     pub fn quant(mut self, ty: QuantType) -> Self {
         self.defs.insert(format!("Q_{}", ty.name()), "true".into());
         self.defs.insert("BLOCK_ELEMS".into(), format!("{}u", ty.block_elems()));
@@ -78,6 +79,10 @@ impl ShaderDefs {
         // Read as 16-byte vectors where the GPU layout aligns them.
         if crate::weights::layout::vectors(ty) {
             self.defs.insert("W_VEC4".into(), "true".into());
+        }
+        // A regrouped format's group stride, from the layout that wrote it.
+        if let Some(n) = crate::weights::layout::group_vectors(ty) {
+            self.defs.insert("GROUP_VEC4S".into(), format!("{n}u"));
         }
         self
     }

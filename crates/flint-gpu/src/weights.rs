@@ -109,6 +109,12 @@ pub mod layout {
         block(ty).is_some()
     }
 
+    /// Vectors (16 bytes) in a full group of a regrouped format: where each group after a
+    /// row's first starts, as the kernels find it (`GROUP_VEC4S`).
+    pub fn group_vectors(ty: QuantType) -> Option<u32> {
+        block(ty).map(|b| (b.group_bytes(GROUP) / VEC) as u32)
+    }
+
     /// Whether kernels read `ty` as 16-byte vectors: the regrouped formats, and Q4_K and Q5_K,
     /// whose blocks are 16-aligned in the file's layout.
     pub fn vectors(ty: QuantType) -> bool {
@@ -186,6 +192,7 @@ pub mod layout {
             assert_eq!(out.len(), 2 * row);
             let full = b.group_bytes(GROUP);
             assert_eq!(full, GROUP * b.bytes, "a full group is as long as in the file");
+            assert_eq!(group_vectors(ty), Some((full / VEC) as u32), "the kernels' group stride");
             let short = blocks % GROUP;
             assert_eq!(row, blocks / GROUP * full + if short > 0 { b.group_bytes(short) } else { 0 });
             let heads: usize = b.heads.iter().map(|&len| field_bytes(len)).sum();
