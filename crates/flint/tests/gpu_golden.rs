@@ -1,6 +1,9 @@
 //! Whole-model oracle tests on the GPU (lavapipe in CI), and batched equals alone. Every
 //! golden prompt runs alone (its last-position logits against the f32 reference, 16 greedy
-//! ids under the near-tie rule), then the prompts run together: different lengths, so prompt
+//! ids under the near-tie rule; qwen's 1,187-token prompt 7 runs in `kv_types.rs` instead,
+//! with f16 and q8_0 caches, f16 at this file's bar: on lavapipe it costs as much as qwen's
+//! other six together, and gemma's prompt 7 takes the f32 cache past 512 tokens here), then
+//! the prompts run together: different lengths, so prompt
 //! chunks and decodes share steps; a second wave joins while the first decodes; two requests
 //! sample with seeds; and a copy of a long prompt (gemma: prompt 7, past its 512-token window;
 //! qwen: prompt 5) joins once the first copy is decoding and must start from its KV blocks.
@@ -41,8 +44,9 @@ const BATCHED: usize = 8;
 /// Tokens a seeded request draws.
 const SEEDED: usize = 6;
 
-fn golden_jobs(engine: &Engine, golden: &str) -> Vec<Job> {
-    (1..=7).map(|i| Job::greedy(golden_prompt(engine, golden, i), GREEDY)).collect()
+/// Greedy jobs of golden prompts 1 to `n`.
+fn golden_jobs(engine: &Engine, golden: &str, n: usize) -> Vec<Job> {
+    (1..=n).map(|i| Job::greedy(golden_prompt(engine, golden, i), GREEDY)).collect()
 }
 
 /// The first `n` tokens of a run.
@@ -51,12 +55,13 @@ fn first(out: &Output, n: usize) -> Output {
 }
 
 /// `long`: the golden prompt whose copy joins later (its index, 1-based); `prompts`: the
-/// golden prompts of the batched run; `spec_alone`: those that also run alone with n-gram
-/// drafts.
+/// golden prompts of the batched run (and 1 to their largest run alone); `spec_alone`: those
+/// that also run alone with n-gram drafts.
 fn batched_equals_alone(name: &str, golden: &str, prompts: &[usize], long: usize, spec_alone: &[usize]) {
     let Some(engine) = gpu(name, None) else { return };
     let t0 = std::time::Instant::now();
-    let mut jobs = golden_jobs(&engine, golden);
+    let n = *prompts.iter().max().unwrap();
+    let mut jobs = golden_jobs(&engine, golden, n);
     let seeded = |p: &Job, seed| Job {
         n_gen: SEEDED,
         sampling: SamplingParams { temperature: 0.9, top_k: 0, top_p: 0.95, min_p: 0.0, seed: Some(seed), ..Default::default() },
@@ -66,7 +71,7 @@ fn batched_equals_alone(name: &str, golden: &str, prompts: &[usize], long: usize
     jobs.push(seeded(&jobs[3], 12));
     let alone = solo(&engine, &jobs);
     eprintln!("{name}: {} requests alone in {:.1}s", jobs.len(), t0.elapsed().as_secs_f64());
-    let agree: Vec<usize> = (0..7).map(|i| check_golden(&format!("{name} alone"), golden, i + 1, &alone[i])).collect();
+    let agree: Vec<usize> = (0..n).map(|i| check_golden(&format!("{name} alone"), golden, i + 1, &alone[i])).collect();
     eprintln!("{name}: tokens before the first difference from llama.cpp's greedy output: {agree:?}");
 
     // Together: the first half of the prompts and a seeded request at once, the rest joining
@@ -79,9 +84,9 @@ fn batched_equals_alone(name: &str, golden: &str, prompts: &[usize], long: usize
         batched.push(Job { n_gen: BATCHED, join_after, ..jobs[p - 1].clone() });
         want.push(first(&alone[p - 1], BATCHED));
     }
-    batched.push(Job { join_after: None, ..jobs[7].clone() });
-    batched.push(Job { join_after: Some((0, 2)), ..jobs[8].clone() });
-    want.extend([alone[7].clone(), alone[8].clone()]);
+    batched.push(Job { join_after: None, ..jobs[n].clone() });
+    batched.push(Job { join_after: Some((0, 2)), ..jobs[n + 1].clone() });
+    want.extend([alone[n].clone(), alone[n + 1].clone()]);
     let at = prompts.iter().position(|&p| p == long).expect("the long prompt runs batched");
     batched.push(Job { n_gen: BATCHED, join_after: Some((at, 1)), ..jobs[long - 1].clone() });
     want.push(first(&alone[long - 1], BATCHED));
@@ -198,12 +203,15 @@ const SPLIT_PROMPTS: [usize; 2] = [1, 5];
 /// settings and random counters, verified against the draft's distribution) are all kept.
 /// Checks the draft model's plumbing: its own KV, prefill, catching up and rollback, and the
 /// store of draft distributions.
+/// On prompt 5 (a few hundred tokens: the draft's prefill is more than a step) and one seed:
+/// every step runs the draft up to its draft length, so on lavapipe each request costs
+/// several of the batched test's.
 #[test]
 fn gemma_3_270m_drafts_for_itself() {
-    drafts_for_itself("gemma-3-270m", "gemma", &[1, 5], 5..7);
+    drafts_for_itself("gemma-3-270m", "gemma", &[5], 5..6);
 }
 
-/// qwen2.5-coder-0.5b drafting for itself, as gemma above, on one prompt and one seed.
+/// qwen2.5-coder-0.5b drafting for itself, as gemma above, on a short prompt.
 #[test]
 fn qwen2_5_coder_0_5b_drafts_for_itself() {
     drafts_for_itself("qwen2.5-coder-0.5b", "qwen", &[1], 5..6);
