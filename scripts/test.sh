@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds the CLI, fetches the test models, builds
 # the browser engine (wasm32), the npm package and the chat page, runs every test of the
-# workspace and, beside them, the browser tests in headless Chromium.
+# workspace, then the browser tests in headless Chromium.
 # Models are cached in $FLINT_HOME (default ~/.cache/flint/models); FLINT_REQUIRE_GPU=1 turns a
 # missing GPU adapter into a test failure instead of a skip.
 set -euo pipefail
@@ -42,49 +42,13 @@ pull_models() {
   done
 }
 
-# Runs "$@" as lane $1 of the test stage: its output shown as it comes, each line marked with
-# the lane's name, and kept unmarked in $target_dir/test-logs/<name>.log.
-lane() {
-  local name=$1 t0 status=0
-  shift
-  t0=$(now)
-  "$@" 2>&1 | tee "$target_dir/test-logs/$name.log" | sed -u "s/^/[$name] /" || status=$?
-  echo "==> lane $name: done in $(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }') s, exit status $status" >&2
-  return "$status"
-}
-
-# The Rust tests outside crate flint's, the doctests, then the browser tests; all run, and
-# the first failure's status is returned.
-rest_lane() {
-  local status=0
-  cargo test --release --workspace --no-fail-fast "$@" || status=$?
-  cargo test --release --workspace --doc || status=$?
-  run_browser_tests || status=$?
-  return "$status"
-}
-
-# Every test of the workspace, then the browser tests, in two lanes at once. Most tests spend
-# much of their time waiting (on lavapipe's or SwiftShader's queue, on a child process or a
-# browser): one lane keeps about 60% of two cores busy, so two lanes take far less than one
-# after the other. Lane "models" runs crate flint's integration tests (whole models on
-# lavapipe); lane "rest" every other test target, the doctests, and then the browser tests.
-# The test binaries are built first, once, so the lanes only run them; the browser tests read
-# the model wide_model.rs writes, so it runs before the lanes start.
+# cargo test with its output shown as it runs, then one line summing its "test result:" lines.
 run_tests() {
-  local models=() rest=(--lib --bins) f status=0 pid
-  mkdir -p "$target_dir/test-logs"
-  for f in crates/*/tests/*.rs; do
-    if [[ $f == crates/flint/tests/* ]]; then models+=(--test "$(basename "$f" .rs)"); else rest+=(--test "$(basename "$f" .rs)"); fi
-  done
-  cargo test --release --workspace --no-run
-  cargo test --release --workspace --test wide_model
-  lane models cargo test --release --workspace --no-fail-fast "${models[@]}" &
-  pid=$!
-  lane rest rest_lane "${rest[@]}" || status=$?
-  wait "$pid" || status=$?
+  local log="$target_dir/test-output.log" status=0
+  mkdir -p "$target_dir"
+  cargo test --release --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
   awk '/^test result:/ { for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } }
-       END { printf "==> all Rust test binaries: %d passed, %d failed, %d ignored (output in %s)\n", p, f, g, dir }' \
-    dir="$target_dir/test-logs" "$target_dir/test-logs/models.log" "$target_dir/test-logs/rest.log" >&2
+       END { printf "==> all test binaries: %d passed, %d failed, %d ignored (output in %s)\n", p, f, g, FILENAME }' "$log" >&2
   return "$status"
 }
 
@@ -134,6 +98,6 @@ stage models pull_models
 # wasm32), the npm package and the chat page's site.
 stage web-build bash scripts/build-web.sh
 stage cross cross_check
-# The Rust tests and, beside them, the browser tests.
 stage test run_tests
+stage browser run_browser_tests
 

@@ -157,15 +157,6 @@ fn greedy(engine: &Engine, prompt: &[u32]) -> (Vec<u32>, Tops, Vec<f32>) {
     })
 }
 
-/// Writes `bytes` beside `path`, then renames: the browser tests may read these files while
-/// this test runs again (scripts/test.sh runs them beside the Rust tests), and see the whole
-/// of the last run's file or of this one's, which are the same.
-fn write_whole(path: &std::path::Path, bytes: &[u8]) {
-    let tmp = path.with_extension(format!("part{}", std::process::id()));
-    std::fs::write(&tmp, bytes).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 fn out_dir() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-models");
     std::fs::create_dir_all(&dir).unwrap();
@@ -180,7 +171,7 @@ fn two_layers_of_7b_widths_match_the_cpu_reference_and_leave_the_browser_its_ora
     let t0 = std::time::Instant::now();
     let path = out_dir().join("wide-2l.gguf");
     let bytes = wide_model();
-    write_whole(&path, &bytes);
+    std::fs::write(&path, &bytes).unwrap();
     eprintln!("wrote {} ({} bytes) in {:.1}s", path.display(), bytes.len(), t0.elapsed().as_secs_f64());
     drop(bytes);
 
@@ -204,5 +195,5 @@ fn two_layers_of_7b_widths_match_the_cpu_reference_and_leave_the_browser_its_ora
         "greedy_token_ids": ids,
         "top_logprobs": tops.iter().map(|t| t.iter().map(|(s, l)| serde_json::json!({"token": s, "logprob": l})).collect::<Vec<_>>()).collect::<Vec<_>>(),
     });
-    write_whole(&out_dir().join("wide-2l.json"), serde_json::to_string_pretty(&oracle).unwrap().as_bytes());
+    std::fs::write(out_dir().join("wide-2l.json"), serde_json::to_string_pretty(&oracle).unwrap()).unwrap();
 }
