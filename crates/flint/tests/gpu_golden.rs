@@ -182,9 +182,11 @@ fn eog_inside_an_accepted_run(engine: &Engine) {
     assert_eq!(accepted, n, "the end-of-generation token was not inside an accepted run");
 }
 
+/// Prompt 7 (past gemma's 512-token window) drafts in the speculative batched run; alone with
+/// drafts, prompts 5, 3 and 1, as qwen's.
 #[test]
 fn gemma_3_270m_gpu_batched_equals_alone_and_the_f32_reference() {
-    batched_equals_alone("gemma-3-270m", "gemma", &[7, 1, 3, 2, 5, 4, 6], 7, &[7, 3, 1]);
+    batched_equals_alone("gemma-3-270m", "gemma", &[7, 1, 3, 2, 5, 4, 6], 7, &[5, 3, 1]);
 }
 
 #[test]
