@@ -3,13 +3,12 @@
 //! ids under the near-tie rule; qwen's 1,187-token prompt 7 runs in `kv_types.rs` instead,
 //! with f16 and q8_0 caches, f16 at this file's bar: on lavapipe it costs as much as qwen's
 //! other six together, and gemma's prompt 7 takes the f32 cache past 512 tokens here), then
-//! the prompts run together: different lengths, so prompt
-//! chunks and decodes share steps; a second wave joins while the first decodes; two requests
-//! sample with seeds; and a copy of a long prompt (gemma: prompt 7, past its 512-token window;
-//! qwen: prompt 5) joins once the first copy is decoding and must start from its KV blocks.
-//! Every request's every logit must equal its solo run's bit for bit (the kernels are
-//! batch-invariant). And gemma once more with its weights split at 64 MB (two prompts); and
-//! forced preemption.
+//! the prompts run together: different lengths, so prompt chunks and decodes share steps; a
+//! second wave joins while the first decodes; two requests sample with seeds; and a copy of a
+//! long prompt (gemma: prompt 7, past its 512-token window; qwen: prompt 5) joins once the
+//! first copy is decoding and must start from its KV blocks. Every request's every logit must
+//! equal its solo run's bit for bit (the kernels are batch-invariant). And gemma once more
+//! with its weights split at 64 MB (two prompts); and forced preemption.
 //!
 //! Speculative decoding with n-gram drafts rides on the same runs (the kernels are compiled
 //! already): greedy requests that draft from their own tokens must give the tokens and logits
