@@ -12,6 +12,8 @@ import { FLINT_BIN, REPO, launchPersistent, openPage, requireFile, secondsSince,
 
 const GOLDEN = join(REPO, "../shared/golden");
 const golden = (model, n) => JSON.parse(readFileSync(join(GOLDEN, "f32", model, `${n}.json`), "utf8"));
+// The f32 reference of the tiny qwen3 (TINY) on golden prompt n.
+const tinyGolden = (n) => JSON.parse(readFileSync(join(GOLDEN, "families/qwen3", `${n}.json`), "utf8"));
 const GEMMA = "/models/gemma-3-270m.gguf";
 const QWEN = "/models/qwen2.5-coder-0.5b.gguf";
 const PKG = "/node_modules/flint-llm/src/index.js";
@@ -597,7 +599,9 @@ test("after a reload, the worker engine loads gemma from the browser cache witho
       const stages = new Set();
       const worker = new Worker(WORKER, { type: "module" });
       const engine = await flint.createWebWorkerEngine(worker, { model: GEMMA, selfTest: true, initProgressCallback: (p) => stages.add(p.stage) });
-      const done = await engine.completions.create({ prompt, temperature: 0, max_tokens: 16 });
+      // Four tokens: the first test checks sixteen on the same kernels, and SwiftShader decodes
+      // gemma at about 1.4 s a token.
+      const done = await engine.completions.create({ prompt, temperature: 0, max_tokens: 4 });
       await engine.unload();
       worker.terminate();
       return { done, stages: [...stages], info: engine.info };
@@ -609,7 +613,9 @@ test("after a reload, the worker engine loads gemma from the browser cache witho
   assert.deepEqual(modelRequests, [], "no request for the model after the reload");
   assert.deepEqual(r.stages, ["cache", "load", "compile", "ready"]);
   assert.equal(r.info.has_chat_template, false);
-  assert.equal(r.done.choices[0].text, golden("gemma", 1).greedy_text_16);
+  const text = r.done.choices[0].text;
+  assert.ok(text.length > 0 && golden("gemma", 1).greedy_text_16.startsWith(text), JSON.stringify(text));
+  assert.equal(r.done.usage.completion_tokens, 4);
   // selfTest: the load compared layer 0 and the head with the CPU reference, in the worker.
   const st = r.info.self_test;
   console.log(`self-test on ${st?.adapter}: ${JSON.stringify(st?.taps)} GPU ${st?.gpu_ms} ms, CPU ${st?.cpu_ms} ms`);
@@ -652,13 +658,16 @@ test("worker engine: streamed chat on qwen2.5-coder-0.5b (read by HTTP ranges) e
   assert.equal(modelGets(QWEN), server.requests.filter((q) => q.path === QWEN && q.method === "GET" && q.status === 206).length);
 });
 
+// On the tiny qwen3: the scheduling is the point here, and gemma-3-270m on SwiftShader took 2
+// minutes for these 30 tokens (its real-model runs are the tests above). The exact mode's f32
+// cache keeps the reference's greedy text.
 test("one engine, concurrent requests: two streams progress together, breaking one leaves the other, n: 2", { timeout: 20 * MINUTES }, async () => {
   const t0 = performance.now();
   const prompts = [1, 2, 3, 4].map((n) => readFileSync(join(GOLDEN, `prompts/p${n}.txt`), "utf8"));
   const r = await page.evaluate(
-    async ({ PKG, GEMMA, prompts }) => {
+    async ({ PKG, TINY, prompts }) => {
       const flint = await import(PKG);
-      const engine = await flint.createEngine({ model: GEMMA });
+      const engine = await flint.createEngine({ model: TINY, useCache: false, exact: true });
       const events = [];
       // Reads a stream, logging (name, finished?) per chunk; stops after `stopAfter` chunks.
       const consume = async (name, stream, stopAfter = Infinity) => {
@@ -686,11 +695,11 @@ test("one engine, concurrent requests: two streams progress together, breaking o
       await engine.unload();
       return { a, b, c, d, together, two };
     },
-    { PKG, GEMMA, prompts },
+    { PKG, TINY, prompts },
   );
   console.log(`concurrent requests in ${secondsSince(t0)} s: ${JSON.stringify(r.together)}`);
   const prefix = (n, text) => {
-    const want = golden("gemma", n).greedy_text_16;
+    const want = tinyGolden(n).greedy_text_16;
     assert.ok(text.length > 0 && want.startsWith(text), `prompt ${n}: ${JSON.stringify(text)} is not a prefix of ${JSON.stringify(want)}`);
   };
   prefix(1, r.a.text);
