@@ -53,8 +53,8 @@ pub const GPU_MIN_GROUPS: u64 = 256;
 /// Halving the rows of the multi-token blocks for the 32-element formats would cut lavapipe's
 /// compile about threefold (Q5_0 896 → 4864, empty Mesa cache: 12.7 → 5.0 s for the 16-token
 /// block, 13.9 → 5.1 s for the 8-token one), but `flint bench -p 128 -n 32` prefill fell to
-/// about 0.80× (qwen2.5-coder-0.5b) and 0.88× (gemma-3-270m) of 579b303's (four alternating
-/// rounds), past issue 35's 10% bound, so the rows stay.
+/// 0.77× (qwen2.5-coder-0.5b) and 0.87× (gemma-3-270m) of 579b303's (medians of four
+/// alternating rounds), past issue 35's 10% bound, so the rows stay.
 pub const BLOCK_ROWS: u32 = 16;
 pub const DECODE_ROWS: u32 = 8;
 /// Rows per invocation for 4- and 8-token blocks: 32 × 8 holds as many accumulators as the
