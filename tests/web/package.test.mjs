@@ -12,8 +12,12 @@ import { FLINT_BIN, REPO, launchPersistent, openPage, requireFile, secondsSince,
 
 const GOLDEN = join(REPO, "../shared/golden");
 const golden = (model, n) => JSON.parse(readFileSync(join(GOLDEN, "f32", model, `${n}.json`), "utf8"));
-// The f32 reference of the tiny qwen3 (TINY) on golden prompt n.
-const tinyGolden = (n) => JSON.parse(readFileSync(join(GOLDEN, "families/qwen3", `${n}.json`), "utf8"));
+// The tiny random-weight qwen3 of the family oracles (TINY): its model and f32 references.
+const TINY_DIR = join(GOLDEN, "families/qwen3");
+const tinyGolden = (n) => JSON.parse(readFileSync(join(TINY_DIR, `${n}.json`), "utf8"));
+// A non-empty start of the reference's greedy text `want`.
+const assertPrefix = (text, want, label) =>
+  assert.ok(text.length > 0 && want.startsWith(text), `${label}: ${JSON.stringify(text)} is not a prefix of ${JSON.stringify(want)}`);
 const GEMMA = "/models/gemma-3-270m.gguf";
 const QWEN = "/models/qwen2.5-coder-0.5b.gguf";
 const PKG = "/node_modules/flint-llm/src/index.js";
@@ -36,7 +40,7 @@ before(async () => {
   writeFileSync(join(app, "package.json"), JSON.stringify({ name: "flint-app", private: true, type: "module" }));
   execFileSync("npm", ["install", "--no-audit", "--no-fund", "--offline", join(out, tarball)], { cwd: app, stdio: "inherit" });
   writeFileSync(join(app, "index.html"), '<!doctype html><meta charset="utf-8"><title>flint-llm test</title>');
-  copyFileSync(join(GOLDEN, "families/qwen3/model.gguf"), join(app, TINY.slice(1)));
+  copyFileSync(join(TINY_DIR, "model.gguf"), join(app, TINY.slice(1)));
   requireFile(join(WIDE_DIR, "wide-2l.gguf"), "run `cargo test --release -p flint --test wide_model` first");
   copyFileSync(join(WIDE_DIR, "wide-2l.gguf"), join(app, WIDE.slice(1)));
   server = await startServer({ root: app });
@@ -495,7 +499,7 @@ test("structured output: json_schema, GBNF and regex replies in the browser equa
   const gbnf = 'root ::= ("yes" | "no") ", " [0-9]{1,2}';
   const regex = "[a-c]{3}-[0-9]{2}";
   requireFile(FLINT_BIN, "run `cargo build --release -p flint-cli` first");
-  const tiny = join(GOLDEN, "families/qwen3/model.gguf");
+  const tiny = join(TINY_DIR, "model.gguf");
   const native = (flag, value) =>
     execFileSync(FLINT_BIN, ["run", "-m", tiny, "--raw", "--temp", "0", "-n", "200", flag, value, "Answer:"], { encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] }).replace(/\n$/, "");
   const want = [native("-j", JSON.stringify(schema)), native("--grammar", gbnf), native("--grammar", `start: /${regex}/`)];
@@ -555,7 +559,7 @@ test("tool calls: a required call and a named one in the browser equal native `f
   // Native: the same model and template behind flint serve.
   const file = join(app, "qwen3.jinja");
   writeFileSync(file, template);
-  const { url, child } = await startServe(["-m", join(GOLDEN, "families/qwen3/model.gguf"), "--port", "0", "-c", "1024", "--chat-template-file", file, "--no-warmup"]);
+  const { url, child } = await startServe(["-m", join(TINY_DIR, "model.gguf"), "--port", "0", "-c", "1024", "--chat-template-file", file, "--no-warmup"]);
   try {
     const native = [];
     for (const b of bodies) {
@@ -613,8 +617,7 @@ test("after a reload, the worker engine loads gemma from the browser cache witho
   assert.deepEqual(modelRequests, [], "no request for the model after the reload");
   assert.deepEqual(r.stages, ["cache", "load", "compile", "ready"]);
   assert.equal(r.info.has_chat_template, false);
-  const text = r.done.choices[0].text;
-  assert.ok(text.length > 0 && golden("gemma", 1).greedy_text_16.startsWith(text), JSON.stringify(text));
+  assertPrefix(r.done.choices[0].text, golden("gemma", 1).greedy_text_16, "gemma prompt 1");
   assert.equal(r.done.usage.completion_tokens, 4);
   // selfTest: the load compared layer 0 and the head with the CPU reference, in the worker.
   const st = r.info.self_test;
@@ -698,10 +701,7 @@ test("one engine, concurrent requests: two streams progress together, breaking o
     { PKG, TINY, prompts },
   );
   console.log(`concurrent requests in ${secondsSince(t0)} s: ${JSON.stringify(r.together)}`);
-  const prefix = (n, text) => {
-    const want = tinyGolden(n).greedy_text_16;
-    assert.ok(text.length > 0 && want.startsWith(text), `prompt ${n}: ${JSON.stringify(text)} is not a prefix of ${JSON.stringify(want)}`);
-  };
+  const prefix = (n, text) => assertPrefix(text, tinyGolden(n).greedy_text_16, `prompt ${n}`);
   prefix(1, r.a.text);
   prefix(2, r.b.text);
   assert.equal(r.a.finish, "length");
