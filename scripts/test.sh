@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds the CLI, fetches the test models, builds
-# the browser engine (wasm32), the npm package and the chat page, runs every test of the
-# workspace, then the browser tests in headless Chromium.
+# The test command: installs what is missing, builds the CLI and the test binaries, fetches the
+# test models, builds the browser engine (wasm32), the npm package and the chat page, runs every
+# test of the workspace, then the browser tests in headless Chromium.
 # Models are cached in $FLINT_HOME (default ~/.cache/flint/models); FLINT_REQUIRE_GPU=1 turns a
 # missing GPU adapter into a test failure instead of a skip.
 set -euo pipefail
@@ -91,7 +91,10 @@ if [[ -z "${XDG_RUNTIME_DIR:-}" || ! -d "${XDG_RUNTIME_DIR:-}" ]]; then
   mkdir -p -m 0700 "$XDG_RUNTIME_DIR"
 fi
 [[ -d "$HOME/.cargo/bin" ]] && export PATH="$HOME/.cargo/bin:$PATH"
-stage build cargo build --release -p flint-cli
+# The CLI and every test binary in one build: the tests' dev-dependencies change the features
+# of shared crates, so building the CLI alone first compiled flint-core, flint-gpu, flint, naga
+# and wgpu twice (142 s more on 2 cores). `flint` comes out of this build too (its tests run it).
+stage build cargo test --release --workspace --no-run
 stage lint lint
 stage models pull_models
 # The engine for the browser (flint-wasm, which builds flint-core, flint-gpu and flint for
