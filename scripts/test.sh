@@ -42,14 +42,87 @@ pull_models() {
   done
 }
 
-# cargo test with its output shown as it runs, then one line summing its "test result:" lines.
+# Test binaries run two at a time. lavapipe compiles each kernel at its first dispatch, on its
+# queue's one thread, so on a cold Mesa cache one binary keeps about one core busy (families.rs
+# alone: 390 s of CPU in 371 s); a second binary fills the other core. The heaviest start first.
+TEST_JOBS=${FLINT_TEST_JOBS:-2}
+TESTS_FIRST=(gpu_golden families kv_types cli split seeded ops_matmul tools golden_models overlap)
+# Binaries that time what they watch (a server's load, a stalled client, a lost device, a
+# terminal session) run after the others, one at a time.
+TESTS_ALONE=(serve chat device_lost)
+
+# Every test binary of the workspace (built by the build stage), as cargo test would run it:
+# from its package's directory. Each binary's output is printed whole when it ends; then the
+# doc tests, and one line summing the "test result:" lines.
 run_tests() {
-  local log="$target_dir/test-output.log" status=0
-  mkdir -p "$target_dir"
-  cargo test --release --workspace --no-fail-fast 2>&1 | tee "$log" || status=$?
+  local dir="$target_dir/test-logs" log="$target_dir/test-output.log" status=0 running=0 line name
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  # name <TAB> executable <TAB> package directory, the heaviest first, the timed ones last.
+  local -a first=() rest=() alone=()
+  while IFS= read -r line; do
+    name=${line%%$'\t'*}
+    if [[ " ${TESTS_ALONE[*]} " == *" $name "* ]]; then
+      alone+=("$line")
+    elif [[ " ${TESTS_FIRST[*]} " == *" $name "* ]]; then
+      first+=("$line")
+    else
+      rest+=("$line")
+    fi
+  done < <(cargo test --release --workspace --no-run --message-format=json | python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        t = m["target"]
+        name = t["name"] if "test" in t["kind"] else t["name"] + "-unit-" + t["kind"][0]
+        print(name, m["executable"], os.path.dirname(m["manifest_path"]), sep="\t")
+')
+  local -A rank=()
+  local i
+  for i in "${!TESTS_FIRST[@]}"; do rank[${TESTS_FIRST[$i]}]=$i; done
+  mapfile -t first < <(for line in "${first[@]}"; do printf '%s\t%s\n' "${rank[${line%%$'\t'*}]}" "$line"; done | sort -n | cut -f2-)
+  ((${#first[@]} + ${#rest[@]} + ${#alone[@]})) || { echo "==> no test binaries found" >&2; return 1; }
+  local -a queue=("${first[@]}" "${rest[@]}")
+  for line in "${queue[@]}"; do
+    if ((running >= TEST_JOBS)); then
+      wait -n || status=1
+      running=$((running - 1))
+    fi
+    run_test_binary "$dir" "$line" &
+    running=$((running + 1))
+  done
+  while ((running > 0)); do
+    wait -n || status=1
+    running=$((running - 1))
+  done
+  for line in "${alone[@]}"; do
+    run_test_binary "$dir" "$line" || status=1
+  done
+  cargo test --release --workspace --doc > "$dir/doc-tests.log" 2>&1 || status=1
+  cat "$dir/doc-tests.log"
+  cat "$dir"/*.log > "$log"
   awk '/^test result:/ { for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } }
        END { printf "==> all test binaries: %d passed, %d failed, %d ignored (output in %s)\n", p, f, g, FILENAME }' "$log" >&2
   return "$status"
+}
+
+# Runs one test binary ("name <TAB> executable <TAB> package directory") into its log, then
+# prints the log (one at a time) and its time.
+run_test_binary() {
+  local dir=$1 name exe pkg t0 rc=0
+  IFS=$'\t' read -r name exe pkg <<< "$2"
+  t0=$(now)
+  (cd "$pkg" && CARGO_MANIFEST_DIR="$pkg" "$exe") > "$dir/$name.log" 2>&1 || rc=$?
+  local secs
+  secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+  {
+    flock 9
+    echo "     Running $name (${exe#"$PWD/"})"
+    cat "$dir/$name.log"
+    echo "==> $name: exit status $rc in $secs s" >&2
+  } 9> "$dir/.print"
+  return "$rc"
 }
 
 # Formatting and lints: the whole workspace, tests and examples included, warnings as errors.
