@@ -42,23 +42,70 @@ pull_models() {
   done
 }
 
-# Test binaries run two at a time. lavapipe compiles each kernel at its first dispatch, on its
-# queue's one thread, so on a cold Mesa cache one binary keeps about one core busy (families.rs
-# alone: 390 s of CPU in 371 s); a second binary fills the other core. The heaviest start first.
-TEST_JOBS=${FLINT_TEST_JOBS:-2}
+# The test binaries, and then the browser test files, run two at a time. lavapipe compiles
+# each kernel at its first dispatch, on its queue's one thread, so on a cold Mesa cache one test
+# binary keeps about one core busy (families.rs alone: 390 s of CPU in 371 s), and a browser
+# file about as much (SwiftShader; the browser stage ran at 1.0-1.3 of 2 cores busy): a second
+# one fills the other core. FLINT_TEST_JOBS=1 runs one at a time.
+JOBS=${FLINT_TEST_JOBS:-2}
+# The heaviest test binaries start first, so the long ones overlap.
 TESTS_FIRST=(gpu_golden families kv_types cli split seeded ops_matmul tools golden_models overlap)
 # Binaries that time what they watch (a server's load, a stalled client, a lost device, a
 # terminal session) run after the others, one at a time.
 TESTS_ALONE=(serve chat device_lost)
 
-# Every test binary of the workspace (built by the build stage), as cargo test would run it:
-# from its package's directory. Each binary's output is printed whole when it ends; then the
-# doc tests, and one line summing the "test result:" lines.
+# Runs `$1 ITEM` for each further argument, at most $JOBS at once, in order; fails if any
+# failed, once all have run.
+pool() {
+  local fn=$1 running=0 status=0 item
+  shift
+  for item in "$@"; do
+    if ((running >= JOBS)); then
+      wait -n || status=1
+      running=$((running - 1))
+    fi
+    "$fn" "$item" &
+    running=$((running + 1))
+  done
+  while ((running > 0)); do
+    wait -n || status=1
+    running=$((running - 1))
+  done
+  return "$status"
+}
+
+# run_logged NAME DIR COMMAND...: runs COMMAND in DIR with its output in $logs/NAME.log, then
+# prints that log whole (one log at a time, as runs end) and the run's time.
+run_logged() {
+  local name=$1 cwd=$2 t0 rc=0 secs
+  shift 2
+  t0=$(now)
+  (cd "$cwd" && "$@") > "$logs/$name.log" 2>&1 || rc=$?
+  secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+  {
+    flock 9
+    echo "     Running $name: $*"
+    cat "$logs/$name.log"
+    echo "==> $name: exit status $rc in $secs s" >&2
+  } 9> "$logs/.print"
+  return "$rc"
+}
+
+# One test binary ("name <TAB> executable <TAB> package directory"), as cargo test runs it:
+# from its package's directory.
+run_test_binary() {
+  local name exe pkg
+  IFS=$'\t' read -r name exe pkg <<< "$1"
+  CARGO_MANIFEST_DIR="$pkg" run_logged "$name" "$pkg" "$exe"
+}
+
+# Every test binary of the workspace (built by the build stage), the heaviest first and the
+# timed ones last, then the doc tests, and one line summing the "test result:" lines.
 run_tests() {
-  local dir="$target_dir/test-logs" log="$target_dir/test-output.log" status=0 running=0 line name
-  rm -rf "$dir"
-  mkdir -p "$dir"
-  # name <TAB> executable <TAB> package directory, the heaviest first, the timed ones last.
+  local log="$target_dir/test-output.log" status=0 line name i
+  logs="$target_dir/test-logs"
+  rm -rf "$logs"
+  mkdir -p "$logs"
   local -a first=() rest=() alone=()
   while IFS= read -r line; do
     name=${line%%$'\t'*}
@@ -78,51 +125,19 @@ for line in sys.stdin:
         name = t["name"] if "test" in t["kind"] else t["name"] + "-unit-" + t["kind"][0]
         print(name, m["executable"], os.path.dirname(m["manifest_path"]), sep="\t")
 ')
+  ((${#first[@]} + ${#rest[@]} + ${#alone[@]})) || { echo "==> no test binaries found" >&2; return 1; }
   local -A rank=()
-  local i
   for i in "${!TESTS_FIRST[@]}"; do rank[${TESTS_FIRST[$i]}]=$i; done
   mapfile -t first < <(for line in "${first[@]}"; do printf '%s\t%s\n' "${rank[${line%%$'\t'*}]}" "$line"; done | sort -n | cut -f2-)
-  ((${#first[@]} + ${#rest[@]} + ${#alone[@]})) || { echo "==> no test binaries found" >&2; return 1; }
-  local -a queue=("${first[@]}" "${rest[@]}")
-  for line in "${queue[@]}"; do
-    if ((running >= TEST_JOBS)); then
-      wait -n || status=1
-      running=$((running - 1))
-    fi
-    run_test_binary "$dir" "$line" &
-    running=$((running + 1))
-  done
-  while ((running > 0)); do
-    wait -n || status=1
-    running=$((running - 1))
-  done
+  pool run_test_binary "${first[@]}" "${rest[@]}" || status=1
   for line in "${alone[@]}"; do
-    run_test_binary "$dir" "$line" || status=1
+    run_test_binary "$line" || status=1
   done
-  cargo test --release --workspace --doc > "$dir/doc-tests.log" 2>&1 || status=1
-  cat "$dir/doc-tests.log"
-  cat "$dir"/*.log > "$log"
+  run_logged doc-tests "$PWD" cargo test --release --workspace --doc || status=1
+  cat "$logs"/*.log > "$log"
   awk '/^test result:/ { for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } }
        END { printf "==> all test binaries: %d passed, %d failed, %d ignored (output in %s)\n", p, f, g, FILENAME }' "$log" >&2
   return "$status"
-}
-
-# Runs one test binary ("name <TAB> executable <TAB> package directory") into its log, then
-# prints the log (one at a time) and its time.
-run_test_binary() {
-  local dir=$1 name exe pkg t0 rc=0
-  IFS=$'\t' read -r name exe pkg <<< "$2"
-  t0=$(now)
-  (cd "$pkg" && CARGO_MANIFEST_DIR="$pkg" "$exe") > "$dir/$name.log" 2>&1 || rc=$?
-  local secs
-  secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
-  {
-    flock 9
-    echo "     Running $name (${exe#"$PWD/"})"
-    cat "$dir/$name.log"
-    echo "==> $name: exit status $rc in $secs s" >&2
-  } 9> "$dir/.print"
-  return "$rc"
 }
 
 # Formatting and lints: the whole workspace, tests and examples included, warnings as errors.
@@ -150,11 +165,21 @@ cross_check() {
 # package and the chat page against `flint web`.
 run_browser_tests() {
   (cd tests/web && { [[ -d node_modules/playwright-core && -d node_modules/openai && -d node_modules/ajv ]] || npm ci --no-audit --no-fund; })
-  # One file at a time: each drives its own Chromium on the same two cores.
+  # Each file drives its own Chromium (and flint web or flint serve on a port of its own); the
+  # longest, package.test.mjs, starts first.
+  logs="$target_dir/browser-logs"
+  rm -rf "$logs"
+  mkdir -p "$logs"
+  local -a files=(tests/web/package.test.mjs)
   local f
   for f in tests/web/*.test.mjs; do
-    node --test "$f"
+    [[ $f == tests/web/package.test.mjs ]] || files+=("$f")
   done
+  pool run_browser_file "${files[@]}"
+}
+
+run_browser_file() {
+  run_logged "$(basename "$1" .test.mjs)" "$PWD" node --test "$1"
 }
 
 stage setup bash scripts/setup.sh
