@@ -11,6 +11,8 @@ TEST_MODELS=(gemma-3-270m qwen2.5-coder-0.5b)
 target_dir=${CARGO_TARGET_DIR:-target}
 timings=()
 now() { echo "${EPOCHREALTIME:-$(date +%s)}"; }
+# Seconds since $1 (a `now`), one decimal.
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 t_start=$(now)
 
 # Runs one named stage and prints how long it took.
@@ -21,7 +23,7 @@ stage() {
   echo "==> $name: $*" >&2
   "$@"
   local secs
-  secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+  secs=$(since "$t0")
   echo "==> $name: done in $secs s" >&2
   timings+=("$(printf '%-8s %7s s' "$name" "$secs")")
 }
@@ -81,7 +83,7 @@ run_logged() {
   shift 2
   t0=$(now)
   (cd "$cwd" && "$@") > "$logs/$name.log" 2>&1 || rc=$?
-  secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+  secs=$(since "$t0")
   {
     flock 9
     echo "     Running $name: $*"
@@ -102,20 +104,17 @@ run_test_binary() {
 # Every test binary of the workspace (built by the build stage), the heaviest first and the
 # timed ones last, then the doc tests, and one line summing the "test result:" lines.
 run_tests() {
-  local log="$target_dir/test-output.log" status=0 line name i
+  local log="$target_dir/test-output.log" status=0 line name
   logs="$target_dir/test-logs"
   rm -rf "$logs"
   mkdir -p "$logs"
-  local -a first=() rest=() alone=()
+  # name -> "name <TAB> executable <TAB> package directory", and the names in cargo's order.
+  local -A binary=()
+  local -a names=() queue=()
   while IFS= read -r line; do
     name=${line%%$'\t'*}
-    if [[ " ${TESTS_ALONE[*]} " == *" $name "* ]]; then
-      alone+=("$line")
-    elif [[ " ${TESTS_FIRST[*]} " == *" $name "* ]]; then
-      first+=("$line")
-    else
-      rest+=("$line")
-    fi
+    binary[$name]=$line
+    names+=("$name")
   done < <(cargo test --release --workspace --no-run --message-format=json | python3 -c '
 import json, os, sys
 for line in sys.stdin:
@@ -125,13 +124,16 @@ for line in sys.stdin:
         name = t["name"] if "test" in t["kind"] else t["name"] + "-unit-" + t["kind"][0]
         print(name, m["executable"], os.path.dirname(m["manifest_path"]), sep="\t")
 ')
-  ((${#first[@]} + ${#rest[@]} + ${#alone[@]})) || { echo "==> no test binaries found" >&2; return 1; }
-  local -A rank=()
-  for i in "${!TESTS_FIRST[@]}"; do rank[${TESTS_FIRST[$i]}]=$i; done
-  mapfile -t first < <(for line in "${first[@]}"; do printf '%s\t%s\n' "${rank[${line%%$'\t'*}]}" "$line"; done | sort -n | cut -f2-)
-  pool run_test_binary "${first[@]}" "${rest[@]}" || status=1
-  for line in "${alone[@]}"; do
-    run_test_binary "$line" || status=1
+  ((${#names[@]})) || { echo "==> no test binaries found" >&2; return 1; }
+  for name in "${TESTS_FIRST[@]}"; do
+    if [[ -v binary[$name] ]]; then queue+=("${binary[$name]}"); fi
+  done
+  for name in "${names[@]}"; do
+    [[ " ${TESTS_FIRST[*]} ${TESTS_ALONE[*]} " == *" $name "* ]] || queue+=("${binary[$name]}")
+  done
+  pool run_test_binary "${queue[@]}" || status=1
+  for name in "${TESTS_ALONE[@]}"; do
+    if [[ -v binary[$name] ]]; then run_test_binary "${binary[$name]}" || status=1; fi
   done
   run_logged doc-tests "$PWD" cargo test --release --workspace --doc || status=1
   cat "$logs"/*.log > "$log"
