@@ -53,11 +53,17 @@ pub async fn read(ctx: &GpuContext, src: &wgpu::Buffer, offset: u64, size: u64) 
 
 /// Maps an already-filled MAP_READ buffer and copies out its first `size` bytes.
 pub async fn read_staging(ctx: &GpuContext, staging: &wgpu::Buffer, size: u64) -> Result<Vec<u8>> {
+    read_staging_after(ctx, staging, size, None).await
+}
+
+/// [`read_staging`] of a buffer filled by submission `filled_by` (None: any so far): natively
+/// it waits for that submission only, so the work submitted after it runs on meanwhile.
+pub async fn read_staging_after(ctx: &GpuContext, staging: &wgpu::Buffer, size: u64, filled_by: Option<wgpu::SubmissionIndex>) -> Result<Vec<u8>> {
     let (tx, rx) = futures::channel::oneshot::channel();
     staging.slice(..size.next_multiple_of(4)).map_async(wgpu::MapMode::Read, move |r| {
         let _ = tx.send(r);
     });
-    ctx.poll_wait()?;
+    ctx.poll_wait_through(filled_by)?;
     rx.await.map_err(|_| GpuError::Readback { cause: "map callback dropped".into() })?.map_err(|e| GpuError::Readback { cause: e.to_string() })?;
     let data = {
         let view = staging.slice(..size.next_multiple_of(4)).get_mapped_range().map_err(|e| GpuError::Readback { cause: e.to_string() })?;

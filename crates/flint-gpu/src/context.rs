@@ -322,12 +322,20 @@ impl GpuContext {
     /// Waits until the device has done the submitted work: natively by polling, in the
     /// browser through the queue's callback (which also hands the event loop its turn).
     pub async fn work_done(&self) -> Result<()> {
+        self.work_done_through(None).await
+    }
+
+    /// [`GpuContext::work_done`] natively only through submission `index` (None: every
+    /// submission so far), so work submitted after it keeps running; the browser waits for
+    /// all.
+    pub async fn work_done_through(&self, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
         #[cfg(not(target_arch = "wasm32"))]
         {
-            self.poll_wait()?;
+            self.poll_wait_through(index)?;
         }
         #[cfg(target_arch = "wasm32")]
         {
+            let _ = index;
             let (tx, rx) = futures::channel::oneshot::channel();
             self.queue.on_submitted_work_done(move || {
                 let _ = tx.send(());
@@ -339,8 +347,24 @@ impl GpuContext {
 
     /// Waits for submitted work natively; a no-op in the browser, where mapping drives it.
     pub fn poll_wait(&self) -> Result<()> {
+        self.poll_wait_through(None)
+    }
+
+    /// Whether the device has finished every submission, polled without waiting (natively:
+    /// the browser cannot be asked).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn idle(&self) -> Result<bool> {
+        let status = self.device.poll(wgpu::PollType::Poll).map_err(|e| GpuError::DeviceLost { cause: e.to_string() })?;
+        Ok(status.is_queue_empty())
+    }
+
+    /// Waits natively for submission `index` and those before it (None: the latest), not
+    /// for any submitted after it; a no-op in the browser.
+    pub fn poll_wait_through(&self, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
         #[cfg(not(target_arch = "wasm32"))]
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::DeviceLost { cause: e.to_string() })?;
+        self.device.poll(wgpu::PollType::Wait { submission_index: index, timeout: None }).map_err(|e| GpuError::DeviceLost { cause: e.to_string() })?;
+        #[cfg(target_arch = "wasm32")]
+        let _ = index;
         Ok(())
     }
 }

@@ -171,6 +171,31 @@ fn overlapped_steps_refuse_misuse() {
     block_on(gpu.collect(t1)).unwrap();
 }
 
+/// Collecting a step waits for that step only: the step submitted after it is still running
+/// when the first one's draws come back, so the device works while the host reads one step
+/// and encodes the next. (Waiting for every submission, as reads did before, leaves the
+/// device idle then, and the later step always done.) A 16-token prompt step follows a 7-token
+/// one; it may by chance finish before the host looks, so up to eight rounds run and one
+/// that finds it running passes.
+#[test]
+fn collecting_a_step_leaves_the_step_after_it_running() {
+    let Some(mut gpu) = load() else { return };
+    let mut kv = fresh_kv(&gpu);
+    let long: Vec<u32> = (0..16).map(|i| 300 + 17 * i).collect();
+    reserve(&mut kv, [PROMPTS[0].len(), long.len()]);
+    let tokens = [PROMPTS[0].to_vec(), long];
+    let running = (0..8).any(|_| {
+        let (mut s1, mut s2) = (samplers(), samplers());
+        let first = block_on(gpu.submit(batch(&kv, &[0], &tokens, [0, 0], &mut s1), &[], None)).unwrap();
+        let second = block_on(gpu.submit(batch(&kv, &[1], &tokens, [0, 0], &mut s2), &[], None)).unwrap();
+        block_on(gpu.collect(first)).unwrap();
+        let idle = gpu.model().ctx.idle().unwrap();
+        block_on(gpu.collect(second)).unwrap();
+        !idle
+    });
+    assert!(running, "in eight rounds the step after a collected one had always finished: collect waits for more than its step");
+}
+
 /// Four requests on the tiny qwen3: two greedy of 12 and 5 tokens, a seeded one of 9, and one
 /// with a repetition penalty joining once the first has 4 tokens.
 fn jobs() -> Vec<Job> {

@@ -45,6 +45,9 @@ struct Drawn {
 /// A step submitted by [`GpuModel::submit`] whose draws are not read yet.
 pub(super) struct InFlight {
     ticket: u64,
+    /// Its submission (the last, with late masks): collecting it waits for this one only,
+    /// not for the step submitted after it.
+    index: wgpu::SubmissionIndex,
     /// Its draws and their readback slot (None: a step without outputs).
     drawn: Option<(Drawn, usize)>,
     /// It was the first step to run some kernels (compile progress is told when it ends).
@@ -282,12 +285,12 @@ impl GpuModel {
             self.encode_readback(&mut enc, &samples, 0, layout.gather.len(), slot);
             (Drawn { rows, plan: samples, base: 0 }, slot)
         });
-        self.ctx.queue.submit([enc.finish()]);
+        let index = self.ctx.queue.submit([enc.finish()]);
         self.next_slot ^= 1;
         self.last_rows = layout.gather.len();
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        self.in_flight.push_back(InFlight { ticket, drawn, first_use });
+        self.in_flight.push_back(InFlight { ticket, index, drawn, first_use });
         Ok(ticket)
     }
 
@@ -299,8 +302,8 @@ impl GpuModel {
         let f = self.in_flight.pop_front().expect("checked");
         let mut result = StepResult::default();
         let read = match &f.drawn {
-            None => self.ctx.work_done().await,
-            Some((d, slot)) => self.read_draws(std::slice::from_ref(d), d.rows.len(), *slot).await.map(|s| result.sampled = s),
+            None => self.ctx.work_done_through(Some(f.index)).await,
+            Some((d, slot)) => self.read_draws(std::slice::from_ref(d), d.rows.len(), *slot, Some(f.index)).await.map(|s| result.sampled = s),
         };
         self.end_first_use(f.first_use);
         read?;
@@ -321,14 +324,20 @@ impl GpuModel {
     }
 
     /// Reads back the draws of a step's micro-batches, `n_out` rows in all, from readback
-    /// `slot`.
-    async fn read_draws(&self, drawn: &[Drawn], n_out: usize, slot: usize) -> Result<Vec<flint_core::sampling::Sampled>> {
+    /// `slot`, filled by submission `filled_by` (None: the latest).
+    async fn read_draws(
+        &self,
+        drawn: &[Drawn],
+        n_out: usize,
+        slot: usize,
+        filled_by: Option<wgpu::SubmissionIndex>,
+    ) -> Result<Vec<flint_core::sampling::Sampled>> {
         let (_, out) = self.outputs("step")?;
         let lp_words = self.limits.max_outputs;
         let logprobs = drawn.iter().any(|d| d.plan.logprobs);
         let words = if logprobs { lp_words + n_out * LP_WORDS } else { n_out };
         debug_assert!(words <= self.limits.max_outputs * READBACK_WORDS);
-        let bytes = crate::buffer::read_staging(&self.ctx, &out.readback[slot], words as u64 * 4).await?;
+        let bytes = crate::buffer::read_staging_after(&self.ctx, &out.readback[slot], words as u64 * 4, filled_by).await?;
         let w: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
         let mut sampled = Vec::with_capacity(n_out);
         for d in drawn {
@@ -491,7 +500,7 @@ async fn run_micro_batches(
         // A prompt chunk without outputs: wait for it, so work never piles up unseen.
         tail.ctx.work_done().await.map_err(on(last))?;
     } else {
-        result.sampled = tail.read_draws(&drawn, n_out, 0).await.map_err(on(last))?;
+        result.sampled = tail.read_draws(&drawn, n_out, 0, None).await.map_err(on(last))?;
     }
     for (staging, bytes) in logit_reads {
         let data = crate::buffer::read_staging(&tail.ctx, &staging, bytes).await.map_err(on(last))?;
