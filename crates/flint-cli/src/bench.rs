@@ -288,6 +288,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
 
     let (mut prefill, mut decode, mut ttft, mut prefilled) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let (mut one_prefill, mut one_decode) = (Vec::new(), Vec::new());
+    let overlap_before = futures::executor::block_on(engine.stats()).map_err(Failure::runtime)?.overlapped;
     for _ in 0..args.reps {
         let r = futures::executor::block_on(engine.bench_at_depth(&prompt, args.depth, args.gen_tokens)).map_err(Failure::runtime)?;
         ttft.push(r.ttft_s * 1e3);
@@ -300,6 +301,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             one_decode.push(r.decode_tok_s);
         }
     }
+    let overlap = OverlapReport::since(&engine, overlap_before)?;
     let (concurrency, levels_peak) = if args.concurrency.is_empty() { (Vec::new(), 0.0) } else { run_levels(&engine, &levels, &args)? };
     let split = match &one {
         Some(one) => Some(split_report(&engine, one, stats(one_prefill), stats(one_decode), &concurrency, &levels, &args)?),
@@ -334,6 +336,9 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         "decode_bandwidth_gbs": round2(decode_gbs),
         "decode_bandwidth_pct": round2(pct),
     });
+    if let Some(o) = &overlap {
+        report["overlap"] = o.json();
+    }
     if !concurrency.is_empty() {
         report["concurrency"] = json!(concurrency
             .iter()
@@ -377,6 +382,9 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             println!("ttft       {:.1} ms (min {:.1}, max {:.1})", ttft.median, ttft.min, ttft.max);
             println!("peak rss   {peak_rss:.0} MB");
             println!("bandwidth  decode {decode_gbs:.2} GB/s = {pct:.1}% of measured copy bandwidth {copy_gbs:.2} GB/s");
+            if let Some(o) = &overlap {
+                o.print();
+            }
             if !concurrency.is_empty() {
                 println!("concurrency  aggregate decode tok/s (min, max) | ratio to 1 | all streams decoding tok/s (min, max) | ratio to 1 | per stream tok/s | ttft ms | peak rss MB | heap growth MB");
                 for l in &concurrency {
@@ -414,6 +422,48 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// The host's time on the one-stream runs' overlapped steps (the engine's
+/// [`flint::Overlap`]), per step. The device runs each step while the host works on the
+/// next, so waiting near zero means the host bounds decode, and more means the device does.
+struct OverlapReport {
+    steps: u64,
+    submit_ms: f64,
+    wait_ms: f64,
+    other_ms: f64,
+}
+
+impl OverlapReport {
+    /// The overlapped steps since the engine's counts were `before`; None if there were none
+    /// (a backend or a request that does not overlap).
+    fn since(engine: &Engine, before: flint::Overlap) -> Result<Option<OverlapReport>, Failure> {
+        let now = futures::executor::block_on(engine.stats()).map_err(Failure::runtime)?.overlapped;
+        let steps = now.steps - before.steps;
+        let per_step = |us: u64| us as f64 / 1e3 / steps as f64;
+        Ok((steps > 0).then(|| OverlapReport {
+            steps,
+            submit_ms: per_step(now.submit_us - before.submit_us),
+            wait_ms: per_step(now.wait_us - before.wait_us),
+            other_ms: per_step(now.other_us - before.other_us),
+        }))
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "steps": self.steps,
+            "submit_ms_per_step": round3(self.submit_ms),
+            "wait_ms_per_step": round3(self.wait_ms),
+            "other_host_ms_per_step": round3(self.other_ms),
+        })
+    }
+
+    fn print(&self) {
+        println!(
+            "overlap    {} steps, each: submit {:.3} ms, wait for the device {:.3} ms, other host work {:.3} ms",
+            self.steps, self.submit_ms, self.wait_ms, self.other_ms
+        );
+    }
 }
 
 /// A split model against its first device alone, measured in the same run.

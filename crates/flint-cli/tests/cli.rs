@@ -584,11 +584,14 @@ fn devices_are_listed_and_chosen() {
     }
     // At a depth (llama-bench's -d) the timed prompt continues one the prefix cache holds:
     // only the -p tokens past its last full block are prefilled.
-    let out = flint_on(&["bench", "-m", m, "-dev", &lavapipe, "-d", "32", "-p", "8", "-n", "2", "--reps", "1", "--format", "json"]);
+    let out = flint_on(&["bench", "-m", m, "-dev", &lavapipe, "-d", "32", "-p", "8", "-n", "4", "--reps", "1", "--format", "json"]);
     assert!(out.status.success(), "-d 32: {}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((report["depth"].as_u64(), report["prefilled_tokens"].as_u64()), (Some(32), Some(8)), "{report}");
     assert!(report["prefill_tok_s"]["median"].as_f64().unwrap() > 0.0, "{report}");
+    // The decode steps overlapped, and the run loop's time on them is reported per step.
+    let overlap = &report["overlap"];
+    assert!(overlap["steps"].as_u64().unwrap() >= 2 && overlap["submit_ms_per_step"].as_f64().unwrap() > 0.0, "{report}");
     let out = flint_on(&["run", "-m", m, "--device", "no-such-gpu", "--raw", "-n", "1", "hi"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");

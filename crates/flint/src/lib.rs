@@ -33,7 +33,7 @@ pub use flint_core::generate::{Event, FinishReason, GenerateError, GenerateParam
 pub use flint_core::gguf::{GgufError, GgufFile};
 pub use flint_core::kv::{KvError, KvType, KV_BLOCK_SIZE};
 pub use flint_core::sampling::{SamplingError, SamplingParams};
-pub use flint_core::sched::{BlockCounts, Histogram, SchedError, SchedStats};
+pub use flint_core::sched::{BlockCounts, Histogram, Overlap, SchedError, SchedStats};
 pub use flint_core::selftest::{SelfTestError, TapReport};
 pub use flint_core::spec::{SpecConfig, SpecError, SpecKind, DRAFT_MAX, DRAFT_P_MIN};
 pub use flint_core::tokenizer::VocabMismatch;

@@ -15,7 +15,7 @@ use flint_core::backend::{Backend, BackendError, Feed, LateMasks, StepResult, Ti
 use flint_core::generate::{Clock, Event, FinishReason, Generation, MaskJob};
 use flint_core::kv::SeqId;
 use flint_core::sampling::{DraftLink, Sampler, SamplingParams};
-use flint_core::sched::{Flow, SchedStats, Scheduler, SeqEnd, StepPlan};
+use flint_core::sched::{Flow, Overlap, SchedStats, Scheduler, SeqEnd, StepPlan};
 use flint_core::spec::{fit_draft, ngram_draft, prediction_draft, Adapt, SpecConfig, SpecCounts, SpecKind};
 use flint_core::tokenizer::Tokenizer;
 
@@ -129,8 +129,10 @@ pub(crate) struct Runner {
     /// Overlapped steps (`LoadOptions::overlap`), and the step submitted and not read yet.
     pub overlap: bool,
     in_flight: Option<InFlight>,
-    /// Steps submitted before the one before them was read.
-    overlapped: u64,
+    /// Steps submitted before the one before them was read, and the host's time on them.
+    overlapped: Overlap,
+    /// Microseconds spent collecting steps, all told.
+    waited_us: u64,
 }
 
 impl Runner {
@@ -168,7 +170,8 @@ impl Runner {
             forced: HashSet::new(),
             overlap: true,
             in_flight: None,
-            overlapped: 0,
+            overlapped: Overlap::default(),
+            waited_us: 0,
         }
     }
 
@@ -418,7 +421,12 @@ impl Runner {
     /// Returns whether anything ran or was read (false: the plan was empty, nothing out).
     async fn step(&mut self) -> Result<bool, BackendError> {
         if let Some(prev) = self.in_flight.take() {
+            let (t0, waited, submitted) = ((self.clock)(), self.waited_us, self.overlapped.submit_us);
             self.step_overlapped(prev).await?;
+            let (turn, wait) = (us_since(self.clock, t0), self.waited_us - waited);
+            let o = &mut self.overlapped;
+            o.wait_us += wait;
+            o.other_us += turn.saturating_sub(wait + o.submit_us - submitted);
             return Ok(true);
         }
         if self.spec.drafts() {
@@ -534,11 +542,14 @@ impl Runner {
         }
         if !plan.is_empty() {
             self.started(&plan);
-            match self.run_plan(&plan, Some(&feeds)).await {
+            let t0 = (self.clock)();
+            let ran = self.run_plan(&plan, Some(&feeds)).await;
+            self.overlapped.submit_us += us_since(self.clock, t0);
+            match ran {
                 Ok(ran) => {
                     if let Ran::Submitted(ticket) = ran {
                         self.in_flight = Some(InFlight { plan, ticket, forced: std::mem::take(&mut self.forced) });
-                        self.overlapped += 1;
+                        self.overlapped.steps += 1;
                     }
                 }
                 Err(e) => {
@@ -552,7 +563,10 @@ impl Runner {
 
     /// Reads submitted step `f` and folds it in (`fed`: the sequences the step after it runs).
     async fn read_in(&mut self, f: InFlight, fed: Option<&HashSet<SeqId>>) -> Result<(), BackendError> {
-        let result = self.backend.collect(f.ticket).await?;
+        let t0 = (self.clock)();
+        let result = self.backend.collect(f.ticket).await;
+        self.waited_us += us_since(self.clock, t0);
+        let result = result?;
         self.forced = f.forced;
         self.fold(&f.plan, result, fed);
         Ok(())
@@ -838,4 +852,9 @@ impl Runner {
         }
         Ok((prefill, decodes))
     }
+}
+
+/// Whole microseconds from `t0` (a `clock` reading, in ms) to now.
+fn us_since(clock: Clock, t0: f64) -> u64 {
+    ((clock() - t0) * 1e3).max(0.0) as u64
 }

@@ -232,16 +232,18 @@ fn the_engine_draws_the_same_tokens_with_and_without_overlapped_steps() {
     let run = |overlap: bool| on_qwen3(overlap, 128, None, |e| together_with(e, &jobs(), false));
     let (plain, none) = run(false);
     let (overlapped, stats) = run(true);
-    let steps = stats.overlapped;
-    assert_eq!(none.overlapped, 0);
+    let steps = stats.overlapped.steps;
+    assert_eq!(none.overlapped, flint::Overlap::default(), "steps one after another are not timed as overlapped");
     assert!(steps > 0, "no step was overlapped");
+    // The run loop timed them: every step is submitted, encoding takes time.
+    assert!(stats.overlapped.submit_us > 0, "{:?}", stats.overlapped);
     for (i, (a, b)) in plain.iter().zip(&overlapped).enumerate() {
         assert_eq!(a.ids, b.ids, "request {i}'s tokens differ with overlapped steps");
         assert_eq!(a.ids.len(), jobs()[i].n_gen);
         let reason = |o: &common::Output| o.summary.as_ref().map(|s| s.finish_reason);
         assert_eq!(reason(a), reason(b), "request {i}'s finish reason differs");
     }
-    eprintln!("{steps} steps overlapped");
+    eprintln!("{steps} steps overlapped: {:?}", stats.overlapped);
 }
 
 /// Requests with penalties over windows that fill and slide (8 and 16 tokens, repetition,
@@ -273,13 +275,13 @@ fn penalized_requests_overlap_and_draw_what_they_draw_without() {
     let (plain, none) = run(false, true);
     let (overlapped, stats) = run(true, true);
     let (unpenalized, _) = run(true, false);
-    assert_eq!(none.overlapped, 0);
-    assert!(stats.overlapped > 0, "the penalized requests' steps did not overlap");
+    assert_eq!(none.overlapped.steps, 0);
+    assert!(stats.overlapped.steps > 0, "the penalized requests' steps did not overlap");
     for (i, (a, b)) in plain.iter().zip(&overlapped).enumerate() {
         assert_eq!(a.ids, b.ids, "penalized request {i}'s tokens differ with overlapped steps");
     }
     assert_ne!(plain[0].ids, unpenalized[0].ids, "the penalties changed nothing: the test shows nothing");
-    eprintln!("{} steps overlapped", stats.overlapped);
+    eprintln!("{} steps overlapped", stats.overlapped.steps);
 }
 
 /// The browser's concurrent-request scenario: two streams together, then one broken off
@@ -323,7 +325,7 @@ fn cancels_and_several_choices_go_through_overlapped_steps() {
     }
     let (plain, _) = on_qwen3(false, 128, None, scenario);
     let (overlapped, stats) = on_qwen3(true, 128, None, scenario);
-    assert!(stats.overlapped > 0, "no step was overlapped");
+    assert!(stats.overlapped.steps > 0, "no step was overlapped");
     assert_eq!(overlapped, plain, "overlapped steps changed a reply");
     let lens: Vec<Vec<usize>> = plain.iter().map(|r| r.iter().map(Vec::len).collect()).collect();
     assert_eq!(lens, [vec![5], vec![5], vec![2], vec![5], vec![3, 3], vec![4]]);
@@ -342,7 +344,7 @@ fn preempted_sequences_recompute_through_overlapped_steps() {
     let (want, _) = on_qwen3(false, 48, None, |e| together_with(e, &jobs, false));
     let (got, stats) = on_qwen3(true, 48, Some(2 * 48 + 16), |e| together_with(e, &jobs, false));
     assert!(stats.preemptions > 0, "the pool never ran short: {stats:?}");
-    assert!(stats.overlapped > 0, "no step was overlapped: {stats:?}");
+    assert!(stats.overlapped.steps > 0, "no step was overlapped: {stats:?}");
     for (i, (a, b)) in want.iter().zip(&got).enumerate() {
         assert_eq!(a.ids, b.ids, "request {i}'s tokens differ after preemption with overlapped steps");
     }
@@ -379,8 +381,8 @@ fn an_engine_that_accepts_predictions_overlaps_the_requests_without_one() {
         let with = predicted(e, PROMPTS[0], 12, Some(alone.1.clone()));
         (got, alone, with)
     });
-    assert_eq!(none.overlapped, 0);
-    assert!(stats.overlapped > 0, "an engine that accepts predictions overlapped no step: {stats:?}");
+    assert_eq!(none.overlapped.steps, 0);
+    assert!(stats.overlapped.steps > 0, "an engine that accepts predictions overlapped no step: {stats:?}");
     for (i, (a, b)) in plain.iter().zip(&got).enumerate() {
         assert_eq!(a.ids, b.ids, "request {i}'s tokens differ with overlapped steps");
     }
@@ -451,8 +453,8 @@ fn constrained_and_predicted_requests_sit_out_every_other_step_while_the_rest_ov
     let alone = on_qwen3_with(opts(false), |e| predicted(e, PROMPTS[0], 12, None)).0;
     let (plain, none) = on_qwen3_with(opts(false), |e| replies(e, reqs(&alone.1)));
     let (got, stats) = on_qwen3_with(opts(true), |e| replies(e, reqs(&alone.1)));
-    assert_eq!(none.overlapped, 0);
-    assert!(stats.overlapped > 0, "no step overlapped while a grammar was live: {stats:?}");
+    assert_eq!(none.overlapped.steps, 0);
+    assert!(stats.overlapped.steps > 0, "no step overlapped while a grammar was live: {stats:?}");
     assert!(stats.spec.drafted > 0, "the prediction was not drafted from: {stats:?}");
     let digits = &got[0][0].1;
     assert!(digits.len() == 40 && digits.bytes().all(|b| b.is_ascii_digit()), "the regex reply {digits:?}");
@@ -462,5 +464,5 @@ fn constrained_and_predicted_requests_sit_out_every_other_step_while_the_rest_ov
     for (i, (a, b)) in plain.iter().zip(&got).enumerate() {
         assert_eq!(a, b, "request {i}'s replies differ with overlapped steps");
     }
-    eprintln!("{} steps overlapped", stats.overlapped);
+    eprintln!("{} steps overlapped", stats.overlapped.steps);
 }

@@ -117,9 +117,25 @@ pub struct SchedStats {
     /// Speculative decoding: tokens drafted and accepted so far (the engine's run loop keeps
     /// these).
     pub spec: crate::spec::SpecCounts,
-    /// Steps submitted before the step before them was read (overlapped; the run loop keeps
-    /// this).
-    pub overlapped: u64,
+    /// Steps submitted before the step before them was read (the run loop keeps these).
+    pub overlapped: Overlap,
+}
+
+/// The run loop's overlapped steps and its time on them. Each turn of the loop plans and
+/// submits a step, then reads the step before it (waiting for the device) and folds it in;
+/// the device runs the submitted step meanwhile, so a decode step takes the longer of the
+/// host's work and the device's. Little waiting means the host bounds decode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overlap {
+    /// Steps submitted so.
+    pub steps: u64,
+    /// Microseconds spent submitting them: the batch built, encoded and handed to the driver
+    /// (a driver may wait there for the step before to end: Mesa's lavapipe does).
+    pub submit_us: u64,
+    /// Microseconds spent waiting in those turns for the step before's draws.
+    pub wait_us: u64,
+    /// Microseconds of the rest of those turns: planning, folding draws in.
+    pub other_us: u64,
 }
 
 /// KV blocks summed over the block groups.
