@@ -114,6 +114,15 @@ def assemble(out, commit):
     for r in rows:
         ratio = f"{r['flint_tok_s'] / r['peer_tok_s']:.2f}x" if r["flint_tok_s"] and r["peer_tok_s"] else "-"
         print(f"| {r['model']} | {r['test']} | {r.get('mode', 'default')} | {r['flint_tok_s']} | {r['peer_tok_s']} | {ratio} |")
+    # Where Flint's overlapped decode steps spent their time (flint bench's "overlap"):
+    # waiting near zero means the host bounds decode.
+    print()
+    print("| flint run | decode ms/token | submit ms | wait ms | other host ms |")
+    print("|---|---|---|---|---|")
+    for r in flint:
+        o, tok_s = r["report"].get("overlap"), r["report"].get("decode_tok_s", {}).get("median")
+        if o and tok_s:
+            print(f"| {r['tag']} | {1e3 / tok_s:.3f} | {o['submit_ms_per_step']} | {o['wait_ms_per_step']} | {o['other_host_ms_per_step']} |")
 
 
 def _exists(path):
