@@ -163,6 +163,8 @@ struct Level {
     /// The most Rust heap a run of this level added over what was live when it started (MB),
     /// over the same repetitions: what that many sequences cost on the host, exactly.
     heap_growth_mb: f64,
+    /// Its overlapped steps over every repetition.
+    overlap: Option<OverlapReport>,
 }
 
 /// `n` streams at once, `reps` times: aggregate decode tok/s (tokens after each stream's
@@ -179,13 +181,16 @@ fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<(Ve
         .collect::<Result<Vec<_>, _>>()
         .map_err(Failure::usage)?;
     let mut samples = vec![(Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0.0, 0.0); levels.len()];
+    let mut overlaps = vec![flint::Overlap::default(); levels.len()];
     let mut process_peak = peak_rss_mb();
     for rep in 0..args.reps {
-        for (p, (agg, steady, per, ttft, rss, heap)) in prompts.iter().zip(samples.iter_mut()) {
+        for ((p, (agg, steady, per, ttft, rss, heap)), overlap) in prompts.iter().zip(samples.iter_mut()).zip(overlaps.iter_mut()) {
             let reset = reset_peak_rss();
             let heap_before = crate::heap::live_mb();
             crate::heap::reset_peak();
+            let before = overlap_now(engine)?;
             let runs: Vec<StreamRun> = futures::executor::block_on(engine.bench_streams(p, args.gen_tokens)).map_err(Failure::runtime)?;
+            *overlap = *overlap + (overlap_now(engine)? - before);
             let peak = peak_rss_mb();
             process_peak = process_peak.max(peak);
             if rep > 0 || args.reps == 1 {
@@ -206,7 +211,8 @@ fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<(Ve
     let levels = levels
         .iter()
         .zip(samples)
-        .map(|(&n, (agg, steady, per, ttft, rss, heap))| Level {
+        .zip(overlaps)
+        .map(|((&n, (agg, steady, per, ttft, rss, heap)), overlap)| Level {
             concurrency: n,
             aggregate: stats(agg),
             steady: stats(steady),
@@ -214,6 +220,7 @@ fn run_levels(engine: &Engine, levels: &[usize], args: &BenchArgs) -> Result<(Ve
             ttft: stats(ttft),
             peak_rss_mb: rss,
             heap_growth_mb: heap,
+            overlap: OverlapReport::of(overlap),
         })
         .collect();
     Ok((levels, process_peak))
@@ -288,7 +295,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
 
     let (mut prefill, mut decode, mut ttft, mut prefilled) = (Vec::new(), Vec::new(), Vec::new(), 0);
     let (mut one_prefill, mut one_decode) = (Vec::new(), Vec::new());
-    let overlap_before = futures::executor::block_on(engine.stats()).map_err(Failure::runtime)?.overlapped;
+    let overlap_before = overlap_now(&engine)?;
     for _ in 0..args.reps {
         let r = futures::executor::block_on(engine.bench_at_depth(&prompt, args.depth, args.gen_tokens)).map_err(Failure::runtime)?;
         ttft.push(r.ttft_s * 1e3);
@@ -301,7 +308,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             one_decode.push(r.decode_tok_s);
         }
     }
-    let overlap = OverlapReport::since(&engine, overlap_before)?;
+    let overlap = OverlapReport::of(overlap_now(&engine)? - overlap_before);
     let (concurrency, levels_peak) = if args.concurrency.is_empty() { (Vec::new(), 0.0) } else { run_levels(&engine, &levels, &args)? };
     let split = match &one {
         Some(one) => Some(split_report(&engine, one, stats(one_prefill), stats(one_decode), &concurrency, &levels, &args)?),
@@ -352,6 +359,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
                 "steady_ratio_to_1": round2(steady_ratio(l)),
                 "peak_rss_mb": round2(l.peak_rss_mb),
                 "heap_growth_mb": round2(l.heap_growth_mb),
+                "overlap": l.overlap.as_ref().map(OverlapReport::json),
             }))
             .collect::<Vec<_>>());
     }
@@ -383,7 +391,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             println!("peak rss   {peak_rss:.0} MB");
             println!("bandwidth  decode {decode_gbs:.2} GB/s = {pct:.1}% of measured copy bandwidth {copy_gbs:.2} GB/s");
             if let Some(o) = &overlap {
-                o.print();
+                o.print("overlap    ");
             }
             if !concurrency.is_empty() {
                 println!("concurrency  aggregate decode tok/s (min, max) | ratio to 1 | all streams decoding tok/s (min, max) | ratio to 1 | per stream tok/s | ttft ms | peak rss MB | heap growth MB");
@@ -408,6 +416,11 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
                         l.peak_rss_mb,
                         l.heap_growth_mb
                     );
+                }
+                for l in &concurrency {
+                    if let Some(o) = &l.overlap {
+                        o.print(&format!("  {:>3}      overlap ", l.concurrency));
+                    }
                 }
             }
             if let Some(split) = &split {
@@ -434,19 +447,17 @@ struct OverlapReport {
     other_ms: f64,
 }
 
+/// The engine's overlapped-step counts now.
+fn overlap_now(engine: &Engine) -> Result<flint::Overlap, Failure> {
+    Ok(futures::executor::block_on(engine.stats()).map_err(Failure::runtime)?.overlapped)
+}
+
 impl OverlapReport {
-    /// The overlapped steps since the engine's counts were `before`; None if there were none
-    /// (a backend or a request that does not overlap).
-    fn since(engine: &Engine, before: flint::Overlap) -> Result<Option<OverlapReport>, Failure> {
-        let now = futures::executor::block_on(engine.stats()).map_err(Failure::runtime)?.overlapped;
-        let steps = now.steps - before.steps;
-        let per_step = |us: u64| us as f64 / 1e3 / steps as f64;
-        Ok((steps > 0).then(|| OverlapReport {
-            steps,
-            submit_ms: per_step(now.submit_us - before.submit_us),
-            wait_ms: per_step(now.wait_us - before.wait_us),
-            other_ms: per_step(now.other_us - before.other_us),
-        }))
+    /// Per step of the counts `o` of some runs; None if no step overlapped (a backend or a
+    /// request that does not overlap).
+    fn of(o: flint::Overlap) -> Option<OverlapReport> {
+        let per_step = |us: u64| us as f64 / 1e3 / o.steps as f64;
+        (o.steps > 0).then(|| OverlapReport { steps: o.steps, submit_ms: per_step(o.submit_us), wait_ms: per_step(o.wait_us), other_ms: per_step(o.other_us) })
     }
 
     fn json(&self) -> serde_json::Value {
@@ -458,9 +469,10 @@ impl OverlapReport {
         })
     }
 
-    fn print(&self) {
+    /// One line, after `what` ("overlap    " for the one-stream runs).
+    fn print(&self, what: &str) {
         println!(
-            "overlap    {} steps, each: submit {:.3} ms, wait for the device {:.3} ms, other host work {:.3} ms",
+            "{what}{} steps, each: submit {:.3} ms, wait for the device {:.3} ms, other host work {:.3} ms",
             self.steps, self.submit_ms, self.wait_ms, self.other_ms
         );
     }

@@ -592,6 +592,13 @@ fn devices_are_listed_and_chosen() {
     // The decode steps overlapped, and the run loop's time on them is reported per step.
     let overlap = &report["overlap"];
     assert!(overlap["steps"].as_u64().unwrap() >= 2 && overlap["submit_ms_per_step"].as_f64().unwrap() > 0.0, "{report}");
+    // Several streams: each level's decode, and its steps overlapped too.
+    let out = flint_on(&["bench", "-m", m, "-dev", &lavapipe, "-p", "8", "-n", "4", "--reps", "1", "--concurrency", "2", "--format", "json"]);
+    assert!(out.status.success(), "--concurrency 2: {}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let two = &report["concurrency"][1];
+    assert_eq!(two["concurrency"].as_u64(), Some(2), "{report}");
+    assert!(two["steady_decode_tok_s"]["median"].as_f64().unwrap() > 0.0 && two["overlap"]["steps"].as_u64().unwrap() >= 2, "{report}");
     let out = flint_on(&["run", "-m", m, "--device", "no-such-gpu", "--raw", "-n", "1", "hi"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");

@@ -138,6 +138,31 @@ pub struct Overlap {
     pub other_us: u64,
 }
 
+/// What a span of running added: the counts at its end less those at its start.
+impl std::ops::Sub for Overlap {
+    type Output = Overlap;
+    fn sub(self, start: Overlap) -> Overlap {
+        Overlap {
+            steps: self.steps.saturating_sub(start.steps),
+            submit_us: self.submit_us.saturating_sub(start.submit_us),
+            wait_us: self.wait_us.saturating_sub(start.wait_us),
+            other_us: self.other_us.saturating_sub(start.other_us),
+        }
+    }
+}
+
+impl std::ops::Add for Overlap {
+    type Output = Overlap;
+    fn add(self, o: Overlap) -> Overlap {
+        Overlap {
+            steps: self.steps + o.steps,
+            submit_us: self.submit_us + o.submit_us,
+            wait_us: self.wait_us + o.wait_us,
+            other_us: self.other_us + o.other_us,
+        }
+    }
+}
+
 /// KV blocks summed over the block groups.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BlockCounts {
