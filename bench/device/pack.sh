@@ -40,6 +40,28 @@ cmake -S "$src" -B "$src/build-portable" -DGGML_VULKAN=ON -DGGML_NATIVE=OFF -DLL
 cmake --build "$src/build-portable" -j"$(nproc)" --target llama-bench llama-batched-bench >/dev/null
 cp -a "$src"/build-portable/bin/{*.so*,llama-bench,llama-batched-bench} "$out/stage/llama/"
 strip "$out"/stage/llama/llama-* "$out"/stage/llama/*.so.* 2>/dev/null || true
+# The same llama.cpp with matrix cores (reported beside the peer, not gated): the same source and
+# options built with a glslc that compiles cooperative-matrix and integer-dot shaders and with
+# newer Vulkan headers (bench/device/glslc.sh). Only its Vulkan backend differs, so only that
+# library is packed; run.sh puts it first on the library path. PEER_MATRIX=0 skips it.
+packed="bin llama skel"
+matrix_peer() { # set -e does not reach into a function called as a condition: each step is chained
+  local glslc vk_include
+  read -r glslc vk_include < <(bash bench/device/glslc.sh | tail -1) && [[ -x $glslc ]] &&
+    cmake -S "$src" -B "$src/build-matrix" -DGGML_VULKAN=ON -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
+      -DVulkan_GLSLC_EXECUTABLE="$glslc" -DVulkan_INCLUDE_DIR="$vk_include" > /tmp/matrix-peer.log 2>&1 &&
+    grep -q "GL_NV_cooperative_matrix2 supported" /tmp/matrix-peer.log &&
+    cmake --build "$src/build-matrix" -j"$(nproc)" --target ggml-vulkan >> /tmp/matrix-peer.log 2>&1 &&
+    mkdir -p "$out/stage/llama-matrix" && cp -a "$src"/build-matrix/bin/libggml-vulkan.so* "$out/stage/llama-matrix/" &&
+    strip "$out"/stage/llama-matrix/*.so.*
+}
+if [[ ${PEER_MATRIX:-1} == 0 ]]; then
+  :
+elif matrix_peer; then
+  packed+=" llama-matrix"
+else
+  echo "pack.sh: no matrix-core llama.cpp (/tmp/matrix-peer.log); the run reports the peer without it" >&2
+fi
 
 # Synthetic models: the real headers (the test models, and Qwen2.5-7B's shapes in Q4_K_M).
 for m in gemma-3-270m qwen2.5-coder-0.5b; do "$target/release/flint" pull "$m" >/dev/null; done
@@ -56,7 +78,7 @@ for d in ../shared/golden/families/*/; do
   find "$d" -maxdepth 1 -type f -exec cp {} "$out/shared/golden/families/$(basename "$d")/" \;
 done
 
-tar cJf "$out/pack.tar.xz" -C "$out/stage" bin llama skel && rm -rf "$out/stage"
+tar cJf "$out/pack.tar.xz" -C "$out/stage" $packed && rm -rf "$out/stage"
 
 # NVIDIA's Vulkan driver needs the loader and libglvnd, which the device image lacks.
 o="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64"

@@ -8,7 +8,9 @@
 
 Rows (issue 35): pp512 and tg128 of each model, c32 of qwen2.5-coder-0.5b (llama-batched-bench
 S_TG against `flint bench --concurrency 32`'s steady decode), pp4096 and tg128@d8192 of
-qwen2.5-coder-0.5b; the exact mode's and the no-subgroup rows carry `mode`.
+qwen2.5-coder-0.5b; the exact mode's and the no-subgroup rows carry `mode`. The pp512 and tg128
+rows also carry llama.cpp with matrix cores (`matrix_peer_tok_s`, reported, not gated) where
+the run measured it (tags MODEL-matrix).
 """
 import json
 import sys
@@ -73,16 +75,18 @@ def assemble(out, commit):
     decode = lambda rep: rep["decode_tok_s"]["median"]  # noqa: E731
     rows = []
 
-    def row(model, test, f, p, mode="default"):
-        (ft, fc), (pt, pc) = f, p
+    def row(model, test, f, p, mode="default", matrix=(None, None)):
+        (ft, fc), (pt, pc), (mt, mc) = f, p, matrix
         r = {"model": model, "test": test, "flint_tok_s": ft, "peer_tok_s": pt, "flint_cmd": fc, "peer_cmd": pc}
         if mode != "default":
             r["mode"] = mode
+        if mt is not None:
+            r["matrix_peer_tok_s"], r["matrix_peer_cmd"] = mt, mc
         rows.append(r)
 
     for m in MODELS:
-        row(m, "pp512", flint_value(m, prefill), llama_value(m, 512, 0))
-        row(m, "tg128", flint_value(m, decode), llama_value(m, 0, 128))
+        row(m, "pp512", flint_value(m, prefill), llama_value(m, 512, 0), matrix=llama_value(f"{m}-matrix", 512, 0))
+        row(m, "tg128", flint_value(m, decode), llama_value(m, 0, 128), matrix=llama_value(f"{m}-matrix", 0, 128))
     q = "qwen2.5-coder-0.5b"
     for level in (8, 32):
         s_tg = None, None
@@ -106,14 +110,24 @@ def assemble(out, commit):
         "peer": "llama.cpp 0c1e570 Vulkan (../shared/tools/build-llama-cpp.sh, portable build)",
         "rows": rows,
     }
+    # What each llama.cpp build found on the device (run.sh's "llama: ggml_vulkan: 0 = ..." lines).
+    for line in devices.splitlines():
+        build, _, found = line.partition(": ggml_vulkan: 0 = ")
+        if found and build in ("llama", "llama-matrix"):
+            result["peer_device" if build == "llama" else "matrix_peer_device"] = found.strip()
+    if any("matrix_peer_tok_s" in r for r in rows):
+        result["matrix_peer"] = "the same llama.cpp, its Vulkan shaders compiled by a glslc built from Debian 13's sources (bench/device/glslc.sh)"
     with open(f"{out}/results.json", "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
-    print("| model | test | mode | Flint tok/s | llama.cpp tok/s | ratio |")
-    print("|---|---|---|---|---|---|")
+    def ratio(a, b):
+        return f"{a / b:.2f}x" if a and b else "-"
+
+    print("| model | test | mode | Flint tok/s | llama.cpp tok/s | ratio | llama.cpp matrix cores | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        ratio = f"{r['flint_tok_s'] / r['peer_tok_s']:.2f}x" if r["flint_tok_s"] and r["peer_tok_s"] else "-"
-        print(f"| {r['model']} | {r['test']} | {r.get('mode', 'default')} | {r['flint_tok_s']} | {r['peer_tok_s']} | {ratio} |")
+        ft, pt, mt = r["flint_tok_s"], r["peer_tok_s"], r.get("matrix_peer_tok_s")
+        print(f"| {r['model']} | {r['test']} | {r.get('mode', 'default')} | {ft} | {pt} | {ratio(ft, pt)} | {mt or '-'} | {ratio(ft, mt)} |")
     # Where Flint's overlapped decode steps spent their time (flint bench's "overlap"):
     # waiting near zero means the host bounds decode.
     print()

@@ -4,8 +4,8 @@
 # Lists the adapters, runs Flint's GPU tests (kernels against the CPU reference; the model
 # families against their golden logits; seeded sampling on a synthetic gemma), times single
 # matmuls (matmul_speed), then benches
-# Flint and llama.cpp (Vulkan) on the same synthetic models, one stream and several, and
-# profiles Flint's kernels, within 5 minutes. Results land in $OUT, 8 files: run.log,
+# Flint and llama.cpp (Vulkan) on the same synthetic models, one stream and several, profiles
+# Flint's kernels and, while time is left, benches llama.cpp with matrix cores, within 5 minutes. Results land in $OUT, 8 files: run.log,
 # devices.txt, tests.txt, matmul.txt, flint.jsonl, llama.jsonl, profile.txt and results.json
 # (copy it to bench/results/<date>-h200.json).
 set -u
@@ -38,11 +38,12 @@ fb() { # TAG TIMEOUT ARGS...: flint bench
   timeout "$t" $B/flint bench "$@" --format json > /tmp/fb.json 2>> /tmp/flint.err && $R tag "$tag" "flint bench $*" < /tmp/fb.json >> "$out/flint.jsonl"
   tail -3 /tmp/flint.err
 }
-lb() { # TAG TIMEOUT ARGS...: llama-bench
-  local tag=$1 t=$2; shift 2
-  log "llama-bench $* ($tag)"
-  GGML_VK_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=$L timeout "$t" $L/llama-bench "$@" -ngl 99 -o jsonl 2>> /tmp/llama.err |
-    $R tag "$tag" "llama-bench $* -ngl 99" >> "$out/llama.jsonl"
+lb() { # TAG TIMEOUT ARGS...: llama-bench (with MATRIX=1 the matrix-core build's Vulkan backend)
+  local tag=$1 t=$2 libs=$L err=/tmp/llama.err build=; shift 2
+  [[ -n ${MATRIX:-} ]] && libs=$pack/llama-matrix:$L err=/tmp/llama-matrix.err build=" (matrix-core build)"
+  log "llama-bench $* ($tag)$build"
+  GGML_VK_VISIBLE_DEVICES=0 LD_LIBRARY_PATH=$libs timeout "$t" $L/llama-bench "$@" -ngl 99 -o jsonl 2>> $err |
+    $R tag "$tag" "llama-bench $* -ngl 99$build" >> "$out/llama.jsonl"
 }
 # One matmul per shape and step size (qwen 0.5b's Q/K/V and the models' feed-forward shapes;
 # 9 tokens is the first step past the 8-token kernel; past 16 the tiled GEMM where its grid
@@ -80,6 +81,16 @@ if left 270; then
   log "flint profile"
   timeout 25 $B/flint bench -m $q -p 256 -n 16 --reps 1 --profile > "$out/profile.txt" 2>&1
 fi
+# llama.cpp with matrix cores (bench/device/glslc.sh), where pack.sh could build it: reported, not gated.
+if [[ -d $pack/llama-matrix ]]; then
+  for m in qwen2.5-coder-0.5b qwen2.5-7b-q4km gemma-3-270m; do
+    left 285 && MATRIX=1 lb $m-matrix 30 -m $M/$m.gguf -p 512 -n 128 -r 3
+  done
+fi
+# Each peer build's device line (its matrix cores and integer dot products) for results.json.
+for e in llama llama-matrix; do
+  [[ -f /tmp/$e.err ]] && echo "$e: $(grep -m1 "ggml_vulkan: 0 =" /tmp/$e.err)" >> "$out/devices.txt"
+done
 log results
 $R assemble "$out" "$(cat "$pack/commit" 2>/dev/null || echo unknown)"
 cat /tmp/llama.err | grep -iE "error|fail" | head -5
