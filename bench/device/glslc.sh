@@ -13,7 +13,11 @@ dir=${PEER_DIR:-$HOME/.cache/flint-peer}/glslc-trixie
 if [[ -x $dir/bin/glslc && -f $dir/include/vulkan/vulkan.hpp ]]; then echo "$dir/bin/glslc $dir/include"; exit 0; fi
 rm -rf "$dir" && mkdir -p "$dir"/{apt/lists/partial,src,bin}
 cd "$dir"
-echo "deb-src http://deb.debian.org/debian trixie main" > apt/sources.list
+# Debian 13's sources from the mirror this machine's apt already uses.
+mirror=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | grep -v security | head -1 || true)
+[[ -n $mirror ]] || mirror=$(awk '$1 == "deb" && $2 !~ /security/ { print $2; exit }' /etc/apt/sources.list 2>/dev/null || true)
+[[ -n $mirror ]] || { echo "glslc.sh: no Debian mirror in this machine's apt sources" >&2; exit 1; }
+echo "deb-src $mirror trixie main" > apt/sources.list
 o="-oAPT::Sandbox::User=root -oDir::Etc::SourceList=$dir/apt/sources.list -oDir::Etc::SourceParts=/dev/null -oDir::State::Lists=$dir/apt/lists"
 apt-get $o update >/dev/null
 # Only the upstream tarballs are used (Debian's packaging builds against system libraries).
