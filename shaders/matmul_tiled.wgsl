@@ -24,8 +24,18 @@
 // token's sums are scaled by its 1 / rms before the store. Bias, accumulation and split
 // outputs are matmul_io.wgsl's run-time flags. Not by expert (IDS).
 //
-// Defines: the format (ShaderDefs::quant), SIDE (16 or 8), GLU, GELU_TANH, NORM.
+// With F16 (adapters with shader-f16, FLINT_TUNE gemm_f16=on) the staged tiles are half
+// precision and each lane sums a chunk's 32 products per (row, token) in f16 (vec4 fmas:
+// two packed half multiply-adds per four products, and half the workgroup-memory bytes),
+// adding the chunk's sum to its f32 sum: within the quantized bound (NMSE 5e-4), as
+// llama.cpp's f16 tiles are. The activations are staged already normalized (NORM: times the
+// token's 1 / rms), so the residual stream's magnitude does not meet f16's range.
+//
+// Defines: the format (ShaderDefs::quant), SIDE (16 or 8), GLU, GELU_TANH, NORM, F16.
 
+#ifdef F16
+enable f16;
+#endif
 #define HAS_BATCH
 #include "matmul_io.wgsl"
 
@@ -50,9 +60,23 @@ const OUT_ROWS: u32 = BM;
 const PER_TOKEN: u32 = WG / BN;
 #endif
 
+#ifdef F16
+alias Stage = vec4<f16>;
+#else
+alias Stage = vec4<f32>;
+#endif
+
 // The tile's dequantized chunk, [k4][row], and its tokens' activations, [k4][token].
-var<workgroup> ws: array<vec4<f32>, 8u * BM>;
-var<workgroup> xs: array<vec4<f32>, 8u * BN>;
+var<workgroup> ws: array<Stage, 8u * BM>;
+var<workgroup> xs: array<Stage, 8u * BN>;
+
+#ifdef NORM
+#ifdef F16
+// The lanes' sums of squares, then each token's 1 / rms (xs is too narrow for them).
+var<workgroup> sq: array<f32, WG>;
+var<workgroup> tok_scale: array<f32, BN>;
+#endif
+#endif
 
 @compute @workgroup_size(SIDE * SIDE)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -78,9 +102,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 }
             }
         }
+#ifdef F16
+        sq[lid] = ss;
+#else
         xs[lid] = vec4<f32>(ss, 0.0, 0.0, 0.0);
+#endif
     }
     workgroupBarrier();
+#ifdef F16
+    // Each token's scale, applied as its activations are staged (0 past the step: its
+    // padded tokens are staged as zeros, not as the last token's times 1 / sqrt(eps)).
+    if (lid < BN) {
+        var ss = 0.0;
+        for (var q = 0u; q < PER_TOKEN; q++) {
+            ss += sq[lid * PER_TOKEN + q];
+        }
+        tok_scale[lid] = select(0.0, norm_scale(ss), t0 + lid < n_tok);
+    }
+    workgroupBarrier();
+#else
     var scale: array<f32, TN>;
     for (var j = 0u; j < TN; j++) {
         let b = (tx + SIDE * j) * PER_TOKEN;
@@ -92,6 +132,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     // xs is staged again below.
     workgroupBarrier();
+#endif
 #endif
 
     // The row this lane dequantizes (lanes below BM): tile row lid, with GLU an up row from
@@ -110,7 +151,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if (w_live) {
             let q = dequant_chunk(w_base, c);
             for (var k = 0u; k < 8u; k++) {
-                ws[k * BM + lid] = q[k];
+                ws[k * BM + lid] = Stage(q[k]);
             }
         }
         // Tokens past the step repeat its last (never stored).
@@ -121,13 +162,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             var v = x[min(t0 + tok, n_tok - 1u) * x_row + c * 8u + k4];
 #ifdef NORM
             v *= norm_w[c * 8u + k4];
+#ifdef F16
+            v *= tok_scale[tok];
 #endif
-            xs[k4 * BN + tok] = v;
+#endif
+            xs[k4 * BN + tok] = Stage(v);
         }
         workgroupBarrier();
+#ifdef F16
+        // The chunk's products per (row, token), four f16 partial sums each.
+        var part: array<vec4<f16>, TM * TN>;
+#endif
         for (var k = 0u; k < 8u; k++) {
-            var a: array<vec4<f32>, TM>;
-            var b: array<vec4<f32>, TN>;
+            var a: array<Stage, TM>;
+            var b: array<Stage, TN>;
             for (var i = 0u; i < TM; i++) {
                 a[i] = ws[k * BM + ty + SIDE * i];
             }
@@ -136,10 +184,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             for (var i = 0u; i < TM; i++) {
                 for (var j = 0u; j < TN; j++) {
+#ifdef F16
+                    part[i * TN + j] = fma(a[i], b[j], part[i * TN + j]);
+#else
                     acc[i * TN + j] += dot(a[i], b[j]);
+#endif
                 }
             }
         }
+#ifdef F16
+        for (var i = 0u; i < TM * TN; i++) {
+            let h = part[i].xy + part[i].zw;
+            acc[i] += f32(h.x + h.y);
+        }
+#endif
         workgroupBarrier();
     }
 
@@ -150,12 +208,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             if (r < p.n_rows && t < n_tok) {
                 var v = acc[i * TN + j];
 #ifdef NORM
+#ifndef F16
                 v *= scale[j];
+#endif
 #endif
 #ifdef GLU
                 var u = acc[(i + TM / 2u) * TN + j];
 #ifdef NORM
+#ifndef F16
                 u *= scale[j];
+#endif
 #endif
                 v = glu_act(v) * u;
 #endif

@@ -30,6 +30,9 @@ pub struct Tuning {
     pub gemm_min_groups: Option<u64>,
     /// `gemm_side`: the largest GEMM tile side in lanes (16: 64 × 64 tiles, 8: 32 × 32).
     pub gemm_side: u32,
+    /// `gemm_f16`: the GEMM stages its tiles and sums each chunk in f16 where the adapter has
+    /// shader-f16 (`on`/`off`; off until a GPU's figures say it pays).
+    pub gemm_f16: bool,
     /// `split_groups`: split-attention workgroups a decode token aims for.
     pub split_groups: u32,
     /// `split_min`: the fewest positions of one attention split.
@@ -48,6 +51,7 @@ impl Default for Tuning {
             max_block: matmul::TOKEN_BLOCKS[matmul::TOKEN_BLOCKS.len() - 1],
             gemm_min_groups: Some(matmul::GEMM_MIN_GROUPS),
             gemm_side: matmul::GEMM_SIDES[0],
+            gemm_f16: false,
             split_groups: attention::SPLIT_TARGET_GROUPS,
             split_min: attention::SPLIT_MIN_POSITIONS,
             tiles_from: Some(attention::TILES_MIN_TOKENS),
@@ -55,7 +59,7 @@ impl Default for Tuning {
     }
 }
 
-const KEYS: &str = "min_groups, max_wg, lanes, max_block, gemm_min_groups, gemm_side, split_groups, split_min, tiles_from";
+const KEYS: &str = "min_groups, max_wg, lanes, max_block, gemm_min_groups, gemm_side, gemm_f16, split_groups, split_min, tiles_from";
 
 /// Largest value a count knob takes: far past any grid or context that makes sense, and
 /// small enough that no product of it overflows.
@@ -87,6 +91,13 @@ impl Tuning {
                 "gemm_min_groups" if off => t.gemm_min_groups = None,
                 "gemm_min_groups" => t.gemm_min_groups = Some(count()?),
                 "gemm_side" => t.gemm_side = one_of(&matmul::GEMM_SIDES)?,
+                "gemm_f16" => {
+                    t.gemm_f16 = match value {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(format!("{key}={value:?}: expected on or off")),
+                    }
+                }
                 "split_groups" => t.split_groups = count()? as u32,
                 "split_min" => t.split_min = count()? as u32,
                 "tiles_from" if off => t.tiles_from = None,
@@ -113,13 +124,14 @@ impl fmt::Display for Tuning {
         let opt = |v: Option<u64>, none: &str| v.map_or(none.to_string(), |n| n.to_string());
         write!(
             f,
-            "min_groups={},max_wg={},lanes={},max_block={},gemm_min_groups={},gemm_side={},split_groups={},split_min={},tiles_from={}",
+            "min_groups={},max_wg={},lanes={},max_block={},gemm_min_groups={},gemm_side={},gemm_f16={},split_groups={},split_min={},tiles_from={}",
             self.min_groups,
             self.max_wg,
             opt(self.lanes.map(u64::from), "auto"),
             self.max_block,
             opt(self.gemm_min_groups, "off"),
             self.gemm_side,
+            if self.gemm_f16 { "on" } else { "off" },
             self.split_groups,
             self.split_min,
             opt(self.tiles_from.map(u64::from), "off"),
@@ -134,8 +146,8 @@ mod tests {
     #[test]
     fn parses_over_the_defaults_and_prints_what_it_parses() {
         assert_eq!(Tuning::parse("").unwrap(), Tuning::default());
-        let t = Tuning::parse(" lanes=16, gemm_min_groups=off,max_wg=64,split_min=128 ,max_block=8").unwrap();
-        assert_eq!((t.lanes, t.max_block), (Some(16), 8));
+        let t = Tuning::parse(" lanes=16, gemm_min_groups=off,max_wg=64,split_min=128 ,max_block=8,gemm_f16=on").unwrap();
+        assert_eq!((t.lanes, t.max_block, t.gemm_f16), (Some(16), 8, true));
         assert_eq!(t.gemm_min_groups, None);
         assert_eq!((t.max_wg, t.split_min), (64, 128));
         assert_eq!(t.min_groups, Tuning::default().min_groups);
@@ -153,6 +165,7 @@ mod tests {
             ("min_groups=99999999999999999999", "min_groups"),
             ("split_groups=-1", "split_groups"),
             ("gemm_side=off", "gemm_side"),
+            ("gemm_f16=1", "expected on or off"),
             ("tiles=3", "unknown key \"tiles\""),
             ("lanes", "expected key=value"),
         ] {

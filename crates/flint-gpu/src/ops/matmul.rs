@@ -277,6 +277,13 @@ pub fn takes_gemm(caps: &crate::Caps, limits: &wgpu::Limits, d: &MatmulDesc) -> 
         && limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x) >= caps.tune.gemm_side * caps.tune.gemm_side
 }
 
+/// Whether the tiled GEMM stages its tiles and sums each chunk in f16 on an adapter with
+/// `caps` (`shaders/matmul_tiled.wgsl`'s F16): where the adapter has shader-f16 and
+/// `FLINT_TUNE` asks for it (`gemm_f16=on`). Off by default until a GPU's figures say it pays.
+pub fn gemm_f16(caps: &crate::Caps) -> bool {
+    caps.shader_f16 && caps.tune.gemm_f16
+}
+
 /// Lanes per row for rows of `chunks` chunks: the fewest idle lane-slots (lanes × rounds),
 /// the widest team on a tie. 20 chunks (n_in 640) take 8 lanes, 64 take 32.
 pub fn lanes_per_row(chunks: u32, wg: u32) -> u32 {
@@ -404,7 +411,8 @@ fn key(caps: &crate::Caps, ty: QuantType, shape: Shape, wrong: bool) -> Pipeline
     };
     if shape.gemm {
         let side = shape.tokens / 4;
-        return PipelineKey::new("matmul_tiled.wgsl", "main", glu(ShaderDefs::new().quant(ty).u32("SIDE", side).flag("NORM", shape.norm)));
+        let defs = ShaderDefs::new().quant(ty).u32("SIDE", side).flag("NORM", shape.norm).flag("F16", gemm_f16(caps));
+        return PipelineKey::new("matmul_tiled.wgsl", "main", glu(defs));
     }
     if shape.blocked {
         let defs = ShaderDefs::new()
@@ -454,9 +462,12 @@ pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
                 }
             }
         }
+        // The GEMM in f32 and, where the adapter has shader-f16, in f16.
+        let half = crate::Caps { tune: crate::tune::Tuning { gemm_f16: true, ..caps.tune }, ..*caps };
         for &(_, glu, norm) in kinds.iter().filter(|k| !k.0) {
             for side in GEMM_SIDES {
                 v.push(key(caps, ty, Shape::gemm(side, glu, norm), false));
+                v.push(key(&half, ty, Shape::gemm(side, glu, norm), false));
             }
         }
     }
