@@ -3,9 +3,9 @@
 #   device run `bash bench/device/run.sh`, carry [".gl", ".dev/device"], timeout_s 360.
 # Lists the adapters, runs Flint's GPU tests (kernels against the CPU reference; the model
 # families against their golden logits; seeded sampling on a synthetic gemma), times single
-# matmuls (matmul_speed), then benches
-# Flint and llama.cpp (Vulkan) on the same synthetic models, one stream and several, profiles
-# Flint's kernels and, while time is left, benches llama.cpp with matrix cores, within 5 minutes. Results land in $OUT, 8 files: run.log,
+# matmuls (matmul_speed), then benches Flint and llama.cpp (Vulkan) on the same synthetic
+# models, one stream and several, profiles Flint's kernels and, while time is left, benches
+# llama.cpp with matrix cores, within 5 minutes. Results land in $OUT, 8 files: run.log,
 # devices.txt, tests.txt, matmul.txt, flint.jsonl, llama.jsonl, profile.txt and results.json
 # (copy it to bench/results/<date>-h200.json).
 set -u
