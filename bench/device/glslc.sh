@@ -6,7 +6,7 @@
 # the structures llama.cpp's matrix-core code uses. Debian 13's source packages have both:
 # shaderc 2025.2 with glslang 15.1, SPIRV-Tools and SPIRV-Headers (built together, as shaderc's
 # third_party), and the Vulkan headers that vulkan-loader's source carries.
-# Prints "GLSLC INCLUDE_DIR" on its last line. About 15 minutes on 2 cores, once: the result is
+# Prints "GLSLC INCLUDE_DIR" on its last line. About 4.5 minutes on 2 cores, once: the result is
 # kept in $PEER_DIR (default ~/.cache/flint-peer).
 set -euo pipefail
 dir=${PEER_DIR:-$HOME/.cache/flint-peer}/glslc-trixie
