@@ -36,7 +36,10 @@ strip "$out"/stage/bin/*
 # llama.cpp: the shared tool fetches, patches and builds it; a second, portable build for the device.
 llama_bin=$(bash ../shared/tools/build-llama-cpp.sh | tail -1)
 src=$(dirname "$(dirname "$llama_bin")")
-cmake -S "$src" -B "$src/build-portable" -DGGML_VULKAN=ON -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
+# The portable build's options; the matrix-core build below takes the same, so that its Vulkan
+# backend loads beside this build's other libraries.
+portable=(-DGGML_VULKAN=ON -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release)
+cmake -S "$src" -B "$src/build-portable" "${portable[@]}" >/dev/null
 cmake --build "$src/build-portable" -j"$(nproc)" --target llama-bench llama-batched-bench >/dev/null
 cp -a "$src"/build-portable/bin/{*.so*,llama-bench,llama-batched-bench} "$out/stage/llama/"
 strip "$out"/stage/llama/llama-* "$out"/stage/llama/*.so.* 2>/dev/null || true
@@ -48,8 +51,8 @@ packed="bin llama skel"
 matrix_peer() { # set -e does not reach into a function called as a condition: each step is chained
   local glslc vk_include
   read -r glslc vk_include < <(bash bench/device/glslc.sh | tail -1) && [[ -x $glslc ]] &&
-    cmake -S "$src" -B "$src/build-matrix" -DGGML_VULKAN=ON -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
-      -DVulkan_GLSLC_EXECUTABLE="$glslc" -DVulkan_INCLUDE_DIR="$vk_include" > /tmp/matrix-peer.log 2>&1 &&
+    cmake -S "$src" -B "$src/build-matrix" "${portable[@]}" -DVulkan_GLSLC_EXECUTABLE="$glslc" \
+      -DVulkan_INCLUDE_DIR="$vk_include" > /tmp/matrix-peer.log 2>&1 &&
     grep -q "GL_NV_cooperative_matrix2 supported" /tmp/matrix-peer.log &&
     cmake --build "$src/build-matrix" -j"$(nproc)" --target ggml-vulkan >> /tmp/matrix-peer.log 2>&1 &&
     mkdir -p "$out/stage/llama-matrix" && cp -a "$src"/build-matrix/bin/libggml-vulkan.so* "$out/stage/llama-matrix/" &&
