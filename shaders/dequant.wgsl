@@ -309,7 +309,19 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
 // every group but a row's last is full, so super-block b's group starts (b / 8) · 105 vectors in.
 const Q6_K_BLOCK_VEC4S: u32 = 13u;
 
-fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
+// Chunk c's fields: d * sc of its two 16-element halves, the ql and qh vectors of each half,
+// and the shifts that take its nibbles of ql and its 2 bits of qh (also dequant_q8.wgsl's).
+struct Q6KChunk {
+    ds: vec2<f32>,
+    ql0: vec4<u32>,
+    ql1: vec4<u32>,
+    qh0: vec4<u32>,
+    qh1: vec4<u32>,
+    ql_shift: u32,
+    qh_shift: u32,
+}
+
+fn q6_k_chunk(row_base: u32, c: u32) -> Q6KChunk {
     let j = c & 7u;
     let half = j >> 2u;
     let qq = j & 3u;
@@ -320,17 +332,25 @@ fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
     // d * sc for the chunk's two 16-element halves: scales 8 half + 2 qq and the next.
     let d = group_scale(g, i);
     let sc = w[blk + 12u][2u * half + (qq >> 1u)] >> ((qq & 1u) * 16u);
-    let ds = d * vec2<f32>(vec2<i32>(bitcast<i32>(sc << 24u) >> 24u, bitcast<i32>(sc << 16u) >> 24u));
-    let ql0 = w[blk + 4u * half + 2u * (qq & 1u)];
-    let ql1 = w[blk + 4u * half + 2u * (qq & 1u) + 1u];
-    let qh0 = w[blk + 8u + 2u * half];
-    let qh1 = w[blk + 9u + 2u * half];
-    let ql_shift = BYTE_SHIFTS + vec4<u32>(4u * (qq >> 1u));
-    let qh_shift = BYTE_SHIFTS + vec4<u32>(2u * qq);
+    var o: Q6KChunk;
+    o.ds = d * vec2<f32>(vec2<i32>(bitcast<i32>(sc << 24u) >> 24u, bitcast<i32>(sc << 16u) >> 24u));
+    o.ql0 = w[blk + 4u * half + 2u * (qq & 1u)];
+    o.ql1 = w[blk + 4u * half + 2u * (qq & 1u) + 1u];
+    o.qh0 = w[blk + 8u + 2u * half];
+    o.qh1 = w[blk + 9u + 2u * half];
+    o.ql_shift = 4u * (qq >> 1u);
+    o.qh_shift = 2u * qq;
+    return o;
+}
+
+fn dequant_chunk(row_base: u32, c: u32) -> array<vec4<f32>, 8> {
+    let f = q6_k_chunk(row_base, c);
+    let ql_shift = BYTE_SHIFTS + vec4<u32>(f.ql_shift);
+    let qh_shift = BYTE_SHIFTS + vec4<u32>(f.qh_shift);
     var out: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {
-        out[k] = ds.x * q6_k_quants(ql0[k], qh0[k], ql_shift, qh_shift);
-        out[k + 4u] = ds.y * q6_k_quants(ql1[k], qh1[k], ql_shift, qh_shift);
+        out[k] = f.ds.x * q6_k_quants(f.ql0[k], f.qh0[k], ql_shift, qh_shift);
+        out[k + 4u] = f.ds.y * q6_k_quants(f.ql1[k], f.qh1[k], ql_shift, qh_shift);
     }
     return out;
 }

@@ -24,8 +24,17 @@
 // and TOK). Lanes multiply each dequantized chunk by the norm weight, and a row's sums are
 // scaled by the token's 1 / rms before the store.
 //
+// With Q8_SLICE (outside the exact mode, FLINT_TUNE q8_act=on) the workgroup quantizes its
+// tokens' activations to 8-bit integers in workgroup memory, Q8_SLICE chunks at a time, per
+// 32-element chunk (scale max |x| / 127, with the chunk's sum; with NORM x ⊙ norm_w), and the
+// lanes multiply integer weight chunks (dequant_q8.wgsl) with them four at a time
+// (dot4I8Packed), scaling each chunk's integer sums once: no float conversion per weight, and x
+// read once per workgroup rather than once per team. Q8_SLICE is a multiple of 32, so a lane
+// still takes chunks lane, lane + TPR, ... in order, whatever the slice: a token's sums do not
+// depend on TOK.
+//
 // Defines: the format (ShaderDefs::quant), WG, TPR, TOK, TILE, SUBGROUP_REDUCE, IDS, GLU,
-// GELU_TANH, NORM.
+// GELU_TANH, NORM, Q8_SLICE.
 
 #ifdef TILE
 #define HAS_BATCH
@@ -79,6 +88,63 @@ fn norm_weighted(q: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
         o[k] *= norm_w[c * 8u + k];
     }
     return o;
+}
+#endif
+
+#ifdef Q8_SLICE
+#include "dequant_q8.wgsl"
+
+// One slice of the workgroup's tokens' activations as signed bytes, four to a word: word k of
+// token j's chunk s at (j · 8 + k) · Q8_SLICE + s, so a team's lanes (consecutive chunks) read
+// consecutive words. Per chunk its scale and the sum of its elements.
+var<workgroup> xq: array<u32, TOK * 8u * Q8_SLICE>;
+var<workgroup> xd: array<vec2<f32>, TOK * Q8_SLICE>;
+
+// Quantizes the slice of chunks from `base` of the workgroup's tokens (every lane takes
+// entries lid, lid + WG, ...); chunks past the row and tokens past the step are zeros. The
+// caller then waits at a barrier.
+fn q8_stage(lid: u32, t0: u32, n_tok: u32, base: u32) {
+    let row_vec4s = p.n_in / 4u;
+    for (var i = lid; i < TOK * Q8_SLICE; i += WG) {
+        let j = i / Q8_SLICE;
+        let s = i % Q8_SLICE;
+        let c = base + s;
+        var v: array<vec4<f32>, 8>;
+        if (t0 + j < n_tok && c < p.n_in / CHUNK) {
+            let xb = x_index(t0 + j) * row_vec4s + c * 8u;
+            for (var k = 0u; k < 8u; k++) {
+#ifdef NORM
+                v[k] = x[xb + k] * norm_w[c * 8u + k];
+#else
+                v[k] = x[xb + k];
+#endif
+            }
+        }
+        var most = abs(v[0]);
+        var sum = v[0];
+        for (var k = 1u; k < 8u; k++) {
+            most = max(most, abs(v[k]));
+            sum += v[k];
+        }
+        let a = max(max(most.x, most.y), max(most.z, most.w));
+        let inv = select(0.0, 127.0 / a, a > 0.0);
+        for (var k = 0u; k < 8u; k++) {
+            xq[(j * 8u + k) * Q8_SLICE + s] = pack4xI8(vec4<i32>(round(v[k] * inv)));
+        }
+        xd[i] = vec2<f32>(a / 127.0, (sum.x + sum.y) + (sum.z + sum.w));
+    }
+}
+
+// The chunk's product with token j's staged chunk s.
+fn q8_dot(wc: Q8Chunk, j: u32, s: u32) -> f32 {
+    var s0 = 0i;
+    var s1 = 0i;
+    for (var k = 0u; k < 4u; k++) {
+        s0 += dot4I8Packed(wc.q[k], xq[(j * 8u + k) * Q8_SLICE + s]);
+        s1 += dot4I8Packed(wc.q[k + 4u], xq[(j * 8u + k + 4u) * Q8_SLICE + s]);
+    }
+    let a = xd[j * Q8_SLICE + s];
+    return a.x * (wc.d.x * f32(s0) + wc.d.y * f32(s1)) + wc.m * a.y;
 }
 #endif
 
@@ -144,6 +210,33 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 
     // acc[j]: token j's sum (with GLU acc[TOK + j]: its up row's).
     var acc: array<f32, SUMS>;
+#ifdef Q8_SLICE
+    // Slice by slice (a uniform loop: every lane reaches the barriers).
+    let n_chunks = p.n_in / CHUNK;
+    for (var base = 0u; base < n_chunks; base += Q8_SLICE) {
+        q8_stage(lid, t0, n_tok, base);
+        workgroupBarrier();
+        if (live) {
+            let row_base = w_row(r);
+            for (var c = base + lane; c < min(base + Q8_SLICE, n_chunks); c += TPR) {
+                let wq = q8w_chunk(row_base, c);
+#ifdef GLU
+                let wu = q8w_chunk(row_base + p.up_bytes, c);
+#endif
+                for (var j = 0u; j < TOK; j++) {
+                    if (t0 + j < n_tok) {
+                        acc[j] += q8_dot(wq, j, c - base);
+#ifdef GLU
+                        acc[TOK + j] += q8_dot(wu, j, c - base);
+#endif
+                    }
+                }
+            }
+        }
+        // The next slice overwrites the staged one.
+        workgroupBarrier();
+    }
+#else
     if (live) {
         let row_base = w_row(r);
         let n_chunks = p.n_in / CHUNK;
@@ -177,6 +270,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
         }
     }
+#endif
 
 #ifdef SUBGROUP_REDUCE
     // The team's lanes are consecutive invocations of one subgroup: after the butterfly every

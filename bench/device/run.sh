@@ -61,6 +61,11 @@ log matmul_speed
     FLINT_TUNE=gemm_f16=on timeout 15 $B/matmul_speed $shape 64,256,512 20 2>&1 | grep -v "^note:" | sed "s/^/gemm_f16=on: /"
   done
   FLINT_TUNE=gemm_f16=on timeout 10 $B/matmul_speed Q5_0 896 4864 512 20 glu+norm 2>&1 | tail -1 | sed "s/^/gemm_f16=on: /"
+  # The mat-vec kernels on 8-bit activations (FLINT_TUNE q8_act=on), beside the f32 lines above.
+  for shape in "Q5_0 896 4864" "Q6_K 4864 896" "Q4_K 3584 18944" "Q6_K 18944 3584"; do
+    FLINT_TUNE=q8_act=on timeout 15 $B/matmul_speed $shape 1,8,16 20 2>&1 | grep -v "^note:" | sed "s/^/q8_act=on: /"
+  done
+  FLINT_TUNE=q8_act=on timeout 10 $B/matmul_speed Q5_0 896 4864 1 50 glu+norm 2>&1 | tail -1 | sed "s/^/q8_act=on: /"
 } > "$out/matmul.txt"
 cat "$out/matmul.txt"
 

@@ -227,6 +227,12 @@ pub trait Backend {
         let _ = probe;
         Box::pin(async { Err(BackendError::Device { cause: format!("{} has no self-test taps", self.name()) }) })
     }
+    /// The NMSE the self-test allows this backend's taps against the CPU reference:
+    /// [`crate::selftest::MAX_NMSE`] (f32-faithful kernels), or
+    /// [`crate::selftest::MAX_NMSE_Q8`] where its kernels round activations to 8 bits.
+    fn self_test_bound(&self) -> f64 {
+        crate::selftest::MAX_NMSE
+    }
     /// A short name for reports: `cpu`, `gpu (llvmpipe)`.
     fn name(&self) -> String;
     /// Entry sizes a verify step should round down to (speculative decoding; see

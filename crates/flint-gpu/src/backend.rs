@@ -151,6 +151,9 @@ impl Backend for GpuBackend {
             r.map_err(|e| self.failed(e))
         })
     }
+    fn self_test_bound(&self) -> f64 {
+        self.model.self_test_bound()
+    }
     fn name(&self) -> String {
         format!("gpu ({})", self.model.ctx.info.name)
     }

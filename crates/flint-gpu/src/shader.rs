@@ -12,6 +12,7 @@ use crate::error::{GpuError, Result};
 pub const SHADERS: &[(&str, &str)] = &[
     ("common.wgsl", include_str!("../../../shaders/common.wgsl")),
     ("dequant.wgsl", include_str!("../../../shaders/dequant.wgsl")),
+    ("dequant_q8.wgsl", include_str!("../../../shaders/dequant_q8.wgsl")),
     ("add.wgsl", include_str!("../../../shaders/add.wgsl")),
     ("attention.wgsl", include_str!("../../../shaders/attention.wgsl")),
     ("embed.wgsl", include_str!("../../../shaders/embed.wgsl")),

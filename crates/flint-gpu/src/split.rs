@@ -295,6 +295,10 @@ impl Backend for SplitBackend {
             })
         })
     }
+    /// The loosest of the parts' bounds (the taps run through the first and the last).
+    fn self_test_bound(&self) -> f64 {
+        self.parts.iter().map(|p| p.self_test_bound()).fold(flint_core::selftest::MAX_NMSE, f64::max)
+    }
     fn name(&self) -> String {
         let parts: Vec<String> = self.parts.iter().map(|p| format!("{} {}..{}", p.ctx.info.name, p.part.layers.start, p.part.layers.end)).collect();
         format!("gpu split ({})", parts.join(" | "))

@@ -33,6 +33,11 @@ pub struct Tuning {
     /// `gemm_f16`: the GEMM stages its tiles and sums each chunk in f16 where the adapter has
     /// shader-f16 (`on`/`off`; off until a GPU's figures say it pays).
     pub gemm_f16: bool,
+    /// `q8_act`: the mat-vec kernels (steps of up to 16 tokens) quantize the activations to 8
+    /// bits per 32-element chunk in workgroup memory and multiply integer weight chunks with
+    /// them (`dot4I8Packed`), for the formats of [`matmul::Q8_FORMATS`] where the workgroup
+    /// memory holds them (`on`/`off`; off until a GPU's figures say it pays).
+    pub q8_act: bool,
     /// `split_groups`: split-attention workgroups a decode token aims for.
     pub split_groups: u32,
     /// `split_min`: the fewest positions of one attention split.
@@ -52,6 +57,7 @@ impl Default for Tuning {
             gemm_min_groups: Some(matmul::GEMM_MIN_GROUPS),
             gemm_side: matmul::GEMM_SIDES[0],
             gemm_f16: false,
+            q8_act: false,
             split_groups: attention::SPLIT_TARGET_GROUPS,
             split_min: attention::SPLIT_MIN_POSITIONS,
             tiles_from: Some(attention::TILES_MIN_TOKENS),
@@ -59,7 +65,7 @@ impl Default for Tuning {
     }
 }
 
-const KEYS: &str = "min_groups, max_wg, lanes, max_block, gemm_min_groups, gemm_side, gemm_f16, split_groups, split_min, tiles_from";
+const KEYS: &str = "min_groups, max_wg, lanes, max_block, gemm_min_groups, gemm_side, gemm_f16, q8_act, split_groups, split_min, tiles_from";
 
 /// Largest value a count knob takes: far past any grid or context that makes sense, and
 /// small enough that no product of it overflows.
@@ -82,6 +88,11 @@ impl Tuning {
                 _ => Err(format!("{key}={value:?}: expected one of {allowed:?}")),
             };
             let off = value == "off";
+            let switch = || match value {
+                "on" => Ok(true),
+                "off" => Ok(false),
+                _ => Err(format!("{key}={value:?}: expected on or off")),
+            };
             match key {
                 "min_groups" => t.min_groups = count()?,
                 "max_wg" => t.max_wg = one_of(&matmul::GPU_WGS)?,
@@ -91,13 +102,8 @@ impl Tuning {
                 "gemm_min_groups" if off => t.gemm_min_groups = None,
                 "gemm_min_groups" => t.gemm_min_groups = Some(count()?),
                 "gemm_side" => t.gemm_side = one_of(&matmul::GEMM_SIDES)?,
-                "gemm_f16" => {
-                    t.gemm_f16 = match value {
-                        "on" => true,
-                        "off" => false,
-                        _ => return Err(format!("{key}={value:?}: expected on or off")),
-                    }
-                }
+                "gemm_f16" => t.gemm_f16 = switch()?,
+                "q8_act" => t.q8_act = switch()?,
                 "split_groups" => t.split_groups = count()? as u32,
                 "split_min" => t.split_min = count()? as u32,
                 "tiles_from" if off => t.tiles_from = None,
@@ -118,20 +124,29 @@ impl Tuning {
     }
 }
 
+fn on_off(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
+}
+
 /// The settings as `FLINT_TUNE` takes them, every knob named.
 impl fmt::Display for Tuning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let opt = |v: Option<u64>, none: &str| v.map_or(none.to_string(), |n| n.to_string());
         write!(
             f,
-            "min_groups={},max_wg={},lanes={},max_block={},gemm_min_groups={},gemm_side={},gemm_f16={},split_groups={},split_min={},tiles_from={}",
+            "min_groups={},max_wg={},lanes={},max_block={},gemm_min_groups={},gemm_side={},gemm_f16={},q8_act={},split_groups={},split_min={},tiles_from={}",
             self.min_groups,
             self.max_wg,
             opt(self.lanes.map(u64::from), "auto"),
             self.max_block,
             opt(self.gemm_min_groups, "off"),
             self.gemm_side,
-            if self.gemm_f16 { "on" } else { "off" },
+            on_off(self.gemm_f16),
+            on_off(self.q8_act),
             self.split_groups,
             self.split_min,
             opt(self.tiles_from.map(u64::from), "off"),
@@ -146,8 +161,8 @@ mod tests {
     #[test]
     fn parses_over_the_defaults_and_prints_what_it_parses() {
         assert_eq!(Tuning::parse("").unwrap(), Tuning::default());
-        let t = Tuning::parse(" lanes=16, gemm_min_groups=off,max_wg=64,split_min=128 ,max_block=8,gemm_f16=on").unwrap();
-        assert_eq!((t.lanes, t.max_block, t.gemm_f16), (Some(16), 8, true));
+        let t = Tuning::parse(" lanes=16, gemm_min_groups=off,max_wg=64,split_min=128 ,max_block=8,gemm_f16=on,q8_act=on").unwrap();
+        assert_eq!((t.lanes, t.max_block, t.gemm_f16, t.q8_act), (Some(16), 8, true, true));
         assert_eq!(t.gemm_min_groups, None);
         assert_eq!((t.max_wg, t.split_min), (64, 128));
         assert_eq!(t.min_groups, Tuning::default().min_groups);
@@ -166,6 +181,7 @@ mod tests {
             ("split_groups=-1", "split_groups"),
             ("gemm_side=off", "gemm_side"),
             ("gemm_f16=1", "expected on or off"),
+            ("q8_act=yes", "q8_act=\"yes\": expected on or off"),
             ("tiles=3", "unknown key \"tiles\""),
             ("lanes", "expected key=value"),
         ] {

@@ -372,6 +372,57 @@ fn gemm_in_f16_stays_within_the_quantized_bound() {
     }
 }
 
+/// The mat-vec kernels on 8-bit activations (`FLINT_TUNE` `q8_act=on`) against the CPU
+/// reference within the quantized bound: every format with integer weight chunks through the
+/// one-token and 13-token blocks (bias, accumulation, ragged rows), rows of 41 chunks or 14
+/// super-blocks (short groups in the GPU layout; staged in slices, the last ragged, at 13
+/// tokens), and the fusions up to 16 tokens (GLU, split
+/// outputs, the folded norm, whose activations are staged normalized). The activations'
+/// rounding must show (the f32 kernels' NMSE is about 1e-13), so the kernel that ran is the
+/// 8-bit one; in the exact mode it must not. And a token's row must not depend on its step.
+#[test]
+fn matmul_on_8_bit_activations_stays_within_the_quantized_bound() {
+    use flint_gpu::ops::matmul::Q8_FORMATS;
+    let Some(ctx) = flint_gpu::testing::gpu_tuned("q8_act=on") else { return };
+    let cache = PipelineCache::new();
+    let rounded = |e: f64, what: &dyn std::fmt::Debug| assert!(e > 1e-9, "{what:?}: nmse {e:e}, as if the activations were f32");
+    for ty in Q8_FORMATS {
+        let long = if ty.block_elems() == 256 { 14 * 256 } else { 41 * 32 };
+        // The long rows' 13-token steps stage them in slices (32 chunks of 16 tokens at a time).
+        for (n_in, n_tok, n_rows) in [(odd_n_in(ty), 1, 43), (odd_n_in(ty), 13, 43), (long, 1, 9), (long, 4, 9), (long, 13, 9)] {
+            let case = Case {
+                n_in,
+                row_offset: 1,
+                y_stride: n_rows + 1,
+                max_tokens: Some(16),
+                bias: n_tok == 1,
+                accumulate: n_tok > 1,
+                ..Case::new(ty, n_rows, n_tok, 100 + n_tok as u64)
+            };
+            let e = futures::executor::block_on(run_in(&ctx, &cache, case));
+            eprintln!("q8: {case:?}: nmse {e:.2e}");
+            rounded(e, &case);
+        }
+    }
+    let exact = Case { exact: true, ..Case::new(QuantType::Q4K, 43, 1, 110) };
+    let e = futures::executor::block_on(run_in(&ctx, &cache, exact));
+    assert!(e < 1e-9, "{exact:?}: nmse {e:e}: the exact mode took the 8-bit activations");
+    for case in fused_cases(true).into_iter().filter(|c| c.n_tok <= *TOKEN_BLOCKS.last().unwrap() && !c.exact) {
+        rounded(futures::executor::block_on(run_fused(&ctx, &cache, case)), &case);
+    }
+    // Every token block quantizes a token's activations alike and sums its chunks in one
+    // order: a token's row is the same bits in steps of 1, 3, 8, 9 and 16 tokens.
+    let sizes = [1u32, 3, 8, 9, 16];
+    for case in INVARIANCE.into_iter().chain([INVARIANCE_FUSED]) {
+        let by_step = futures::executor::block_on(rows_by_step(&ctx, &cache, case, &sizes, false));
+        for (k, rows) in by_step.iter().enumerate() {
+            for (t, row) in rows.iter().enumerate() {
+                assert!(row == &by_step[sizes.len() - 1][t], "{case:?}: token {t} differs in a step of {} tokens", sizes[k]);
+            }
+        }
+    }
+}
+
 #[test]
 fn rejects_bad_shapes() {
     flint_gpu::gpu_test!(ctx => {
@@ -406,8 +457,15 @@ fn rejects_bad_shapes() {
 }
 
 /// Every token's y row for steps of each size in `sizes` (one op, x shared), per size; with
-/// `fused`, of a gate-and-up matmul with its norm folded.
-async fn rows_by_step(ctx: &GpuContext, cache: &PipelineCache, Invariance { ty, n_in, n_rows, fused }: Invariance, sizes: &[u32]) -> Vec<Vec<Vec<f32>>> {
+/// `fused`, of a gate-and-up matmul with its norm folded; in the exact mode or (steps of up to
+/// 16 tokens) not, where the kernels must be on 8-bit activations as the tuning says.
+async fn rows_by_step(
+    ctx: &GpuContext,
+    cache: &PipelineCache,
+    Invariance { ty, n_in, n_rows, fused }: Invariance,
+    sizes: &[u32],
+    exact: bool,
+) -> Vec<Vec<Vec<f32>>> {
     let max = *sizes.iter().max().unwrap();
     let mut rng = TestRng::new(77);
     let w_rows = if fused { 2 * n_rows } else { n_rows };
@@ -428,14 +486,15 @@ async fn rows_by_step(ctx: &GpuContext, cache: &PipelineCache, Invariance { ty, 
         ids: None,
         output: if fused { flint_gpu::ops::matmul::Output::Glu(Activation::Silu) } else { flint_gpu::ops::matmul::Output::Rows },
         norm: fused.then_some(flint_gpu::ops::matmul::MatmulNorm { w: &g, eps: NORM_EPS }),
-        exact: true,
+        exact,
     };
     let mm = Matmul::new(ctx, cache, &batch.info, &desc, &w, &x, &y, None).await.unwrap();
     let mut out = Vec::new();
     for &n in sizes {
         let shape = mm.shape(n);
         let want_block = TOKEN_BLOCKS.iter().copied().find(|&b| b >= n).unwrap_or(*TOKEN_BLOCKS.last().unwrap());
-        assert_eq!((shape.tokens, shape.gemm), (want_block, false), "{n} tokens take the smallest block that holds them (exact mode)");
+        assert_eq!((shape.tokens, shape.gemm), (want_block, false), "{n} tokens take the smallest block that holds them");
+        assert_eq!(shape.q8 > 0, !exact && ctx.caps.tune.q8_act, "{n} tokens: {shape:?} (exact {exact}, {})", ctx.caps.tune);
         batch.write(ctx, &vec![0; n as usize], &(0..n).collect::<Vec<_>>(), &vec![0; n as usize], &[&[0]]);
         submit(ctx, |p| mm.encode(p, n));
         let got = read_f32(ctx, &y, 0, (n * n_rows) as usize).await.unwrap();
@@ -468,7 +527,7 @@ const INVARIANCE_FUSED: Invariance = Invariance { ty: QuantType::Q5_0, n_in: 41 
 async fn rows_are_bit_identical(ctx: &GpuContext, cache: &PipelineCache, case: Invariance) {
     let ty = case.ty;
     let sizes = [1u32, 3, 8, 9, 16, 37];
-    let by_step = rows_by_step(ctx, cache, case, &sizes).await;
+    let by_step = rows_by_step(ctx, cache, case, &sizes, true).await;
     for (k, rows) in by_step.iter().enumerate() {
         for (t, row) in rows.iter().enumerate() {
             // Token t's row in the largest step is the reference.
@@ -523,7 +582,8 @@ fn act_f64(act: Activation, v: f64) -> f64 {
     }
 }
 
-async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) {
+/// Runs `case` on the GPU and checks it against the CPU reference; returns the NMSE.
+async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) -> f64 {
     use flint_gpu::ops::matmul::{Output, SplitOut};
     let FusedCase { ty, n_in, n_tok, max_tokens, kind, norm, exact, seed } = case;
     let (n_in_u, n_tok_u) = (n_in as usize, n_tok as usize);
@@ -626,6 +686,7 @@ async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) {
     let e = nmse(&got_in, &want_in);
     assert!(e <= NMSE_QUANT, "{case:?}: nmse {e:e} > {NMSE_QUANT:e}");
     eprintln!("{case:?}: nmse {e:.2e}");
+    e
 }
 
 /// The folded norms' epsilon.
@@ -674,14 +735,18 @@ fn fused_cases(norms: bool) -> Vec<FusedCase> {
 
 #[test]
 fn fused_outputs_adapter_kernels() {
-    run_cases("fused_outputs_adapter_kernels", fused_cases(false), |ctx, case| run_fused(ctx, pipelines(), case));
+    run_cases("fused_outputs_adapter_kernels", fused_cases(false), |ctx, case| async move {
+        run_fused(ctx, pipelines(), case).await;
+    });
 }
 
 #[test]
 fn fused_outputs_lane_team_kernels() {
     for subgroups in [true, false] {
         let Some((ctx, cache)) = gpu_like(subgroups) else { return };
-        run_cases_on(ctx, "fused_outputs_lane_team_kernels", fused_cases(true), |ctx, case| run_fused(ctx, cache, case));
+        run_cases_on(ctx, "fused_outputs_lane_team_kernels", fused_cases(true), |ctx, case| async move {
+            run_fused(ctx, cache, case).await;
+        });
     }
 }
 

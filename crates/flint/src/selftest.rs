@@ -8,7 +8,7 @@ use flint_core::backend::{Backend, BackendOptions};
 use flint_core::generate::Clock;
 use flint_core::gguf::GgufFile;
 use flint_core::reference::CpuBackend;
-use flint_core::selftest::{compare, Probe, TapReport, MAX_NMSE};
+use flint_core::selftest::{compare, Probe, TapReport};
 
 use crate::{EngineError, ModelConfig};
 
@@ -17,6 +17,8 @@ use crate::{EngineError, ModelConfig};
 pub struct SelfTestReport {
     pub adapter: String,
     pub taps: Vec<TapReport>,
+    /// The NMSE each tap was allowed (`Backend::self_test_bound`).
+    pub bound: f64,
     /// The GPU's probe, including kernels it is the first to run (compiled then on lavapipe
     /// and in browsers).
     pub gpu_ms: f64,
@@ -35,7 +37,7 @@ impl SelfTestReport {
     pub fn summary(&self) -> String {
         let worst = self.worst().map_or_else(String::new, |w| format!(" (worst {:.1e}: {})", w.nmse, w.name));
         let (g, c) = (self.gpu_ms / 1000.0, self.cpu_ms / 1000.0);
-        format!("self-test passed on {}: {} taps within NMSE {MAX_NMSE:.0e}{worst}; GPU {g:.1} s, CPU reference {c:.1} s", self.adapter, self.taps.len())
+        format!("self-test passed on {}: {} taps within NMSE {:.0e}{worst}; GPU {g:.1} s, CPU reference {c:.1} s", self.adapter, self.taps.len(), self.bound)
     }
 }
 
@@ -52,11 +54,12 @@ pub async fn run(
     let t0 = clock();
     let probe = Probe::standard(cfg.n_vocab);
     let got = backend.probe(&probe).await?;
+    let bound = backend.self_test_bound();
     let t1 = clock();
     let want = CpuBackend::first_layer(file, cfg.clone(), &probe, opts).await?.probe(&probe).await?;
     let (gpu_ms, cpu_ms) = (t1 - t0, clock() - t1);
-    match compare(&probe, &got, &want) {
-        Ok(taps) => Ok(SelfTestReport { adapter: adapter.to_string(), taps, gpu_ms, cpu_ms }),
+    match compare(&probe, &got, &want, bound) {
+        Ok(taps) => Ok(SelfTestReport { adapter: adapter.to_string(), taps, bound, gpu_ms, cpu_ms }),
         Err(error) => Err(EngineError::SelfTest { adapter: adapter.to_string(), error }),
     }
 }

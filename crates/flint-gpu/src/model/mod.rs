@@ -87,6 +87,8 @@ pub struct GpuModel {
     kv: KvStore,
     n_ctx: usize,
     pub upload_bytes: u64,
+    /// Its matmuls may round activations to 8 bits (`ops::matmul::q8_activations`).
+    rounds_activations: bool,
     /// A step has run (the first one runs every kernel for the first time).
     stepped: bool,
     /// Overlapped steps (`submit`): those not collected yet, oldest first; the readback slot
@@ -210,6 +212,7 @@ impl GpuModel {
             kv,
             n_ctx,
             upload_bytes,
+            rounds_activations: !opts.exact && ops::matmul::q8_activations(&ctx.caps),
             stepped: false,
             in_flight: Default::default(),
             next_slot: 0,
@@ -229,6 +232,14 @@ impl GpuModel {
 
     fn not_last(&self, op: &'static str) -> GpuError {
         GpuError::Unsupported { op, message: format!("layers {:?} are not the model's last part", self.part.layers) }
+    }
+
+    /// The NMSE the self-test allows this model's taps (`Backend::self_test_bound`).
+    pub fn self_test_bound(&self) -> f64 {
+        match self.rounds_activations {
+            true => flint_core::selftest::MAX_NMSE_Q8,
+            false => flint_core::selftest::MAX_NMSE,
+        }
     }
 
     pub fn n_ctx(&self) -> usize {

@@ -216,6 +216,9 @@ pub struct Shape {
     /// The tiled GEMM (tiles of `per` rows × `tokens` tokens) rather than either family's
     /// kernel.
     pub gemm: bool,
+    /// Lane teams on 8-bit activations staged this many chunks at a time (see [`q8_slice`]);
+    /// 0: f32 activations.
+    pub q8: u32,
 }
 
 impl Shape {
@@ -248,18 +251,18 @@ impl Shape {
                 (false, Some(lanes)) => lanes.min(wg),
                 (false, None) => lanes_per_row(n_in / CHUNK, wg),
             };
-            let s = Shape { blocked, tokens, wg, per, ids: false, glu: None, norm: false, gemm: false };
+            let s = Shape { blocked, tokens, wg, per, ids: false, glu: None, norm: false, gemm: false, q8: 0 };
             pick = Some(s);
             if groups(&s) >= min {
                 break;
             }
         }
-        pick.unwrap_or(Shape { blocked, tokens, wg: 1, per: if blocked { per } else { 1 }, ids: false, glu: None, norm: false, gemm: false })
+        pick.unwrap_or(Shape { blocked, tokens, wg: 1, per: if blocked { per } else { 1 }, ids: false, glu: None, norm: false, gemm: false, q8: 0 })
     }
 
     /// The tiled GEMM's shape for tiles `side` lanes wide (see [`GEMM_SIDES`]).
     pub fn gemm(side: u32, glu: Option<Activation>, norm: bool) -> Shape {
-        Shape { blocked: false, tokens: 4 * side, wg: side * side, per: 4 * side, ids: false, glu, norm, gemm: true }
+        Shape { blocked: false, tokens: 4 * side, wg: side * side, per: 4 * side, ids: false, glu, norm, gemm: true, q8: 0 }
     }
 }
 
@@ -282,6 +285,54 @@ pub fn takes_gemm(caps: &crate::Caps, limits: &wgpu::Limits, d: &MatmulDesc) -> 
 /// `FLINT_TUNE` asks for it (`gemm_f16=on`). Off by default until a GPU's figures say it pays.
 pub fn gemm_f16(caps: &crate::Caps) -> bool {
     caps.shader_f16 && caps.tune.gemm_f16
+}
+
+/// Formats with integer weight chunks (`shaders/dequant_q8.wgsl`) for the 8-bit-activation
+/// kernels: the legacy and K-quant formats whose quants fit a signed byte with one scale per
+/// 16 or 32 elements and one offset per chunk.
+pub const Q8_FORMATS: [QuantType; 8] =
+    [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0, QuantType::Q5_1, QuantType::Q8_0, QuantType::Q4K, QuantType::Q5K, QuantType::Q6K];
+
+/// Workgroup memory the 8-bit activations' kernels aim to stage a slice in: a slice of 32
+/// chunks of 16 tokens (20 KB), or 608 chunks of one (Qwen2.5-7B's longest row, 18944
+/// elements, in one slice). With the teams' sums it stays under NVIDIA's 48 KB, and leaves
+/// room for several workgroups an SM.
+const Q8_STAGE_BYTES: u64 = 24 << 10;
+/// Bytes a staged chunk takes per token: 32 bytes of quants, its scale and its sum.
+const Q8_CHUNK_BYTES: u64 = 32 + 8;
+
+/// Workgroup memory of a lane-team variant besides the staged activations: the teams' partial
+/// sums (without subgroup reduction) or the folded norm's sums (with it).
+fn lane_team_sums_bytes(caps: &crate::Caps, shape: &Shape) -> u64 {
+    let sums = match (subgroup_reduce(caps, shape.per), shape.norm) {
+        (false, _) => shape.wg,
+        (true, true) => NORM_LANES,
+        (true, false) => 0,
+    };
+    shape.tokens as u64 * sums as u64 * 4
+}
+
+/// The chunks a slice of lane-team variant `shape` of the matmul `d` stages when it runs on
+/// 8-bit activations (`shaders/matmul.wgsl`'s Q8_SLICE, `FLINT_TUNE` `q8_act=on`), or None to
+/// keep f32: on GPUs, outside the exact mode (the activations' rounding is about 1e-5 of
+/// NMSE), for plain matrices of [`Q8_FORMATS`]. As many whole 32-chunk groups as
+/// [`Q8_STAGE_BYTES`] (and the adapter's workgroup memory) hold, at most the row's: so a lane
+/// takes its chunks in the same order whatever the slice, and every token block of a matrix
+/// sums a token's products alike (batch invariance up to the largest block).
+pub fn q8_slice(caps: &crate::Caps, limits: &wgpu::Limits, d: &MatmulDesc, shape: &Shape) -> Option<u32> {
+    if !q8_activations(caps) || d.exact || shape.blocked || shape.gemm || d.ids.is_some() || !Q8_FORMATS.contains(&d.ty) {
+        return None;
+    }
+    let room = (limits.max_compute_workgroup_storage_size as u64).saturating_sub(lane_team_sums_bytes(caps, shape)).min(Q8_STAGE_BYTES);
+    let groups = room / (shape.tokens as u64 * Q8_CHUNK_BYTES * 32);
+    let row_groups = (d.n_in / CHUNK).div_ceil(32) as u64;
+    (groups > 0).then(|| (groups.min(row_groups) * 32) as u32)
+}
+
+/// Whether matmuls outside the exact mode on an adapter with `caps` may take 8-bit
+/// activations ([`q8_slice`]): on GPUs, where `FLINT_TUNE` asks for them (`q8_act=on`).
+pub fn q8_activations(caps: &crate::Caps) -> bool {
+    caps.tune.q8_act && !caps.cpu_like
 }
 
 /// Lanes per row for rows of `chunks` chunks: the fewest idle lane-slots (lanes × rounds),
@@ -434,6 +485,7 @@ fn key(caps: &crate::Caps, ty: QuantType, shape: Shape, wrong: bool) -> Pipeline
         .flag("SUBGROUP_REDUCE", subgroup_reduce(caps, shape.per))
         .flag("IDS", shape.ids)
         .flag("NORM", shape.norm);
+    let defs = if shape.q8 > 0 { defs.u32("Q8_SLICE", shape.q8) } else { defs };
     PipelineKey::new(SHADER, "main", glu(defs))
 }
 
@@ -452,13 +504,13 @@ pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
             for &(ids, glu, norm) in &kinds {
                 for wg in GPU_WGS {
                     for tpr in LANES_PER_ROW.into_iter().filter(|&t| t <= wg) {
-                        let s = Shape { blocked: false, tokens, wg, per: tpr, ids, glu, norm, gemm: false };
+                        let s = Shape { blocked: false, tokens, wg, per: tpr, ids, glu, norm, gemm: false, q8: 0 };
                         v.push(key(&crate::Caps { cpu_like: false, ..*caps }, ty, s, false));
                     }
                 }
                 // CPU adapters do not fold norms (see `folds_norms`).
                 for wg in CPU_WGS.into_iter().filter(|_| !norm) {
-                    v.push(key(caps, ty, Shape { blocked: true, tokens, wg, per: blocked_rows(tokens), ids, glu, norm, gemm: false }, false));
+                    v.push(key(caps, ty, Shape { blocked: true, tokens, wg, per: blocked_rows(tokens), ids, glu, norm, gemm: false, q8: 0 }, false));
                 }
             }
         }
@@ -468,6 +520,20 @@ pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
             for side in GEMM_SIDES {
                 v.push(key(caps, ty, Shape::gemm(side, glu, norm), false));
                 v.push(key(&half, ty, Shape::gemm(side, glu, norm), false));
+            }
+        }
+        // On 8-bit activations (slices of 32 chunks), with and without subgroup reduction
+        // where the adapter has it: the shortest and longest token blocks, plain and gated,
+        // with the norm folded or not (the 4- and 8-token blocks differ only in constants).
+        if Q8_FORMATS.contains(&ty) {
+            let q8_kinds = [(None, false), (Some(Activation::Silu), false), (None, true), (Some(Activation::GeluTanh), true)];
+            for tokens in [TOKEN_BLOCKS[0], TOKEN_BLOCKS[TOKEN_BLOCKS.len() - 1]] {
+                for (glu, norm) in q8_kinds {
+                    for (wg, tpr) in [(256, 32), (64, 8)] {
+                        let s = Shape { blocked: false, tokens, wg, per: tpr, ids: false, glu, norm, gemm: false, q8: 32 };
+                        v.push(key(&crate::Caps { cpu_like: false, ..*caps }, ty, s, false));
+                    }
+                }
             }
         }
     }
@@ -637,6 +703,14 @@ impl Matmul {
                 norm: d.norm.is_some(),
                 ..Shape::choose(&ctx.caps, &ctx.limits, d.n_in, d.n_rows, tb, step_tokens)
             });
+        }
+        // Every token block on 8-bit activations or none, so that a token's result does not
+        // depend on its step.
+        let slices: Vec<Option<u32>> = shapes.iter().map(|s| q8_slice(&ctx.caps, &ctx.limits, d, s)).collect();
+        if slices.iter().all(Option::is_some) {
+            for (s, slice) in shapes.iter_mut().zip(slices) {
+                s.q8 = slice.unwrap_or(0);
+            }
         }
         if gemm {
             let sides = GEMM_SIDES.into_iter().filter(|&side| side <= ctx.caps.tune.gemm_side);
