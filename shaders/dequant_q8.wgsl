@@ -1,5 +1,5 @@
 // Weight chunks as packed 8-bit integers, for products with 8-bit activations (matmul.wgsl's
-// Q8_ACT): q8w_chunk(row_base, c) returns the quants of chunk c (elements 32c .. 32c + 32 of
+// Q8_SLICE): q8w_chunk(row_base, c) returns the quants of chunk c (elements 32c .. 32c + 32 of
 // the row starting at byte row_base) four to a word in element order, each a byte that
 // dot4I8Packed reads as signed, with the chunk's scales: element e is d[e / 16] · q[e] + m.
 // Where a format offsets its quants by a constant (Q4_0 by 8, Q5_0 by 16, Q6_K by 32) the

@@ -113,12 +113,11 @@ fn q8_stage(lid: u32, t0: u32, n_tok: u32, base: u32) {
         if (t0 + j < n_tok && c < p.n_in / CHUNK) {
             let xb = x_index(t0 + j) * row_vec4s + c * 8u;
             for (var k = 0u; k < 8u; k++) {
-#ifdef NORM
-                v[k] = x[xb + k] * norm_w[c * 8u + k];
-#else
                 v[k] = x[xb + k];
-#endif
             }
+#ifdef NORM
+            v = norm_weighted(v, c);
+#endif
         }
         var most = abs(v[0]);
         var sum = v[0];

@@ -34,9 +34,9 @@ pub struct Tuning {
     /// shader-f16 (`on`/`off`; off until a GPU's figures say it pays).
     pub gemm_f16: bool,
     /// `q8_act`: the mat-vec kernels (steps of up to 16 tokens) quantize the activations to 8
-    /// bits per 32-element chunk in workgroup memory and multiply integer weight chunks with
-    /// them (`dot4I8Packed`), for the formats of [`matmul::Q8_FORMATS`] where the workgroup
-    /// memory holds them (`on`/`off`; off until a GPU's figures say it pays).
+    /// bits per 32-element chunk in workgroup memory, a slice at a time, and multiply integer
+    /// weight chunks with them (`dot4I8Packed`), for the formats of [`matmul::Q8_FORMATS`]
+    /// (`on`/`off`; off until a GPU's figures say it pays; see [`matmul::q8_slice`]).
     pub q8_act: bool,
     /// `split_groups`: split-attention workgroups a decode token aims for.
     pub split_groups: u32,
