@@ -1,7 +1,8 @@
 // Weight chunks as packed 8-bit integers, for products with 8-bit activations (matmul.wgsl's
-// Q8_SLICE): q8w_chunk(row_base, c) returns the quants of chunk c (elements 32c .. 32c + 32 of
-// the row starting at byte row_base) four to a word in element order, each a byte that
-// dot4I8Packed reads as signed, with the chunk's scales: element e is d[e / 16] · q[e] + m.
+// Q8_SLICE, matmul_tiled.wgsl's Q8_CHUNKS; q8_quantize makes the activations' chunks):
+// q8w_chunk(row_base, c) returns the quants of chunk c (elements 32c .. 32c + 32 of the row
+// starting at byte row_base) four to a word in element order, each a byte that dot4I8Packed
+// reads as signed, with the chunk's scales: element e is d[e / 16] · q[e] + m.
 // Where a format offsets its quants by a constant (Q4_0 by 8, Q5_0 by 16, Q6_K by 32) the
 // offset is taken off in the packed bytes and m is 0; the affine formats (Q4_1, Q5_1, Q4_K,
 // Q5_K) keep their unsigned quants (below 32, so positive as i8) and their m. The same
@@ -13,6 +14,35 @@ struct Q8Chunk {
     // The scale of elements 0..16 and of 16..32 (the same but in Q6_K).
     d: vec2<f32>,
     m: f32,
+}
+
+// A 32-element chunk of activations as signed bytes, four to a word in element order, with
+// its scale (element e is about d · q[e]) and the sum of its f32 elements (for the affine
+// formats' m).
+struct Q8Act {
+    q: array<u32, 8>,
+    d: f32,
+    sum: f32,
+}
+
+// Quantizes a chunk of activations: scale max |v| / 127, each element rounded to the nearest
+// step (a chunk of zeros is all zeros, scale 0).
+fn q8_quantize(v: array<vec4<f32>, 8>) -> Q8Act {
+    var most = abs(v[0]);
+    var sum = v[0];
+    for (var k = 1u; k < 8u; k++) {
+        most = max(most, abs(v[k]));
+        sum += v[k];
+    }
+    let a = max(max(most.x, most.y), max(most.z, most.w));
+    let inv = select(0.0, 127.0 / a, a > 0.0);
+    var o: Q8Act;
+    for (var k = 0u; k < 8u; k++) {
+        o.q[k] = pack4xI8(vec4<i32>(round(v[k] * inv)));
+    }
+    o.d = a / 127.0;
+    o.sum = (sum.x + sum.y) + (sum.z + sum.w);
+    return o;
 }
 
 const LOW_NIBBLES: u32 = 0x0f0f0f0fu;

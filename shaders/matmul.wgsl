@@ -119,18 +119,11 @@ fn q8_stage(lid: u32, t0: u32, n_tok: u32, base: u32) {
             v = norm_weighted(v, c);
 #endif
         }
-        var most = abs(v[0]);
-        var sum = v[0];
-        for (var k = 1u; k < 8u; k++) {
-            most = max(most, abs(v[k]));
-            sum += v[k];
-        }
-        let a = max(max(most.x, most.y), max(most.z, most.w));
-        let inv = select(0.0, 127.0 / a, a > 0.0);
+        let a = q8_quantize(v);
         for (var k = 0u; k < 8u; k++) {
-            xq[(j * 8u + k) * Q8_SLICE + s] = pack4xI8(vec4<i32>(round(v[k] * inv)));
+            xq[(j * 8u + k) * Q8_SLICE + s] = a.q[k];
         }
-        xd[i] = vec2<f32>(a / 127.0, (sum.x + sum.y) + (sum.z + sum.w));
+        xd[i] = vec2<f32>(a.d, a.sum);
     }
 }
 

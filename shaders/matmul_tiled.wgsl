@@ -24,14 +24,25 @@
 // token's sums are scaled by its 1 / rms before the store. Bias, accumulation and split
 // outputs are matmul_io.wgsl's run-time flags. Not by expert (IDS).
 //
-// With F16 (adapters with shader-f16, FLINT_TUNE gemm_f16=on) the staged tiles are half
+// With F16 (adapters with shader-f16, FLINT_TUNE gemm_in=f16) the staged tiles are half
 // precision and each lane sums a chunk's 32 products per (row, token) in f16 (vec4 fmas:
 // two packed half multiply-adds per four products, and half the workgroup-memory bytes),
 // adding the chunk's sum to its f32 sum: within the quantized bound (NMSE 5e-4), as
 // llama.cpp's f16 tiles are. The activations are staged already normalized (NORM: times the
 // token's 1 / rms), so the residual stream's magnitude does not meet f16's range.
 //
-// Defines: the format (ShaderDefs::quant), SIDE (16 or 8), GLU, GELU_TANH, NORM, F16.
+// With Q8_CHUNKS (FLINT_TUNE gemm_in=q8, the formats of ops::matmul::Q8_FORMATS) the tiles
+// are 8-bit integers, as llama.cpp's integer-dot GEMM: a stage holds Q8_CHUNKS chunks, every
+// lane unpacking one (row, chunk) of weights (dequant_q8.wgsl) and quantizing one (token,
+// chunk) of activations (scale max |x| / 127, with the chunk's sum; with NORM of x ⊙ norm_w,
+// the 1 / rms applied at the store as in f32). Each lane sums its TM × TN products of a chunk
+// four at a time in integers (dot4I8Packed) and scales them once a chunk: a quarter of the
+// f32 tiles' multiply-adds and of their workgroup-memory bytes per product, and no float
+// conversion per weight. Every row tile quantizes its tokens' chunks itself (at 64 × 64 about
+// a tenth of its operations), where llama.cpp quantizes them once in a pass of their own.
+//
+// Defines: the format (ShaderDefs::quant), SIDE (16 or 8), GLU, GELU_TANH, NORM, F16,
+// Q8_CHUNKS (SIDE / 4: one weight and one token chunk per lane).
 
 #ifdef F16
 enable f16;
@@ -60,6 +71,40 @@ const OUT_ROWS: u32 = BM;
 const PER_TOKEN: u32 = WG / BN;
 #endif
 
+#ifdef Q8_CHUNKS
+#include "dequant_q8.wgsl"
+
+// A stage's chunks: the weight quants, [chunk][word][row], with each (chunk, row)'s scales
+// (d of either half, m), and the activations' quants, [chunk][word][token], with each
+// (chunk, token)'s scale and sum.
+var<workgroup> wq: array<u32, Q8_CHUNKS * 8u * BM>;
+var<workgroup> wd: array<vec2<f32>, Q8_CHUNKS * BM>;
+var<workgroup> wm: array<f32, Q8_CHUNKS * BM>;
+var<workgroup> xq: array<u32, Q8_CHUNKS * 8u * BN>;
+var<workgroup> xd: array<vec2<f32>, Q8_CHUNKS * BN>;
+
+// The lane's integer products of staged chunk c over words k0 .. k1, per (row, token):
+// rows ty + SIDE i, tokens tx + SIDE j.
+fn tile_isums(c: u32, tx: u32, ty: u32, k0: u32, k1: u32) -> array<i32, TM * TN> {
+    var s: array<i32, TM * TN>;
+    for (var k = k0; k < k1; k++) {
+        var a: array<u32, TM>;
+        var b: array<u32, TN>;
+        for (var i = 0u; i < TM; i++) {
+            a[i] = wq[(c * 8u + k) * BM + ty + SIDE * i];
+        }
+        for (var j = 0u; j < TN; j++) {
+            b[j] = xq[(c * 8u + k) * BN + tx + SIDE * j];
+        }
+        for (var i = 0u; i < TM; i++) {
+            for (var j = 0u; j < TN; j++) {
+                s[i * TN + j] += dot4I8Packed(a[i], b[j]);
+            }
+        }
+    }
+    return s;
+}
+#else
 #ifdef F16
 alias Stage = vec4<f16>;
 #else
@@ -69,13 +114,21 @@ alias Stage = vec4<f32>;
 // The tile's dequantized chunk, [k4][row], and its tokens' activations, [k4][token].
 var<workgroup> ws: array<Stage, 8u * BM>;
 var<workgroup> xs: array<Stage, 8u * BN>;
+#endif
 
 #ifdef NORM
 #ifdef F16
-// The lanes' sums of squares, then each token's 1 / rms (xs is too narrow for them).
-var<workgroup> sq: array<f32, WG>;
+#define NORM_SQ
+// Each token's 1 / rms (xs is too narrow for it).
 var<workgroup> tok_scale: array<f32, BN>;
 #endif
+#ifdef Q8_CHUNKS
+#define NORM_SQ
+#endif
+#endif
+#ifdef NORM_SQ
+// The lanes' sums of squares (where xs cannot hold them).
+var<workgroup> sq: array<f32, WG>;
 #endif
 
 @compute @workgroup_size(SIDE * SIDE)
@@ -102,7 +155,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 }
             }
         }
-#ifdef F16
+#ifdef NORM_SQ
         sq[lid] = ss;
 #else
         xs[lid] = vec4<f32>(ss, 0.0, 0.0, 0.0);
@@ -126,7 +179,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let b = (tx + SIDE * j) * PER_TOKEN;
         var ss = 0.0;
         for (var q = 0u; q < PER_TOKEN; q++) {
+#ifdef NORM_SQ
+            ss += sq[b + q];
+#else
             ss += xs[b + q].x;
+#endif
         }
         scale[j] = norm_scale(ss);
     }
@@ -135,18 +192,83 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #endif
 #endif
 
-    // The row this lane dequantizes (lanes below BM): tile row lid, with GLU an up row from
-    // BM / 2 on.
-    let w_r = r0 + lid % OUT_ROWS;
+    // The row this lane dequantizes (lanes below BM; with Q8_CHUNKS every lane, chunk lid / BM
+    // of the stage): tile row lid % BM, with GLU an up row from BM / 2 on.
+    let w_t = lid % BM;
+    let w_r = r0 + w_t % OUT_ROWS;
+#ifdef Q8_CHUNKS
+    let w_live = w_r < p.n_rows;
+#else
     let w_live = lid < BM && w_r < p.n_rows;
+#endif
 #ifdef GLU
-    let w_base = w_row(min(w_r, p.n_rows - 1u)) + select(0u, p.up_bytes, lid >= OUT_ROWS);
+    let w_base = w_row(min(w_r, p.n_rows - 1u)) + select(0u, p.up_bytes, w_t >= OUT_ROWS);
 #else
     let w_base = w_row(min(w_r, p.n_rows - 1u));
 #endif
 
     // acc[i * TN + j]: row ty + SIDE i, token tx + SIDE j.
     var acc: array<f32, TM * TN>;
+#ifdef Q8_CHUNKS
+    // The weight chunk and the activations' chunk (token lid % BN) this lane stages.
+    let w_c = lid / BM;
+    let x_tok = lid % BN;
+    let x_c = lid / BN;
+    let xb = min(t0 + x_tok, n_tok - 1u) * x_row;
+    for (var c0 = 0u; c0 < n_chunks; c0 += Q8_CHUNKS) {
+        // Chunks past the row stage zeros (scales 0), which add nothing.
+        var wc: Q8Chunk;
+        if (w_live && c0 + w_c < n_chunks) {
+            wc = q8w_chunk(w_base, c0 + w_c);
+        }
+        for (var k = 0u; k < 8u; k++) {
+            wq[(w_c * 8u + k) * BM + w_t] = wc.q[k];
+        }
+        wd[w_c * BM + w_t] = wc.d;
+        wm[w_c * BM + w_t] = wc.m;
+        // Tokens past the step repeat its last (never stored).
+        var v: array<vec4<f32>, 8>;
+        let xc = c0 + x_c;
+        if (xc < n_chunks) {
+            for (var k = 0u; k < 8u; k++) {
+                v[k] = x[xb + xc * 8u + k];
+#ifdef NORM
+                v[k] *= norm_w[xc * 8u + k];
+#endif
+            }
+        }
+        let a = q8_quantize(v);
+        for (var k = 0u; k < 8u; k++) {
+            xq[(x_c * 8u + k) * BN + x_tok] = a.q[k];
+        }
+        xd[x_c * BN + x_tok] = vec2<f32>(a.d, a.sum);
+        workgroupBarrier();
+        for (var c = 0u; c < Q8_CHUNKS; c++) {
+#ifdef Q_Q6_K
+            // Q6_K scales the chunk's halves apart.
+            let lo = tile_isums(c, tx, ty, 0u, 4u);
+            let hi = tile_isums(c, tx, ty, 4u, 8u);
+#else
+            let lo = tile_isums(c, tx, ty, 0u, 8u);
+#endif
+            for (var i = 0u; i < TM; i++) {
+                let d = wd[c * BM + ty + SIDE * i];
+                let m = wm[c * BM + ty + SIDE * i];
+                for (var j = 0u; j < TN; j++) {
+                    let xa = xd[c * BN + tx + SIDE * j];
+#ifdef Q_Q6_K
+                    let f = d.x * f32(lo[i * TN + j]) + d.y * f32(hi[i * TN + j]);
+#else
+                    let f = d.x * f32(lo[i * TN + j]);
+#endif
+                    acc[i * TN + j] += xa.x * f + m * xa.y;
+                }
+            }
+        }
+        // The next stage overwrites this one.
+        workgroupBarrier();
+    }
+#else
     for (var c = 0u; c < n_chunks; c++) {
         if (w_live) {
             let q = dequant_chunk(w_base, c);
@@ -200,6 +322,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #endif
         workgroupBarrier();
     }
+#endif
 
     for (var i = 0u; i < TM * OUT_ROWS / BM; i++) {
         let r = r0 + ty + SIDE * i;

@@ -56,11 +56,13 @@ log matmul_speed
     timeout 15 $B/matmul_speed $shape 32,64,256,512 20 exact 2>&1 | grep -v "^note:"
   done
   for f in glu glu+norm; do timeout 10 $B/matmul_speed Q5_0 896 4864 1 50 $f 2>&1 | tail -1; done
-  # The GEMM staged and summed in f16 (FLINT_TUNE gemm_f16=on), beside the f32 lines above.
-  for shape in "Q5_0 896 4864" "Q4_K 3584 18944" "Q6_K 18944 3584"; do
-    FLINT_TUNE=gemm_f16=on timeout 15 $B/matmul_speed $shape 64,256,512 20 2>&1 | grep -v "^note:" | sed "s/^/gemm_f16=on: /"
+  # The GEMM in f16 and on 8-bit integers (FLINT_TUNE gemm_in), beside the f32 lines above.
+  for t in gemm_in=f16 gemm_in=q8; do
+    for shape in "Q5_0 896 4864" "Q4_K 3584 18944" "Q6_K 18944 3584"; do
+      FLINT_TUNE=$t timeout 15 $B/matmul_speed $shape 64,256,512 20 2>&1 | grep -v "^note:" | sed "s/^/$t: /"
+    done
+    FLINT_TUNE=$t timeout 10 $B/matmul_speed Q5_0 896 4864 512 20 glu+norm 2>&1 | tail -1 | sed "s/^/$t: /"
   done
-  FLINT_TUNE=gemm_f16=on timeout 10 $B/matmul_speed Q5_0 896 4864 512 20 glu+norm 2>&1 | tail -1 | sed "s/^/gemm_f16=on: /"
   # The mat-vec kernels on 8-bit activations (FLINT_TUNE q8_act=on), beside the f32 lines above.
   for shape in "Q5_0 896 4864" "Q6_K 4864 896" "Q4_K 3584 18944" "Q6_K 18944 3584"; do
     FLINT_TUNE=q8_act=on timeout 15 $B/matmul_speed $shape 1,8,16 20 2>&1 | grep -v "^note:" | sed "s/^/q8_act=on: /"

@@ -358,8 +358,8 @@ fn self_test_catches_a_wrong_kernel() {
 /// switch: greedy ids equal the f32 reference's with the self-test on (layer 0 and the head
 /// agree with the CPU reference within NMSE 1e-5), in the exact mode and in the default mode
 /// (whose prompt steps take the tiled GEMM and the query-tiled attention), and in the default
-/// mode with the mat-vec kernels on 8-bit activations (`FLINT_TUNE=q8_act=on`: the self-test
-/// allows NMSE 5e-4 there, and must say so). One test per model,
+/// mode on 8-bit activations (`FLINT_TUNE=q8_act=on,gemm_in=q8`: the mat-vec kernels' and the
+/// prompt step's GEMM; the self-test allows NMSE 5e-4 there, and must say so). One test per model,
 /// so the two share the machine with the other tests (on lavapipe these kernels run several
 /// times slower than the CPU-adapter family: a qwen decode step takes seconds).
 fn gpu_kernels_keep_the_golden_ids(model: &str, golden: &str) -> bool {
@@ -372,7 +372,7 @@ fn gpu_kernels_keep_the_golden_ids(model: &str, golden: &str) -> bool {
     // at least 0.2 apart there). Four tokens: the prompt step, then decode steps of the same
     // kernels.
     let path = model_path(model);
-    for (n, exact, tune) in [(1, true, ""), (2, false, ""), (2, false, "q8_act=on")] {
+    for (n, exact, tune) in [(1, true, ""), (2, false, ""), (2, false, "q8_act=on,gemm_in=q8")] {
         let prompt = shared().join(format!("golden/prompts/p{n}.txt"));
         let mut args = vec!["run", "-m", &path, "--raw", "--temp", "0", "-n", "4", "--self-test", "--format", "jsonl", "-f", prompt.to_str().unwrap()];
         args.extend(exact.then_some("--exact"));

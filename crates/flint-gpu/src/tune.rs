@@ -10,6 +10,25 @@ use std::fmt;
 
 use crate::ops::{attention, matmul};
 
+/// What the tiled GEMM (`shaders/matmul_tiled.wgsl`) stages and multiplies: f32, f16 (F16),
+/// or 8-bit integers, the activations quantized per 32-element chunk (Q8_CHUNKS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmIn {
+    F32,
+    F16,
+    Q8,
+}
+
+impl fmt::Display for GemmIn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GemmIn::F32 => "f32",
+            GemmIn::F16 => "f16",
+            GemmIn::Q8 => "q8",
+        })
+    }
+}
+
 /// Shape knobs of the GPU (lane-team) kernels; CPU-type adapters ignore them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
@@ -30,9 +49,10 @@ pub struct Tuning {
     pub gemm_min_groups: Option<u64>,
     /// `gemm_side`: the largest GEMM tile side in lanes (16: 64 × 64 tiles, 8: 32 × 32).
     pub gemm_side: u32,
-    /// `gemm_f16`: the GEMM stages its tiles and sums each chunk in f16 where the adapter has
-    /// shader-f16 (`on`/`off`; off until a GPU's figures say it pays).
-    pub gemm_f16: bool,
+    /// `gemm_in`: what the GEMM stages its tiles in and multiplies (`f32`, `f16` where the
+    /// adapter has shader-f16, or `q8`: 8-bit integers for the formats of
+    /// [`matmul::Q8_FORMATS`]); f32 until a GPU's figures say another pays.
+    pub gemm_in: GemmIn,
     /// `q8_act`: the mat-vec kernels (steps of up to 16 tokens) quantize the activations to 8
     /// bits per 32-element chunk in workgroup memory, a slice at a time, and multiply integer
     /// weight chunks with them (`dot4I8Packed`), for the formats of [`matmul::Q8_FORMATS`]
@@ -56,7 +76,7 @@ impl Default for Tuning {
             max_block: matmul::TOKEN_BLOCKS[matmul::TOKEN_BLOCKS.len() - 1],
             gemm_min_groups: Some(matmul::GEMM_MIN_GROUPS),
             gemm_side: matmul::GEMM_SIDES[0],
-            gemm_f16: false,
+            gemm_in: GemmIn::F32,
             q8_act: false,
             split_groups: attention::SPLIT_TARGET_GROUPS,
             split_min: attention::SPLIT_MIN_POSITIONS,
@@ -65,7 +85,7 @@ impl Default for Tuning {
     }
 }
 
-const KEYS: &str = "min_groups, max_wg, lanes, max_block, gemm_min_groups, gemm_side, gemm_f16, q8_act, split_groups, split_min, tiles_from";
+const KEYS: &str = "min_groups, max_wg, lanes, max_block, gemm_min_groups, gemm_side, gemm_in, q8_act, split_groups, split_min, tiles_from";
 
 /// Largest value a count knob takes: far past any grid or context that makes sense, and
 /// small enough that no product of it overflows.
@@ -102,7 +122,14 @@ impl Tuning {
                 "gemm_min_groups" if off => t.gemm_min_groups = None,
                 "gemm_min_groups" => t.gemm_min_groups = Some(count()?),
                 "gemm_side" => t.gemm_side = one_of(&matmul::GEMM_SIDES)?,
-                "gemm_f16" => t.gemm_f16 = switch()?,
+                "gemm_in" => {
+                    t.gemm_in = match value {
+                        "f32" => GemmIn::F32,
+                        "f16" => GemmIn::F16,
+                        "q8" => GemmIn::Q8,
+                        _ => return Err(format!("{key}={value:?}: expected f32, f16 or q8")),
+                    }
+                }
                 "q8_act" => t.q8_act = switch()?,
                 "split_groups" => t.split_groups = count()? as u32,
                 "split_min" => t.split_min = count()? as u32,
@@ -138,14 +165,14 @@ impl fmt::Display for Tuning {
         let opt = |v: Option<u64>, none: &str| v.map_or(none.to_string(), |n| n.to_string());
         write!(
             f,
-            "min_groups={},max_wg={},lanes={},max_block={},gemm_min_groups={},gemm_side={},gemm_f16={},q8_act={},split_groups={},split_min={},tiles_from={}",
+            "min_groups={},max_wg={},lanes={},max_block={},gemm_min_groups={},gemm_side={},gemm_in={},q8_act={},split_groups={},split_min={},tiles_from={}",
             self.min_groups,
             self.max_wg,
             opt(self.lanes.map(u64::from), "auto"),
             self.max_block,
             opt(self.gemm_min_groups, "off"),
             self.gemm_side,
-            on_off(self.gemm_f16),
+            self.gemm_in,
             on_off(self.q8_act),
             self.split_groups,
             self.split_min,
@@ -161,8 +188,9 @@ mod tests {
     #[test]
     fn parses_over_the_defaults_and_prints_what_it_parses() {
         assert_eq!(Tuning::parse("").unwrap(), Tuning::default());
-        let t = Tuning::parse(" lanes=16, gemm_min_groups=off,max_wg=64,split_min=128 ,max_block=8,gemm_f16=on,q8_act=on").unwrap();
-        assert_eq!((t.lanes, t.max_block, t.gemm_f16, t.q8_act), (Some(16), 8, true, true));
+        let t = Tuning::parse(" lanes=16, gemm_min_groups=off,max_wg=64,split_min=128 ,max_block=8,gemm_in=q8,q8_act=on").unwrap();
+        assert_eq!((t.lanes, t.max_block, t.gemm_in, t.q8_act), (Some(16), 8, GemmIn::Q8, true));
+        assert_eq!(Tuning::parse("gemm_in=f16").unwrap().gemm_in, GemmIn::F16);
         assert_eq!(t.gemm_min_groups, None);
         assert_eq!((t.max_wg, t.split_min), (64, 128));
         assert_eq!(t.min_groups, Tuning::default().min_groups);
@@ -180,7 +208,8 @@ mod tests {
             ("min_groups=99999999999999999999", "min_groups"),
             ("split_groups=-1", "split_groups"),
             ("gemm_side=off", "gemm_side"),
-            ("gemm_f16=1", "expected on or off"),
+            ("gemm_in=1", "gemm_in=\"1\": expected f32, f16 or q8"),
+            ("gemm_f16=on", "unknown key \"gemm_f16\""),
             ("q8_act=yes", "q8_act=\"yes\": expected on or off"),
             ("tiles=3", "unknown key \"tiles\""),
             ("lanes", "expected key=value"),

@@ -77,6 +77,11 @@ async fn run(ctx: &GpuContext, case: Case) {
 
 /// Runs `case` on the GPU and checks it against the CPU reference; returns the NMSE.
 async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> f64 {
+    run_products(ctx, cache, case).await.0
+}
+
+/// [`run_in`], returning also the products it checked.
+async fn run_products(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> (f64, Vec<f32>) {
     let Case { ty, n_in, n_rows, n_tok, row_offset, y_stride, max_tokens, bias, accumulate, exact, gemm, seed } = case;
     let (n_in, n_rows, n_tok_u, y_stride_u) = (n_in as usize, n_rows as usize, n_tok as usize, y_stride as usize);
     let mut rng = TestRng::new(seed);
@@ -161,7 +166,7 @@ async fn run_in(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> f64 {
     let e = nmse(&got_in, &want_in);
     let tol = if ty == QuantType::F32 { NMSE_F32 } else { NMSE_QUANT };
     assert!(e <= tol, "{case:?}: nmse {e:e} > {tol:e}");
-    e
+    (e, got_in)
 }
 
 /// The formats whose multi-token kernels run here: the test models' (Q4_K, Q5_0, Q6_K, Q8_0)
@@ -335,13 +340,13 @@ fn tuned_variants_compute_the_same_products() {
     }
 }
 
-/// The tiled GEMM in f16 (`FLINT_TUNE` `gemm_f16=on`, adapters with shader-f16) against the
+/// The tiled GEMM in f16 (`FLINT_TUNE` `gemm_in=f16`, adapters with shader-f16) against the
 /// CPU reference within the quantized bound: both tile sizes, ragged rows and tokens,
 /// accumulation, and the fusions (GLU, split outputs, the folded norm, whose activations are
 /// staged normalized). An adapter without shader-f16 must not build it.
 #[test]
 fn gemm_in_f16_stays_within_the_quantized_bound() {
-    let Some(ctx) = flint_gpu::testing::gpu_tuned("gemm_f16=on") else { return };
+    let Some(ctx) = flint_gpu::testing::gpu_tuned("gemm_in=f16") else { return };
     if !ctx.caps.shader_f16 {
         assert!(!flint_gpu::ops::matmul::gemm_f16(&ctx.caps), "the f16 GEMM needs shader-f16");
         eprintln!("{}: no shader-f16, so no f16 GEMM to test", ctx.adapter_name());
@@ -420,6 +425,62 @@ fn matmul_on_8_bit_activations_stays_within_the_quantized_bound() {
                 assert!(row == &by_step[sizes.len() - 1][t], "{case:?}: token {t} differs in a step of {} tokens", sizes[k]);
             }
         }
+    }
+}
+
+/// The tiled GEMM on 8-bit integers (`FLINT_TUNE` `gemm_in=q8`) against the CPU reference
+/// within the quantized bound: every format with integer weight chunks through both tile
+/// sizes (with bias, with accumulation, ragged rows and tokens; the legacy formats' rows of 41
+/// chunks end in a part-filled stage), and the fusions past 16 tokens (GLU, split outputs, the
+/// folded norm, whose activations are quantized normalized). The activations' rounding must
+/// show (the f32 GEMM's NMSE is about 1e-13), so the kernel that ran is the 8-bit one; a format
+/// without integer chunks (Q3_K) keeps the f32 GEMM.
+#[test]
+fn gemm_on_8_bit_integers_stays_within_the_quantized_bound() {
+    use flint_gpu::ops::matmul::Q8_FORMATS;
+    // min_groups=16: the 64-token tile takes grids small enough for the CPU reference.
+    let Some(ctx) = flint_gpu::testing::gpu_tuned("gemm_in=q8,min_groups=16") else { return };
+    let cache = PipelineCache::new();
+    let rounded = |e: f64, what: &dyn std::fmt::Debug| assert!(e > 1e-9, "{what:?}: nmse {e:e}, as if the GEMM were f32");
+    for ty in Q8_FORMATS.into_iter().chain([QuantType::Q3K]) {
+        let n_in = if ty.block_elems() == 256 { 3 * 256 } else { 41 * 32 };
+        // 17 row tiles of 64 × one token tile; 16 row tiles of 32 × 2 token tiles.
+        for (n_rows, n_tok, tile) in [(1030, 37, 64), (500, 40, 32)] {
+            let case = Case {
+                n_in,
+                row_offset: 2,
+                y_stride: n_rows + 3,
+                bias: tile == 64,
+                accumulate: tile == 32,
+                gemm: Some(tile),
+                ..Case::new(ty, n_rows, n_tok, 120 + n_tok as u64)
+            };
+            let e = futures::executor::block_on(run_in(&ctx, &cache, case));
+            eprintln!("q8 gemm: {case:?}: nmse {e:.2e}");
+            if Q8_FORMATS.contains(&ty) {
+                rounded(e, &case);
+            } else {
+                assert!(e < 1e-9, "{case:?}: nmse {e:e}: a format without integer chunks took the 8-bit GEMM");
+            }
+        }
+    }
+    for case in fused_cases(true).into_iter().filter(|c| c.n_tok > 16 && !c.exact) {
+        rounded(futures::executor::block_on(run_fused(&ctx, &cache, case)), &case);
+    }
+    // The mat-vec kernels on 8-bit activations (16-token tiles: the GEMM off; 64-lane
+    // workgroups, whose sums leave room to stage a slice here) quantize and scale alike: the
+    // same step's products differ only in the order of the f32 sums, far below the
+    // quantization's own error (about 1e-5 here).
+    let mat_vec = flint_gpu::testing::gpu_tuned("q8_act=on,gemm_min_groups=off,max_wg=64").unwrap();
+    for ty in [QuantType::Q4_1, QuantType::Q5_0, QuantType::Q4K, QuantType::Q6K] {
+        let n_in = if ty.block_elems() == 256 { 4 * 256 } else { 41 * 32 };
+        let case = Case { n_in, max_tokens: Some(40), ..Case::new(ty, 500, 40, 130) };
+        let (e, gemm) = futures::executor::block_on(run_products(&ctx, &cache, Case { gemm: Some(32), ..case }));
+        let (_, lanes) = futures::executor::block_on(run_products(&mat_vec, &cache, case));
+        let apart = nmse(&gemm, &lanes);
+        eprintln!("q8 {ty}: the GEMM's products against the mat-vec kernels': nmse {apart:.2e} (against the reference {e:.2e})");
+        rounded(e, &case);
+        assert!(apart < 1e-10, "{case:?}: the 8-bit GEMM and mat-vec kernels differ by nmse {apart:e}");
     }
 }
 

@@ -26,6 +26,7 @@ use crate::error::{GpuError, Result};
 use crate::ops::{fold_groups, params};
 use crate::pipeline::{PipelineCache, PipelineKey};
 use crate::shader::ShaderDefs;
+use crate::tune::GemmIn;
 
 const SHADER: &str = "matmul.wgsl";
 const OP: &str = "matmul";
@@ -76,7 +77,6 @@ const CPU_MIN_GROUPS: u64 = 16;
 /// workgroup of s² lanes and a tile of 4s weight rows × 4s tokens; the 64 × 64 tile's two
 /// 64 × 32 f32 staging tiles fill WebGPU's default 16 KB of workgroup memory.
 pub const GEMM_SIDES: [u32; 2] = [16, 8];
-const GEMM_SHARED_BYTES: u32 = 2 * 32 * 4 * 64;
 /// A step takes the largest GEMM tile whose grid still has [`GPU_MIN_GROUPS`] workgroups, the
 /// smallest while its grid has `GEMM_MIN_GROUPS`, and below that (few rows and few tokens:
 /// a 32-token step of a 896-row matrix is 28 workgroups of 32 × 32) the token-block kernel's
@@ -216,8 +216,9 @@ pub struct Shape {
     /// The tiled GEMM (tiles of `per` rows × `tokens` tokens) rather than either family's
     /// kernel.
     pub gemm: bool,
-    /// Lane teams on 8-bit activations staged this many chunks at a time (see [`q8_slice`]);
-    /// 0: f32 activations.
+    /// On 8-bit activations staged this many chunks at a time: lane teams a slice of the row
+    /// (see [`q8_slice`]), the GEMM its chunks between barriers (see [`gemm_q8`]); 0: float
+    /// activations.
     pub q8: u32,
 }
 
@@ -276,15 +277,48 @@ pub fn takes_gemm(caps: &crate::Caps, limits: &wgpu::Limits, d: &MatmulDesc) -> 
         && caps.tune.gemm_min_groups.is_some()
         && d.ids.is_none()
         && d.max_tokens > TOKEN_BLOCKS[TOKEN_BLOCKS.len() - 1]
-        && limits.max_compute_workgroup_storage_size >= GEMM_SHARED_BYTES
+        && limits.max_compute_workgroup_storage_size >= gemm_shared_bytes(caps.tune.gemm_side, GemmIn::F32, false)
         && limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x) >= caps.tune.gemm_side * caps.tune.gemm_side
 }
 
 /// Whether the tiled GEMM stages its tiles and sums each chunk in f16 on an adapter with
 /// `caps` (`shaders/matmul_tiled.wgsl`'s F16): where the adapter has shader-f16 and
-/// `FLINT_TUNE` asks for it (`gemm_f16=on`). Off by default until a GPU's figures say it pays.
+/// `FLINT_TUNE` asks for it (`gemm_in=f16`). Off by default until a GPU's figures say it pays.
 pub fn gemm_f16(caps: &crate::Caps) -> bool {
-    caps.shader_f16 && caps.tune.gemm_f16
+    caps.shader_f16 && caps.tune.gemm_in == GemmIn::F16
+}
+
+/// Workgroup memory of the tiled GEMM with tiles `side` lanes wide staged as `input`: two
+/// tiles of a 32-element chunk (f32 or f16), or [`gemm_q8_chunks`] chunks of 8-bit weight rows
+/// and tokens with their scales (rows: d of either half and m; tokens: scale and sum); with
+/// the folded norm, where the tiles cannot hold them, the lanes' sums of squares (and in f16
+/// the tokens' scales).
+pub fn gemm_shared_bytes(side: u32, input: GemmIn, norm: bool) -> u32 {
+    let (wg, tile) = (side * side, 4 * side);
+    match input {
+        GemmIn::F32 => 2 * 8 * tile * 16,
+        GemmIn::F16 => 2 * 8 * tile * 8 + if norm { (wg + tile) * 4 } else { 0 },
+        GemmIn::Q8 => gemm_q8_chunks(side) * tile * (2 * CHUNK + 12 + 8) + if norm { wg * 4 } else { 0 },
+    }
+}
+
+/// Chunks the 8-bit GEMM stages between barriers: one (row, chunk) and one (token, chunk) per
+/// lane (4 for 64 × 64 tiles, 2 for 32 × 32).
+pub fn gemm_q8_chunks(side: u32) -> u32 {
+    side / 4
+}
+
+/// The chunks a stage of the tiled GEMM with tiles `side` lanes wide holds when it multiplies
+/// 8-bit integers (`shaders/matmul_tiled.wgsl`'s Q8_CHUNKS, `FLINT_TUNE` `gemm_in=q8`), or 0 to
+/// keep float tiles: on GPUs, for plain matrices of [`Q8_FORMATS`], where the adapter grants
+/// the workgroup memory. (The exact mode builds no GEMM.)
+pub fn gemm_q8(caps: &crate::Caps, limits: &wgpu::Limits, d: &MatmulDesc, side: u32) -> u32 {
+    let fits = limits.max_compute_workgroup_storage_size >= gemm_shared_bytes(side, GemmIn::Q8, d.norm.is_some());
+    if caps.tune.gemm_in == GemmIn::Q8 && !caps.cpu_like && d.ids.is_none() && Q8_FORMATS.contains(&d.ty) && fits {
+        gemm_q8_chunks(side)
+    } else {
+        0
+    }
 }
 
 /// Formats with integer weight chunks (`shaders/dequant_q8.wgsl`) for the 8-bit-activation
@@ -320,7 +354,7 @@ fn lane_team_sums_bytes(caps: &crate::Caps, shape: &Shape) -> u64 {
 /// takes its chunks in the same order whatever the slice, and every token block of a matrix
 /// sums a token's products alike (batch invariance up to the largest block).
 pub fn q8_slice(caps: &crate::Caps, limits: &wgpu::Limits, d: &MatmulDesc, shape: &Shape) -> Option<u32> {
-    if !q8_activations(caps) || d.exact || shape.blocked || shape.gemm || d.ids.is_some() || !Q8_FORMATS.contains(&d.ty) {
+    if !caps.tune.q8_act || caps.cpu_like || d.exact || shape.blocked || shape.gemm || d.ids.is_some() || !Q8_FORMATS.contains(&d.ty) {
         return None;
     }
     let room = (limits.max_compute_workgroup_storage_size as u64).saturating_sub(lane_team_sums_bytes(caps, shape)).min(Q8_STAGE_BYTES);
@@ -330,9 +364,10 @@ pub fn q8_slice(caps: &crate::Caps, limits: &wgpu::Limits, d: &MatmulDesc, shape
 }
 
 /// Whether matmuls outside the exact mode on an adapter with `caps` may take 8-bit
-/// activations ([`q8_slice`]): on GPUs, where `FLINT_TUNE` asks for them (`q8_act=on`).
+/// activations: on GPUs, where `FLINT_TUNE` asks for them, in the mat-vec kernels
+/// (`q8_act=on`, [`q8_slice`]) or the GEMM (`gemm_in=q8`, [`gemm_q8`]).
 pub fn q8_activations(caps: &crate::Caps) -> bool {
-    caps.tune.q8_act && !caps.cpu_like
+    (caps.tune.q8_act || caps.tune.gemm_in == GemmIn::Q8) && !caps.cpu_like
 }
 
 /// Lanes per row for rows of `chunks` chunks: the fewest idle lane-slots (lanes × rounds),
@@ -462,7 +497,8 @@ fn key(caps: &crate::Caps, ty: QuantType, shape: Shape, wrong: bool) -> Pipeline
     };
     if shape.gemm {
         let side = shape.tokens / 4;
-        let defs = ShaderDefs::new().quant(ty).u32("SIDE", side).flag("NORM", shape.norm).flag("F16", gemm_f16(caps));
+        let defs = ShaderDefs::new().quant(ty).u32("SIDE", side).flag("NORM", shape.norm);
+        let defs = if shape.q8 > 0 { defs.u32("Q8_CHUNKS", shape.q8) } else { defs.flag("F16", gemm_f16(caps)) };
         return PipelineKey::new("matmul_tiled.wgsl", "main", glu(defs));
     }
     if shape.blocked {
@@ -514,12 +550,15 @@ pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
                 }
             }
         }
-        // The GEMM in f32 and, where the adapter has shader-f16, in f16.
-        let half = crate::Caps { tune: crate::tune::Tuning { gemm_f16: true, ..caps.tune }, ..*caps };
+        // The GEMM in f32, where the adapter has shader-f16 in f16, and on 8-bit integers.
+        let half = crate::Caps { tune: crate::tune::Tuning { gemm_in: GemmIn::F16, ..caps.tune }, ..*caps };
         for &(_, glu, norm) in kinds.iter().filter(|k| !k.0) {
             for side in GEMM_SIDES {
                 v.push(key(caps, ty, Shape::gemm(side, glu, norm), false));
                 v.push(key(&half, ty, Shape::gemm(side, glu, norm), false));
+                if Q8_FORMATS.contains(&ty) {
+                    v.push(key(caps, ty, Shape { q8: gemm_q8_chunks(side), ..Shape::gemm(side, glu, norm) }, false));
+                }
             }
         }
         // On 8-bit activations (slices of 32 chunks), with and without subgroup reduction
@@ -714,7 +753,7 @@ impl Matmul {
         }
         if gemm {
             let sides = GEMM_SIDES.into_iter().filter(|&side| side <= ctx.caps.tune.gemm_side);
-            shapes.extend(sides.map(|side| Shape::gemm(side, glu, d.norm.is_some())));
+            shapes.extend(sides.map(|side| Shape { q8: gemm_q8(&ctx.caps, &ctx.limits, d, side), ..Shape::gemm(side, glu, d.norm.is_some()) }));
         }
         for shape in shapes {
             if shape.norm && !shape.gemm && (shape.blocked || shape.wg < NORM_LANES) {
