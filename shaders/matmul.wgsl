@@ -80,15 +80,6 @@ fn norm_get(i: u32) -> f32 {
     return partial[i];
 #endif
 }
-
-// Chunk c of the dequantized row q times the norm weight.
-fn norm_weighted(q: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
-    var o = q;
-    for (var k = 0u; k < 8u; k++) {
-        o[k] *= norm_w[c * 8u + k];
-    }
-    return o;
-}
 #endif
 
 #ifdef Q8_SLICE

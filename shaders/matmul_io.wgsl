@@ -84,6 +84,15 @@ const FLAG_SPLIT: u32 = 4u;
 #ifdef NORM
 // norm_w: [n_in] f32, the folded norm's weight
 @group(0) @binding(8) var<storage, read> norm_w: array<vec4<f32>>;
+
+// Chunk c of a row (weights or activations) times the norm weight.
+fn norm_weighted(q: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
+    var o = q;
+    for (var k = 0u; k < 8u; k++) {
+        o[k] *= norm_w[c * 8u + k];
+    }
+    return o;
+}
 #endif
 #ifdef IDS
 // id_count: [n_expert] entries routed to each expert (all experts, not only the part's)

@@ -232,10 +232,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if (xc < n_chunks) {
             for (var k = 0u; k < 8u; k++) {
                 v[k] = x[xb + xc * 8u + k];
-#ifdef NORM
-                v[k] *= norm_w[xc * 8u + k];
-#endif
             }
+#ifdef NORM
+            v = norm_weighted(v, xc);
+#endif
         }
         let a = q8_quantize(v);
         for (var k = 0u; k < 8u; k++) {
