@@ -815,7 +815,8 @@ impl Runner {
         // The profiled prefill stored the prompt's KV: decode steps of n sequences fork it.
         let mut decodes = Vec::new();
         for &n in decode_sizes {
-            let n = n.clamp(1, limits.max_seqs.min(limits.max_outputs));
+            // A step of n sequences is n tokens: within the step budget too.
+            let n = n.clamp(1, limits.max_seqs.min(limits.max_outputs).min(limits.max_tokens));
             let mut copies = Vec::new();
             for s in 1..=n as u64 {
                 kv.fork(0, s);

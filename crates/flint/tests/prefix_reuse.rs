@@ -60,3 +60,23 @@ fn gpu_second_turn_prefills_only_new_tokens() {
     }
     second_turn_reuses_the_first(BackendKind::Gpu);
 }
+
+/// A step budget smaller than the sequences (`flint serve --max-batch-tokens 3 --parallel 8`):
+/// the warm-up's decode steps of up to 8 sequences keep to 3 tokens a step, and a prompt
+/// prefilled 3 tokens a step gives the greedy ids of one prefilled in a single step (the exact
+/// mode: a token's bits do not depend on its step).
+#[test]
+fn gpu_a_small_step_budget_warms_up_and_prefills_in_pieces() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let path = common::shared().join("golden/families/qwen3/model.gguf");
+    let whole = LoadOptions { n_ctx: 128, ..LoadOptions::exact() };
+    let small = Engine::load_path(&path, &LoadOptions { max_batch_tokens: 3, max_seqs: 8, ..whole.clone() }).unwrap();
+    futures::executor::block_on(small.warm_up()).unwrap();
+    let prompt = small.tokenize_raw("The quick brown fox jumps over the lazy dog").unwrap();
+    assert!(prompt.len() > 3, "{prompt:?}");
+    let (pieces, _) = generate(&small, prompt.clone(), 8);
+    let (one_step, _) = generate(&Engine::load_path(&path, &whole).unwrap(), prompt, 8);
+    assert_eq!(pieces, one_step, "prefilled 3 tokens a step");
+}
