@@ -2,13 +2,15 @@
 // 16 tokens: prefill and large batches; ops::matmul picks it):
 //   y[t, row_offset + r] = Σ_i W[r, i] · x[t, i] (+ bias[r]) (+ y[t, row_offset + r])
 //
-// A workgroup of SIDE × SIDE invocations owns a tile of BM = 4 SIDE weight rows × BN = 4 SIDE
-// tokens (64 × 64 or 32 × 32: ops::matmul picks the largest that still spreads over the
-// device) and walks the row in 32-element chunks. Per chunk, BM lanes each dequantize one row's chunk once into
+// A workgroup of SIDE × SIDE invocations owns a tile of BM = TM SIDE weight rows × BN = 4 SIDE
+// tokens (64 × 64 or 32 × 32, and with FLINT_TUNE gemm_rows=8 also 128 × 64: ops::matmul
+// picks the largest that still spreads over the device) and walks the row in 32-element
+// chunks. Per chunk, BM lanes each dequantize one row's chunk once into
 // workgroup memory (ws, [k4][row]) and every lane loads a share of the tokens' activations
 // (xs, [k4][token]); then each lane multiplies TM rows × TN tokens from workgroup memory
-// into registers: 8 vec4 loads for 64 multiply-adds per vec4 step, where the lane-team
-// kernel (matmul.wgsl) re-reads each token's activations from memory for every row team.
+// into registers: 8 vec4 loads for 64 multiply-adds per vec4 step (TM = 4; 12 for 128 at
+// TM = 8), where the lane-team kernel (matmul.wgsl) re-reads each token's activations from
+// memory for every row team.
 // Lane (tx, ty) takes rows ty, ty + SIDE, ... and tokens tx, tx + SIDE, ...: a subgroup's
 // lanes read SIDE consecutive tokens (no bank conflicts) and a few rows (broadcasts). The two
 // tiles of a 64 × 64 workgroup take 8 KB each: WebGPU's default 16 KB of workgroup memory.
@@ -41,8 +43,14 @@
 // conversion per weight. Every row tile quantizes its tokens' chunks itself (at 64 × 64 about
 // a tenth of its operations), where llama.cpp quantizes them once in a pass of their own.
 //
-// Defines: the format (ShaderDefs::quant), SIDE (16 or 8), GLU, GELU_TANH, NORM, F16,
-// Q8_CHUNKS (SIDE / 4: one weight and one token chunk per lane).
+// The tall tile (TM = 8, 128 × 64) halves the activations' bytes per product (each staged
+// token chunk serves 128 rows) and a third of the workgroup-memory loads per multiply-add,
+// and half the lanes rather than a quarter dequantize; it holds twice the accumulators, and
+// its f32 tiles take 24 KB (more than WebGPU's default 16 KB: where the adapter grants it).
+//
+// Defines: the format (ShaderDefs::quant), SIDE (16 or 8), TM (weight rows per lane: 4, or 8
+// at SIDE 16), GLU, GELU_TANH, NORM, F16, Q8_CHUNKS (WG / BM: one weight chunk per lane, and
+// one token chunk per lane for the first BN · Q8_CHUNKS lanes).
 
 #ifdef F16
 enable f16;
@@ -53,8 +61,7 @@ enable f16;
 #include "dequant.wgsl"
 
 const WG: u32 = SIDE * SIDE;
-// Weight rows and tokens per lane, and per tile.
-const TM: u32 = 4u;
+// Weight rows (TM, a define) and tokens per lane, and per tile.
 const TN: u32 = 4u;
 const BM: u32 = TM * SIDE;
 const BN: u32 = TN * SIDE;
@@ -210,10 +217,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     // acc[i * TN + j]: row ty + SIDE i, token tx + SIDE j.
     var acc: array<f32, TM * TN>;
 #ifdef Q8_CHUNKS
-    // The weight chunk and the activations' chunk (token lid % BN) this lane stages.
+    // The weight chunk and the activations' chunk (token lid % BN) this lane stages (with
+    // TM = 8 only the first BN · Q8_CHUNKS lanes stage activations).
     let w_c = lid / BM;
     let x_tok = lid % BN;
     let x_c = lid / BN;
+    let x_live = x_c < Q8_CHUNKS;
     let xb = min(t0 + x_tok, n_tok - 1u) * x_row;
     for (var c0 = 0u; c0 < n_chunks; c0 += Q8_CHUNKS) {
         // Chunks past the row stage zeros (scales 0), which add nothing.
@@ -226,22 +235,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         wd[w_c * BM + w_t] = wc.d;
         wm[w_c * BM + w_t] = wc.m;
-        // Tokens past the step repeat its last (never stored).
-        var v: array<vec4<f32>, 8>;
-        let xc = c0 + x_c;
-        if (xc < n_chunks) {
-            for (var k = 0u; k < 8u; k++) {
-                v[k] = x[xb + xc * 8u + k];
-            }
+        if (x_live) {
+            // Tokens past the step repeat its last (never stored).
+            var v: array<vec4<f32>, 8>;
+            let xc = c0 + x_c;
+            if (xc < n_chunks) {
+                for (var k = 0u; k < 8u; k++) {
+                    v[k] = x[xb + xc * 8u + k];
+                }
 #ifdef NORM
-            v = norm_weighted(v, xc);
+                v = norm_weighted(v, xc);
 #endif
+            }
+            let a = q8_quantize(v);
+            for (var k = 0u; k < 8u; k++) {
+                xq[(x_c * 8u + k) * BN + x_tok] = a.q[k];
+            }
+            xd[x_c * BN + x_tok] = vec2<f32>(a.d, a.sum);
         }
-        let a = q8_quantize(v);
-        for (var k = 0u; k < 8u; k++) {
-            xq[(x_c * 8u + k) * BN + x_tok] = a.q[k];
-        }
-        xd[x_c * BN + x_tok] = vec2<f32>(a.d, a.sum);
         workgroupBarrier();
         for (var c = 0u; c < Q8_CHUNKS; c++) {
 #ifdef Q_Q6_K

@@ -49,6 +49,9 @@ pub struct Tuning {
     pub gemm_min_groups: Option<u64>,
     /// `gemm_side`: the largest GEMM tile side in lanes (16: 64 × 64 tiles, 8: 32 × 32).
     pub gemm_side: u32,
+    /// `gemm_rows`: weight rows a lane of the largest GEMM tile (4: 64 × 64; 8: also the tall
+    /// 128 × 64 tile, taken first where its grid spreads; see [`matmul::GEMM_ROWS`]).
+    pub gemm_rows: u32,
     /// `gemm_in`: what the GEMM stages its tiles in and multiplies (`f32`, `f16` where the
     /// adapter has shader-f16, or `q8`: 8-bit integers for the formats of
     /// [`matmul::Q8_FORMATS`]); f32 until a GPU's figures say another pays.
@@ -76,6 +79,7 @@ impl Default for Tuning {
             max_block: matmul::TOKEN_BLOCKS[matmul::TOKEN_BLOCKS.len() - 1],
             gemm_min_groups: Some(matmul::GEMM_MIN_GROUPS),
             gemm_side: matmul::GEMM_SIDES[0],
+            gemm_rows: matmul::GEMM_ROWS[0],
             gemm_in: GemmIn::F32,
             q8_act: false,
             split_groups: attention::SPLIT_TARGET_GROUPS,
@@ -85,7 +89,7 @@ impl Default for Tuning {
     }
 }
 
-const KEYS: &str = "min_groups, max_wg, lanes, max_block, gemm_min_groups, gemm_side, gemm_in, q8_act, split_groups, split_min, tiles_from";
+const KEYS: &str = "min_groups, max_wg, lanes, max_block, gemm_min_groups, gemm_side, gemm_rows, gemm_in, q8_act, split_groups, split_min, tiles_from";
 
 /// Largest value a count knob takes: far past any grid or context that makes sense, and
 /// small enough that no product of it overflows.
@@ -122,6 +126,7 @@ impl Tuning {
                 "gemm_min_groups" if off => t.gemm_min_groups = None,
                 "gemm_min_groups" => t.gemm_min_groups = Some(count()?),
                 "gemm_side" => t.gemm_side = one_of(&matmul::GEMM_SIDES)?,
+                "gemm_rows" => t.gemm_rows = one_of(&matmul::GEMM_ROWS)?,
                 "gemm_in" => {
                     t.gemm_in = match value {
                         "f32" => GemmIn::F32,
@@ -165,13 +170,14 @@ impl fmt::Display for Tuning {
         let opt = |v: Option<u64>, none: &str| v.map_or(none.to_string(), |n| n.to_string());
         write!(
             f,
-            "min_groups={},max_wg={},lanes={},max_block={},gemm_min_groups={},gemm_side={},gemm_in={},q8_act={},split_groups={},split_min={},tiles_from={}",
+            "min_groups={},max_wg={},lanes={},max_block={},gemm_min_groups={},gemm_side={},gemm_rows={},gemm_in={},q8_act={},split_groups={},split_min={},tiles_from={}",
             self.min_groups,
             self.max_wg,
             opt(self.lanes.map(u64::from), "auto"),
             self.max_block,
             opt(self.gemm_min_groups, "off"),
             self.gemm_side,
+            self.gemm_rows,
             self.gemm_in,
             on_off(self.q8_act),
             self.split_groups,
@@ -188,8 +194,8 @@ mod tests {
     #[test]
     fn parses_over_the_defaults_and_prints_what_it_parses() {
         assert_eq!(Tuning::parse("").unwrap(), Tuning::default());
-        let t = Tuning::parse(" lanes=16, gemm_min_groups=off,max_wg=64,split_min=128 ,max_block=8,gemm_in=q8,q8_act=on").unwrap();
-        assert_eq!((t.lanes, t.max_block, t.gemm_in, t.q8_act), (Some(16), 8, GemmIn::Q8, true));
+        let t = Tuning::parse(" lanes=16, gemm_min_groups=off,max_wg=64,split_min=128 ,max_block=8,gemm_in=q8,q8_act=on,gemm_rows=8").unwrap();
+        assert_eq!((t.lanes, t.max_block, t.gemm_in, t.q8_act, t.gemm_rows), (Some(16), 8, GemmIn::Q8, true, 8));
         assert_eq!(Tuning::parse("gemm_in=f16").unwrap().gemm_in, GemmIn::F16);
         assert_eq!(t.gemm_min_groups, None);
         assert_eq!((t.max_wg, t.split_min), (64, 128));
@@ -208,6 +214,7 @@ mod tests {
             ("min_groups=99999999999999999999", "min_groups"),
             ("split_groups=-1", "split_groups"),
             ("gemm_side=off", "gemm_side"),
+            ("gemm_rows=16", "gemm_rows=\"16\": expected one of [4, 8]"),
             ("gemm_in=1", "gemm_in=\"1\": expected f32, f16 or q8"),
             ("gemm_f16=on", "unknown key \"gemm_f16\""),
             ("q8_act=yes", "q8_act=\"yes\": expected on or off"),

@@ -45,8 +45,8 @@ struct Case {
     accumulate: bool,
     /// The exact mode (no tiled GEMM past 16 tokens on GPUs).
     exact: bool,
-    /// The step must take the tiled GEMM, with tiles of this many tokens (GPUs).
-    gemm: Option<u32>,
+    /// The step must take the tiled GEMM, with tiles of this many (rows, tokens) (GPUs).
+    gemm: Option<(u32, u32)>,
     seed: u64,
 }
 
@@ -122,8 +122,8 @@ async fn run_products(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> (f
     let shape = mm.shape(n_tok);
     if exact || ctx.caps.cpu_like {
         assert!(!shape.gemm, "{case:?}: the tiled GEMM runs only on GPUs outside the exact mode");
-    } else if let Some(tokens) = gemm {
-        assert_eq!((shape.gemm, shape.tokens), (true, tokens), "{case:?}: not the GEMM tile expected");
+    } else if let Some((rows, tokens)) = gemm {
+        assert_eq!((shape.gemm, shape.per, shape.tokens), (true, rows, tokens), "{case:?}: not the GEMM tile expected");
     }
     // What the adapter's tuning asks of the lane-team kernels (`FLINT_TUNE`).
     let tune = ctx.caps.tune;
@@ -134,7 +134,11 @@ async fn run_products(ctx: &GpuContext, cache: &PipelineCache, case: Case) -> (f
         }
     }
     if shape.gemm {
-        assert!(tune.gemm_min_groups.is_some() && shape.tokens <= 4 * tune.gemm_side, "{case:?}: {shape:?}: the GEMM is off or its tile too large");
+        let rows_a_lane = shape.per / (shape.tokens / 4);
+        assert!(
+            tune.gemm_min_groups.is_some() && shape.tokens <= 4 * tune.gemm_side && rows_a_lane <= tune.gemm_rows,
+            "{case:?}: {shape:?}: the GEMM is off or its tile too large"
+        );
     }
     submit(ctx, |p| mm.encode(p, n_tok));
     let got = read_f32(ctx, &y_buf, 0, y0.len()).await.unwrap();
@@ -289,7 +293,7 @@ fn on_lane_teams(test: &str, subgroups: bool) {
             bias: true,
             accumulate: n_tok == 13,
             exact,
-            gemm: (n_rows > 43).then_some(32),
+            gemm: (n_rows > 43).then_some((32, 32)),
             ..Case::new(ty, n_rows, n_tok, 60 + n_tok as u64)
         })
     });
@@ -300,7 +304,7 @@ fn on_lane_teams(test: &str, subgroups: bool) {
         row_offset: 3,
         y_stride: n_rows + 5,
         accumulate: true,
-        gemm: Some(tile),
+        gemm: Some((tile, tile)),
         ..Case::new(ty, n_rows, n_tok, 70)
     });
     let cases = cases.chain(tiles);
@@ -326,7 +330,7 @@ fn matmul_lane_teams_without_subgroups() {
 #[test]
 fn tuned_variants_compute_the_same_products() {
     let tunings =
-        [("lanes=8,max_wg=64,min_groups=100000,gemm_min_groups=1,gemm_side=8", Some(32)), ("lanes=32,max_wg=128,gemm_min_groups=off,max_block=8", None)];
+        [("lanes=8,max_wg=64,min_groups=100000,gemm_min_groups=1,gemm_side=8", Some((32, 32))), ("lanes=32,max_wg=128,gemm_min_groups=off,max_block=8", None)];
     for (tune, gemm) in tunings {
         let Some(ctx) = flint_gpu::testing::gpu_tuned(tune) else { return };
         let cache = PipelineCache::new();
@@ -361,7 +365,7 @@ fn gemm_in_f16_stays_within_the_quantized_bound() {
             y_stride: n_rows + 5,
             bias: n_tok == 37,
             accumulate: n_tok != 37,
-            gemm: Some(tile),
+            gemm: Some((tile, tile)),
             ..Case::new(ty, n_rows, n_tok, 90 + n_tok as u64)
         },
     );
@@ -452,7 +456,7 @@ fn gemm_on_8_bit_integers_stays_within_the_quantized_bound() {
                 y_stride: n_rows + 3,
                 bias: tile == 64,
                 accumulate: tile == 32,
-                gemm: Some(tile),
+                gemm: Some((tile, tile)),
                 ..Case::new(ty, n_rows, n_tok, 120 + n_tok as u64)
             };
             let e = futures::executor::block_on(run_in(&ctx, &cache, case));
@@ -472,15 +476,52 @@ fn gemm_on_8_bit_integers_stays_within_the_quantized_bound() {
     // same step's products differ only in the order of the f32 sums, far below the
     // quantization's own error (about 1e-5 here).
     let mat_vec = flint_gpu::testing::gpu_tuned("q8_act=on,gemm_min_groups=off,max_wg=64").unwrap();
+    // Its own pipeline cache: pipelines belong to their device.
+    let mat_vec_cache = PipelineCache::new();
     for ty in [QuantType::Q4_1, QuantType::Q5_0, QuantType::Q4K, QuantType::Q6K] {
         let n_in = if ty.block_elems() == 256 { 4 * 256 } else { 41 * 32 };
         let case = Case { n_in, max_tokens: Some(40), ..Case::new(ty, 500, 40, 130) };
-        let (e, gemm) = futures::executor::block_on(run_products(&ctx, &cache, Case { gemm: Some(32), ..case }));
-        let (_, lanes) = futures::executor::block_on(run_products(&mat_vec, &cache, case));
+        let (e, gemm) = futures::executor::block_on(run_products(&ctx, &cache, Case { gemm: Some((32, 32)), ..case }));
+        let (_, lanes) = futures::executor::block_on(run_products(&mat_vec, &mat_vec_cache, case));
         let apart = nmse(&gemm, &lanes);
         eprintln!("q8 {ty}: the GEMM's products against the mat-vec kernels': nmse {apart:.2e} (against the reference {e:.2e})");
         rounded(e, &case);
         assert!(apart < 1e-10, "{case:?}: the 8-bit GEMM and mat-vec kernels differ by nmse {apart:e}");
+    }
+}
+
+/// The tall GEMM tile (`FLINT_TUNE` `gemm_rows=8`: 128 rows × 64 tokens, 8 rows a lane)
+/// against the CPU reference and against the 64 × 64 tile. A lane sums a (row, token)'s
+/// chunks in the same order whatever its tile, so the two tiles' products must be the same
+/// bits, in f32 and on 8-bit integers (`gemm_in=q8`, where the tall tile's first half of the
+/// lanes stages the tokens): a row or token addressed wrongly in either shows at once. Then
+/// the fusions past 16 tokens through the tall tile, in f32 and in 8 bits (GLU: 1,075 rows, 17
+/// tiles of 64 gated rows; split outputs and the folded norm: 9 tiles of 128 rows;
+/// min_groups=8 lets it take those grids).
+#[test]
+fn tall_gemm_tiles_compute_the_square_tiles_bits() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    for input in ["f32", "q8"] {
+        // A pipeline cache per context: pipelines belong to their device.
+        let (tall, tall_cache) = (flint_gpu::testing::gpu_tuned(&format!("gemm_in={input},gemm_rows=8,min_groups=8")).unwrap(), PipelineCache::new());
+        let (square, square_cache) = (flint_gpu::testing::gpu_tuned(&format!("gemm_in={input},min_groups=8")).unwrap(), PipelineCache::new());
+        // 17 tall tiles (the last of 52 rows) × 2 token tiles (the last of 6 tokens), with
+        // bias or accumulating.
+        for (k, ty) in [QuantType::Q5_0, QuantType::Q8_0, QuantType::Q4K, QuantType::Q6K].into_iter().enumerate() {
+            let n_in = if ty.block_elems() == 256 { 3 * 256 } else { 41 * 32 };
+            let case = Case { n_in, row_offset: 1, y_stride: 2101, bias: k % 2 == 0, accumulate: k % 2 == 1, ..Case::new(ty, 2100, 70, 140 + k as u64) };
+            let (e, rows) = futures::executor::block_on(run_products(&tall, &tall_cache, Case { gemm: Some((128, 64)), ..case }));
+            let (_, square_rows) = futures::executor::block_on(run_products(&square, &square_cache, Case { gemm: Some((64, 64)), ..case }));
+            eprintln!("{input} tall tile: {case:?}: nmse {e:.2e}");
+            let same = rows.iter().zip(&square_rows).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{input}: {case:?}: the 128 × 64 tile's products differ from the 64 × 64 tile's");
+        }
+        for case in fused_cases(true).into_iter().filter(|c| c.n_tok > 16 && !c.exact) {
+            let e = futures::executor::block_on(run_fused(&tall, &tall_cache, case));
+            assert!(input == "f32" || e > 1e-9, "{case:?}: nmse {e:e}, as if the GEMM were f32");
+        }
     }
 }
 
@@ -746,7 +787,7 @@ async fn run_fused(ctx: &GpuContext, cache: &PipelineCache, case: FusedCase) -> 
     ctx.check().unwrap_or_else(|e| panic!("{case:?}: {e}"));
     let e = nmse(&got_in, &want_in);
     assert!(e <= NMSE_QUANT, "{case:?}: nmse {e:e} > {NMSE_QUANT:e}");
-    eprintln!("{case:?}: nmse {e:.2e}");
+    eprintln!("{case:?}: {:?}: nmse {e:.2e}", mm.shape(n_tok));
     e
 }
 

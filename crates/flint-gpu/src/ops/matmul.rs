@@ -77,6 +77,12 @@ const CPU_MIN_GROUPS: u64 = 16;
 /// workgroup of s² lanes and a tile of 4s weight rows × 4s tokens; the 64 × 64 tile's two
 /// 64 × 32 f32 staging tiles fill WebGPU's default 16 KB of workgroup memory.
 pub const GEMM_SIDES: [u32; 2] = [16, 8];
+/// Weight rows per lane of the largest GEMM tile (`FLINT_TUNE` `gemm_rows`): 4 (64 × 64), or 8,
+/// a tall 128 × 64 tile tried before it where its grid spreads (half the activation bytes per
+/// product and two thirds of the workgroup-memory loads per multiply-add, for twice the
+/// accumulators and 24 KB of f32 tiles). The smaller tiles keep 4. 4 until a GPU's figures say
+/// the tall tile pays.
+pub const GEMM_ROWS: [u32; 2] = [4, 8];
 /// A step takes the largest GEMM tile whose grid still has [`GPU_MIN_GROUPS`] workgroups, the
 /// smallest while its grid has `GEMM_MIN_GROUPS`, and below that (few rows and few tokens:
 /// a 32-token step of a 896-row matrix is 28 workgroups of 32 × 32) the token-block kernel's
@@ -261,9 +267,10 @@ impl Shape {
         pick.unwrap_or(Shape { blocked, tokens, wg: 1, per: if blocked { per } else { 1 }, ids: false, glu: None, norm: false, gemm: false, q8: 0 })
     }
 
-    /// The tiled GEMM's shape for tiles `side` lanes wide (see [`GEMM_SIDES`]).
-    pub fn gemm(side: u32, glu: Option<Activation>, norm: bool) -> Shape {
-        Shape { blocked: false, tokens: 4 * side, wg: side * side, per: 4 * side, ids: false, glu, norm, gemm: true, q8: 0 }
+    /// The tiled GEMM's shape for tiles `side` lanes wide and `rows` weight rows a lane (see
+    /// [`GEMM_SIDES`], [`GEMM_ROWS`]): `rows · side` rows × `4 · side` tokens.
+    pub fn gemm(side: u32, rows: u32, glu: Option<Activation>, norm: bool) -> Shape {
+        Shape { blocked: false, tokens: 4 * side, wg: side * side, per: rows * side, ids: false, glu, norm, gemm: true, q8: 0 }
     }
 }
 
@@ -277,8 +284,16 @@ pub fn takes_gemm(caps: &crate::Caps, limits: &wgpu::Limits, d: &MatmulDesc) -> 
         && caps.tune.gemm_min_groups.is_some()
         && d.ids.is_none()
         && d.max_tokens > TOKEN_BLOCKS[TOKEN_BLOCKS.len() - 1]
-        && limits.max_compute_workgroup_storage_size >= gemm_shared_bytes(caps.tune.gemm_side, GemmIn::F32, false)
+        && limits.max_compute_workgroup_storage_size >= gemm_shared_bytes(caps.tune.gemm_side, GEMM_ROWS[0], GemmIn::F32, false)
         && limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x) >= caps.tune.gemm_side * caps.tune.gemm_side
+}
+
+/// The GEMM tiles built, largest first, as (side, rows a lane): the tall tile (`rows` > 4) at
+/// the largest side when `largest` is [`GEMM_SIDES`]' largest, then every side up to `largest`
+/// with 4 rows a lane.
+pub fn gemm_tiles(largest: u32, rows: u32) -> Vec<(u32, u32)> {
+    let tall = (rows > GEMM_ROWS[0] && largest == GEMM_SIDES[0]).then_some((largest, rows));
+    tall.into_iter().chain(GEMM_SIDES.into_iter().filter(|&side| side <= largest).map(|side| (side, GEMM_ROWS[0]))).collect()
 }
 
 /// Whether the tiled GEMM stages its tiles and sums each chunk in f16 on an adapter with
@@ -288,34 +303,35 @@ pub fn gemm_f16(caps: &crate::Caps) -> bool {
     caps.shader_f16 && caps.tune.gemm_in == GemmIn::F16
 }
 
-/// Workgroup memory of the tiled GEMM with tiles `side` lanes wide staged as `input`: two
-/// tiles of a 32-element chunk (f32 or f16), or [`gemm_q8_chunks`] chunks of 8-bit weight rows
-/// and tokens with their scales (rows: d of either half and m; tokens: scale and sum); with
-/// the folded norm, where the tiles cannot hold them, the lanes' sums of squares (and in f16
-/// the tokens' scales).
-pub fn gemm_shared_bytes(side: u32, input: GemmIn, norm: bool) -> u32 {
-    let (wg, tile) = (side * side, 4 * side);
+/// Workgroup memory of the tiled GEMM with tiles `side` lanes wide and `rows` weight rows a
+/// lane, staged as `input`: a 32-element chunk of the tile's rows and of its tokens (f32 or
+/// f16), or [`gemm_q8_chunks`] chunks of 8-bit weight rows and tokens with their scales (rows:
+/// d of either half and m; tokens: scale and sum); with the folded norm, where the tiles cannot
+/// hold them, the lanes' sums of squares (and in f16 the tokens' scales).
+pub fn gemm_shared_bytes(side: u32, rows: u32, input: GemmIn, norm: bool) -> u32 {
+    let (wg, bm, bn) = (side * side, rows * side, 4 * side);
     match input {
-        GemmIn::F32 => 2 * 8 * tile * 16,
-        GemmIn::F16 => 2 * 8 * tile * 8 + if norm { (wg + tile) * 4 } else { 0 },
-        GemmIn::Q8 => gemm_q8_chunks(side) * tile * (2 * CHUNK + 12 + 8) + if norm { wg * 4 } else { 0 },
+        GemmIn::F32 => 8 * (bm + bn) * 16,
+        GemmIn::F16 => 8 * (bm + bn) * 8 + if norm { (wg + bn) * 4 } else { 0 },
+        GemmIn::Q8 => gemm_q8_chunks(side, rows) * (bm * (CHUNK + 12) + bn * (CHUNK + 8)) + if norm { wg * 4 } else { 0 },
     }
 }
 
-/// Chunks the 8-bit GEMM stages between barriers: one (row, chunk) and one (token, chunk) per
-/// lane (4 for 64 × 64 tiles, 2 for 32 × 32).
-pub fn gemm_q8_chunks(side: u32) -> u32 {
-    side / 4
+/// Chunks the 8-bit GEMM stages between barriers: one (row, chunk) per lane, and one (token,
+/// chunk) per lane of the first `4 · side` times as many (4 for 64 × 64 tiles, 2 for 32 × 32
+/// and 128 × 64).
+pub fn gemm_q8_chunks(side: u32, rows: u32) -> u32 {
+    side / rows
 }
 
 /// The chunks a stage of the tiled GEMM with tiles `side` lanes wide holds when it multiplies
 /// 8-bit integers (`shaders/matmul_tiled.wgsl`'s Q8_CHUNKS, `FLINT_TUNE` `gemm_in=q8`), or 0 to
 /// keep float tiles: on GPUs, for plain matrices of [`Q8_FORMATS`], where the adapter grants
 /// the workgroup memory. (The exact mode builds no GEMM.)
-pub fn gemm_q8(caps: &crate::Caps, limits: &wgpu::Limits, d: &MatmulDesc, side: u32) -> u32 {
-    let fits = limits.max_compute_workgroup_storage_size >= gemm_shared_bytes(side, GemmIn::Q8, d.norm.is_some());
+pub fn gemm_q8(caps: &crate::Caps, limits: &wgpu::Limits, d: &MatmulDesc, side: u32, rows: u32) -> u32 {
+    let fits = limits.max_compute_workgroup_storage_size >= gemm_shared_bytes(side, rows, GemmIn::Q8, d.norm.is_some());
     if caps.tune.gemm_in == GemmIn::Q8 && !caps.cpu_like && d.ids.is_none() && Q8_FORMATS.contains(&d.ty) && fits {
-        gemm_q8_chunks(side)
+        gemm_q8_chunks(side, rows)
     } else {
         0
     }
@@ -497,7 +513,7 @@ fn key(caps: &crate::Caps, ty: QuantType, shape: Shape, wrong: bool) -> Pipeline
     };
     if shape.gemm {
         let side = shape.tokens / 4;
-        let defs = ShaderDefs::new().quant(ty).u32("SIDE", side).flag("NORM", shape.norm);
+        let defs = ShaderDefs::new().quant(ty).u32("SIDE", side).u32("TM", shape.per / side).flag("NORM", shape.norm);
         let defs = if shape.q8 > 0 { defs.u32("Q8_CHUNKS", shape.q8) } else { defs.flag("F16", gemm_f16(caps)) };
         return PipelineKey::new("matmul_tiled.wgsl", "main", glu(defs));
     }
@@ -553,11 +569,11 @@ pub fn variants(caps: &crate::Caps) -> Vec<PipelineKey> {
         // The GEMM in f32, where the adapter has shader-f16 in f16, and on 8-bit integers.
         let half = crate::Caps { tune: crate::tune::Tuning { gemm_in: GemmIn::F16, ..caps.tune }, ..*caps };
         for &(_, glu, norm) in kinds.iter().filter(|k| !k.0) {
-            for side in GEMM_SIDES {
-                v.push(key(caps, ty, Shape::gemm(side, glu, norm), false));
-                v.push(key(&half, ty, Shape::gemm(side, glu, norm), false));
+            for (side, rows) in gemm_tiles(GEMM_SIDES[0], GEMM_ROWS[1]) {
+                v.push(key(caps, ty, Shape::gemm(side, rows, glu, norm), false));
+                v.push(key(&half, ty, Shape::gemm(side, rows, glu, norm), false));
                 if Q8_FORMATS.contains(&ty) {
-                    v.push(key(caps, ty, Shape { q8: gemm_q8_chunks(side), ..Shape::gemm(side, glu, norm) }, false));
+                    v.push(key(caps, ty, Shape { q8: gemm_q8_chunks(side, rows), ..Shape::gemm(side, rows, glu, norm) }, false));
                 }
             }
         }
@@ -752,8 +768,21 @@ impl Matmul {
             }
         }
         if gemm {
-            let sides = GEMM_SIDES.into_iter().filter(|&side| side <= ctx.caps.tune.gemm_side);
-            shapes.extend(sides.map(|side| Shape { q8: gemm_q8(&ctx.caps, &ctx.limits, d, side), ..Shape::gemm(side, glu, d.norm.is_some()) }));
+            let norm = d.norm.is_some();
+            for (side, rows) in gemm_tiles(ctx.caps.tune.gemm_side, ctx.caps.tune.gemm_rows) {
+                let shape = Shape { q8: gemm_q8(&ctx.caps, &ctx.limits, d, side, rows), ..Shape::gemm(side, rows, glu, norm) };
+                let input = if shape.q8 > 0 {
+                    GemmIn::Q8
+                } else if gemm_f16(&ctx.caps) {
+                    GemmIn::F16
+                } else {
+                    GemmIn::F32
+                };
+                // The base tiles fit (`takes_gemm`); the tall one only where the adapter grants it.
+                if ctx.limits.max_compute_workgroup_storage_size >= gemm_shared_bytes(side, rows, input, norm) {
+                    shapes.push(shape);
+                }
+            }
         }
         for shape in shapes {
             if shape.norm && !shape.gemm && (shape.blocked || shape.wg < NORM_LANES) {
