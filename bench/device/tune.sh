@@ -26,23 +26,25 @@ ms=$B/matmul_speed
 R="python3 $root/bench/device/results.py"
 left() { (( SECONDS < $1 )); }
 small=${SMALL:-}
-# Matmul settings: how wide a grid is wide enough, the workgroup, the lanes per row, the largest
-# mat-vec token block (9-16 token steps in two 8-token tiles), the GEMM in f16 or 8-bit integers, the
-# mat-vec on 8-bit activations, the GEMM's tiles and where it starts. Attention settings: the decode splits and the
-# query tiles.
+# Matmul settings: the prompt's step budget (a setting that starts with -- is flint bench flags,
+# not FLINT_TUNE: llama-bench's -ub is 512), how wide a grid is wide enough, the workgroup, the
+# lanes per row, the largest mat-vec token block (9-16 token steps in two 8-token tiles), the GEMM
+# in f16 or 8-bit integers, its tall 128 x 64 tile, the mat-vec on 8-bit activations, the GEMM's
+# tiles and where it starts. Attention settings: the decode splits and the query tiles.
 # The likeliest to matter first: the later ones are benched only while time is left.
-matmul_tunes=("" gemm_in=f16 gemm_in=q8 q8_act=on max_block=8 gemm_min_groups=off gemm_side=8 lanes=32 max_wg=128 min_groups=1024 min_groups=128 max_wg=64 lanes=16 gemm_min_groups=16)
+matmul_tunes=("" "--max-batch-tokens 512" gemm_rows=8 gemm_in=f16 gemm_in=q8 q8_act=on gemm_rows=8,gemm_in=f16 max_block=8 gemm_min_groups=off gemm_side=8 lanes=32 max_wg=128 min_groups=1024 min_groups=128 max_wg=64 lanes=16 gemm_min_groups=16)
 attn_tunes=("" split_groups=256 split_groups=4096 split_min=256 tiles_from=64 tiles_from=off)
 shapes=("Q5_0 896 1152" "Q5_0 896 4864" "Q6_K 4864 896" "Q4_K 3584 18944" "Q6_K 18944 3584")
 steps=1,8,9,16,512 reps=20
 if [[ -n $small ]]; then
-  matmul_tunes=("" q8_act=on gemm_in=q8 gemm_min_groups=off) attn_tunes=("" tiles_from=off) shapes=("Q5_0 896 1152") steps=1,9,64 reps=2
+  matmul_tunes=("" "--max-batch-tokens 16" gemm_rows=8 q8_act=on gemm_in=q8 gemm_min_groups=off) attn_tunes=("" tiles_from=off) shapes=("Q5_0 896 1152") steps=1,9,64 reps=2
 fi
 label() { echo "${1:-default}"; }
 
 log matmul_speed
 for t in "${matmul_tunes[@]}"; do
   left 120 || break
+  [[ $t == --* ]] && continue
   for shape in "${shapes[@]}"; do
     FLINT_TUNE=$t timeout 20 $ms $shape $steps $reps 2>&1 | grep -v "^note:" | sed "s/^/$(label "$t"): /"
   done
@@ -50,10 +52,13 @@ done > "$out/matmul.txt"
 cat "$out/matmul.txt"
 [[ -n $synth ]] && wait $synth
 
-fb() { # SETTING TIMEOUT ARGS...: flint bench with FLINT_TUNE=SETTING, its report tagged
-  local t=$1 limit=$2; shift 2
-  log "FLINT_TUNE=$t flint bench $*"
-  FLINT_TUNE=$t timeout "$limit" $B/flint bench "$@" --format json > /tmp/tune.json 2>> /tmp/tune.err &&
+fb() { # SETTING TIMEOUT ARGS...: flint bench with FLINT_TUNE=SETTING (or SETTING's flags where it
+  # starts with --), its report tagged
+  local t=$1 limit=$2 tune=$1 flags=(); shift 2
+  [[ $t == --* ]] && { tune=; read -ra flags <<< "$t"; }
+  set -- "$@" "${flags[@]}"
+  log "FLINT_TUNE=$tune flint bench $*"
+  FLINT_TUNE=$tune timeout "$limit" $B/flint bench "$@" --format json > /tmp/tune.json 2>> /tmp/tune.err &&
     $R tag "$(label "$t")" "flint bench $*" < /tmp/tune.json >> "$out/tune.jsonl"
   tail -2 /tmp/tune.err
 }

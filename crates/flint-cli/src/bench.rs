@@ -32,6 +32,10 @@ pub struct BenchArgs {
     /// continues it, so prefill and decode are measured at this depth (one stream).
     #[arg(short = 'd', long = "depth", default_value_t = 0)]
     pub(crate) depth: usize,
+    /// Tokens one forward step runs (llama-bench's -ub, `flint serve --max-batch-tokens`): a
+    /// longer prompt is prefilled in steps of this many.
+    #[arg(long = "max-batch-tokens", default_value_t = flint::DEFAULT_MAX_BATCH_TOKENS, value_parser = step_tokens)]
+    pub(crate) max_batch_tokens: usize,
     /// Repetitions (the first is also timed; medians hide its warm-up).
     #[arg(long, default_value_t = 5)]
     pub(crate) reps: usize,
@@ -41,8 +45,8 @@ pub struct BenchArgs {
     pub(crate) device: crate::args::DeviceArgs,
     #[arg(long, value_enum, default_value_t = BenchFormat::Text)]
     pub(crate) format: BenchFormat,
-    /// Also time every kernel of the prompt's prefill (up to 256 tokens) and of decode steps
-    /// of 1, 8 and 9 sequences (GPU timestamp queries) and print where the time goes.
+    /// Also time every kernel of the prompt's prefill (one step, up to --max-batch-tokens) and
+    /// of decode steps of 1, 8 and 9 sequences (at most --max-batch-tokens) (GPU timestamp queries) and print where the time goes.
     #[arg(long)]
     pub(crate) profile: bool,
     /// Streams submitted at once, e.g. 1,4,8 (1 always runs): aggregate decode speed per level.
@@ -107,17 +111,35 @@ fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
-/// The most prompt tokens a profiled prefill step takes (the engine's step budget).
-const PROFILE_MAX_TOKENS: usize = 256;
+/// The most tokens `--max-batch-tokens` takes: a step's activations grow with it (a 7B's
+/// feed-forward rows at 8192 tokens are 620 MB), and no GPU gains past llama.cpp's largest
+/// usual micro-batch by far.
+const MOST_STEP_TOKENS: usize = 8192;
+
+fn step_tokens(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=MOST_STEP_TOKENS).contains(&n) => Ok(n),
+        _ => Err(format!("expected a count from 1 to {MOST_STEP_TOKENS}")),
+    }
+}
 
 /// Per-op-kind totals (label, microseconds, dispatches), largest first.
 type Profile = Vec<(String, f64, usize)>;
 
-/// Times each op of the prompt's prefill as one step, then of decode steps of each size.
-fn profile_steps(engine: &Engine, prompt: &[u32]) -> Result<(Profile, Vec<Profile>), Failure> {
-    let prompt = &prompt[..prompt.len().min(PROFILE_MAX_TOKENS)];
-    let (prefill, decodes) = futures::executor::block_on(engine.profile(prompt, &PROFILE_DECODE_SIZES)).map_err(Failure::runtime)?;
+/// Times each op of the prompt's prefill as one step (at most `step` tokens, the engine's step
+/// budget), then of decode steps of each size.
+fn profile_steps(engine: &Engine, prompt: &[u32], step: usize) -> Result<(Profile, Vec<Profile>), Failure> {
+    let prompt = &prompt[..prompt.len().min(step)];
+    let (prefill, decodes) = futures::executor::block_on(engine.profile(prompt, &profile_decode_sizes(step))).map_err(Failure::runtime)?;
     Ok((by_kind(prefill), decodes.into_iter().map(by_kind).collect()))
+}
+
+/// The decode step sizes `--profile` times under a step budget of `step` tokens (a step of n
+/// sequences is n tokens).
+fn profile_decode_sizes(step: usize) -> Vec<usize> {
+    let mut sizes: Vec<usize> = PROFILE_DECODE_SIZES.iter().map(|&n| n.min(step)).collect();
+    sizes.dedup();
+    sizes
 }
 
 fn by_kind(ops: OpTimes) -> Profile {
@@ -275,8 +297,13 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     if args.profile {
         positions = positions.max(ctx_positions + 16 * (PROFILE_DECODE_SIZES[2] + 1));
     }
-    let opts =
-        LoadOptions { n_ctx, max_seqs, kv_budget_positions: Some(positions + positions / 4), ..crate::args::load_options(args.backend, &args.device, None)? };
+    let opts = LoadOptions {
+        n_ctx,
+        max_seqs,
+        max_batch_tokens: args.max_batch_tokens,
+        kv_budget_positions: Some(positions + positions / 4),
+        ..crate::args::load_options(args.backend, &args.device, None)?
+    };
     let t0 = std::time::Instant::now();
     let engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
     let load_s = t0.elapsed().as_secs_f64();
@@ -315,7 +342,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         None => None,
     };
     let copy_gbs = futures::executor::block_on(engine.copy_bandwidth_gbs()).map_err(Failure::runtime)?;
-    let profile = if args.profile { Some(profile_steps(&engine, &prompt)?) } else { None };
+    let profile = if args.profile { Some(profile_steps(&engine, &prompt, args.max_batch_tokens)?) } else { None };
     let (prefill, decode, ttft) = (stats(prefill), stats(decode), stats(ttft));
     let peak_rss = peak_rss_mb().max(levels_peak);
     let bytes_per_token = engine.bytes_per_decode_token(args.depth + args.prompt_tokens + args.gen_tokens / 2) as f64;
@@ -331,6 +358,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
         "adapter": engine.adapter_name(),
         "prompt_tokens": args.prompt_tokens,
         "gen_tokens": args.gen_tokens,
+        "max_batch_tokens": args.max_batch_tokens,
         "depth": args.depth,
         "prefilled_tokens": prefilled,
         "reps": args.reps,
@@ -373,8 +401,11 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     }
     if let Some((prefill, decodes)) = &profile {
         report["prefill_profile_us"] = profile_json(prefill);
-        report["decode_profile_us"] =
-            json!(PROFILE_DECODE_SIZES.iter().zip(decodes).map(|(n, p)| json!({"sequences": n, "ops": profile_json(p)})).collect::<Vec<_>>());
+        report["decode_profile_us"] = json!(profile_decode_sizes(args.max_batch_tokens)
+            .iter()
+            .zip(decodes)
+            .map(|(n, p)| json!({"sequences": n, "ops": profile_json(p)}))
+            .collect::<Vec<_>>());
     }
     match args.format {
         BenchFormat::Json => println!("{report}"),
@@ -385,7 +416,10 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             }
             println!("load       {load_s:.2} s");
             let at = if args.depth > 0 { format!(" at depth {}", args.depth) } else { String::new() };
-            println!("prefill    {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens{at}", prefill.median, prefill.min, prefill.max, args.prompt_tokens);
+            println!(
+                "prefill    {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens{at}, steps of up to {}",
+                prefill.median, prefill.min, prefill.max, args.prompt_tokens, args.max_batch_tokens
+            );
             println!("decode     {:.2} tok/s (min {:.2}, max {:.2}) over {} tokens{at}", decode.median, decode.min, decode.max, args.gen_tokens);
             println!("ttft       {:.1} ms (min {:.1}, max {:.1})", ttft.median, ttft.min, ttft.max);
             println!("peak rss   {peak_rss:.0} MB");
@@ -427,8 +461,8 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
                 split.print(&prefill, &decode);
             }
             if let Some((prefill, decodes)) = &profile {
-                print_profile(&format!("prefill ({} tokens)", args.prompt_tokens.min(PROFILE_MAX_TOKENS)), prefill);
-                for (n, p) in PROFILE_DECODE_SIZES.iter().zip(decodes) {
+                print_profile(&format!("prefill ({} tokens)", args.prompt_tokens.min(args.max_batch_tokens)), prefill);
+                for (n, p) in profile_decode_sizes(args.max_batch_tokens).iter().zip(decodes) {
                     print_profile(&format!("decode step of {n} sequence{}", if *n == 1 { "" } else { "s" }), p);
                 }
             }
@@ -518,7 +552,7 @@ fn split_report(
         one_decode,
         levels: level_pairs,
         decode_copy_ms: copy(1)?,
-        prefill_copy_ms: copy(args.prompt_tokens.min(flint::DEFAULT_MAX_BATCH_TOKENS))?,
+        prefill_copy_ms: copy(args.prompt_tokens.min(args.max_batch_tokens))?,
         n_embd: engine.config().n_embd,
     })
 }
@@ -596,6 +630,7 @@ fn bench_spec(args: &BenchArgs, spec: flint::SpecConfig) -> Result<(), Failure> 
     let opts = LoadOptions {
         n_ctx: SPEC_CTX,
         max_seqs: 1,
+        max_batch_tokens: args.max_batch_tokens,
         kv_budget_positions: Some(SPEC_CTX + 16),
         spec,
         ..crate::args::load_options(args.backend, &args.device, Some(&args.spec))?
@@ -611,7 +646,7 @@ fn bench_spec(args: &BenchArgs, spec: flint::SpecConfig) -> Result<(), Failure> 
             engine.n_ctx()
         )));
     }
-    let prefill_steps = prompt.len().div_ceil(flint::DEFAULT_MAX_BATCH_TOKENS) as u64;
+    let prefill_steps = prompt.len().div_ceil(args.max_batch_tokens) as u64;
     let once =
         |speculative: bool, n: usize| futures::executor::block_on(engine.bench_spec_once(&prompt, n, speculative, prefill_steps)).map_err(Failure::runtime);
     once(false, args.gen_tokens.min(16))?;

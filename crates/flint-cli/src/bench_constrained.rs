@@ -62,7 +62,13 @@ pub fn bench_constrained(args: &BenchArgs, constraint: Constrained) -> Result<()
     };
     let path = crate::resolve(&args.model)?;
     let n_ctx = 4096;
-    let opts = LoadOptions { n_ctx, max_seqs: 1, kv_budget_positions: Some(n_ctx + 16), ..crate::args::load_options(args.backend, &args.device, None)? };
+    let opts = LoadOptions {
+        n_ctx,
+        max_seqs: 1,
+        max_batch_tokens: args.max_batch_tokens,
+        kv_budget_positions: Some(n_ctx + 16),
+        ..crate::args::load_options(args.backend, &args.device, None)?
+    };
     let engine = Engine::load_path(&path, &opts).map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
     engine.check_constraint(&constraint).map_err(|e| Failure::usage(e.to_string()))?;
     let prompt =

@@ -96,6 +96,8 @@ fn bad_values_exit_2_with_one_line() {
     assert_usage_error(&["bench", "-m", &m, "--spec-type", "ngram"], "-f FILE");
     assert_usage_error(&["bench", "-m", &m, "-f", "/nonexistent/prompt.txt"], "-f is for --spec-type");
     assert_usage_error(&["bench", "-m", &m, "-d", "64", "--concurrency", "2"], "--depth");
+    assert_usage_error(&["bench", "-m", &m, "--max-batch-tokens", "0"], "--max-batch-tokens");
+    assert_usage_error(&["bench", "-m", &m, "--max-batch-tokens", "99999999999"], "from 1 to 8192");
     // A draft model needs this model's vocabulary: refused before any weight is loaded.
     let q = model_path("qwen2.5-coder-0.5b");
     assert_usage_error(&["run", "-m", &m, "-md", &q, "hi"], "vocabulary");
@@ -601,6 +603,16 @@ fn devices_are_listed_and_chosen() {
     // The decode steps overlapped, and the run loop's time on them is reported per step.
     let overlap = &report["overlap"];
     assert!(overlap["steps"].as_u64().unwrap() >= 2 && overlap["submit_ms_per_step"].as_f64().unwrap() > 0.0, "{report}");
+    // Steps of at most 3 tokens (llama-bench's -ub): the 8-token prompt prefills in three, and
+    // the profile times a prompt step of 3 and decode steps of 1 and 3 sequences (the engine
+    // refuses longer ones).
+    let out = flint_on(&["bench", "-m", m, "-dev", &lavapipe, "-p", "8", "-n", "2", "--reps", "1", "--max-batch-tokens", "3", "--profile", "--format", "json"]);
+    assert!(out.status.success(), "--max-batch-tokens 3: {}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["max_batch_tokens"].as_u64(), Some(3), "{report}");
+    assert!(report["prefill_tok_s"]["median"].as_f64().unwrap() > 0.0 && report["prefill_profile_us"].is_array(), "{report}");
+    let sizes: Vec<u64> = report["decode_profile_us"].as_array().unwrap().iter().map(|p| p["sequences"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, [1, 3], "{report}");
     // Several streams: each level's decode, and its steps overlapped too.
     let out = flint_on(&["bench", "-m", m, "-dev", &lavapipe, "-p", "8", "-n", "4", "--reps", "1", "--concurrency", "2", "--format", "json"]);
     assert!(out.status.success(), "--concurrency 2: {}", String::from_utf8_lossy(&out.stderr));
