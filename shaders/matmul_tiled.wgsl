@@ -44,9 +44,10 @@
 // a tenth of its operations), where llama.cpp quantizes them once in a pass of their own.
 //
 // The tall tile (TM = 8, 128 × 64) halves the activations' bytes per product (each staged
-// token chunk serves 128 rows) and a third of the workgroup-memory loads per multiply-add,
-// and half the lanes rather than a quarter dequantize; it holds twice the accumulators, and
-// its f32 tiles take 24 KB (more than WebGPU's default 16 KB: where the adapter grants it).
+// token chunk serves 128 rows), makes a quarter fewer workgroup-memory loads per multiply-add,
+// and has half the lanes rather than a quarter dequantize; it holds twice the accumulators,
+// and its f32 tiles take 24 KB (more than WebGPU's default 16 KB: where the adapter grants
+// it).
 //
 // Defines: the format (ShaderDefs::quant), SIDE (16 or 8), TM (weight rows per lane: 4, or 8
 // at SIDE 16), GLU, GELU_TANH, NORM, F16, Q8_CHUNKS (WG / BM: one weight chunk per lane, and

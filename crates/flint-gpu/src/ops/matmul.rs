@@ -79,7 +79,7 @@ const CPU_MIN_GROUPS: u64 = 16;
 pub const GEMM_SIDES: [u32; 2] = [16, 8];
 /// Weight rows per lane of the largest GEMM tile (`FLINT_TUNE` `gemm_rows`): 4 (64 × 64), or 8,
 /// a tall 128 × 64 tile tried before it where its grid spreads (half the activation bytes per
-/// product and two thirds of the workgroup-memory loads per multiply-add, for twice the
+/// product and three quarters of the workgroup-memory loads per multiply-add, for twice the
 /// accumulators and 24 KB of f32 tiles). The smaller tiles keep 4. 4 until a GPU's figures say
 /// the tall tile pays.
 pub const GEMM_ROWS: [u32; 2] = [4, 8];
