@@ -93,14 +93,24 @@ impl Probe {
     /// sequence (the same on every machine), so several embedding rows and formats' blocks
     /// are read.
     pub fn standard(n_vocab: usize) -> Probe {
+        Self::within(n_vocab, Self::PROMPT, 2)
+    }
+
+    /// The standard probe cut to a backend's step limits (`flint serve --max-batch-tokens 3`):
+    /// a prompt step of at most `max_tokens` tokens (at least one), its first and last rows
+    /// out where `max_outputs` allows two, else its last. Requests under the same limits take
+    /// the same kernels.
+    pub fn within(n_vocab: usize, max_tokens: usize, max_outputs: usize) -> Probe {
         let n = n_vocab.max(1) as u64;
         let id = |i: u64| ((i * 2_654_435_761 + 1_013) % n) as u32;
-        let prompt: Vec<u32> = (0..Self::PROMPT as u64).map(id).collect();
-        let decode = vec![id(Self::PROMPT as u64)];
+        let len = Self::PROMPT.min(max_tokens).max(1);
+        let prompt: Vec<u32> = (0..len as u64).map(id).collect();
+        let decode = vec![id(len as u64)];
+        let outputs = if len > 1 && max_outputs >= 2 { vec![0, len - 1] } else { vec![len - 1] };
         Probe {
             steps: vec![
-                ProbeStep { tokens: prompt, start: 0, outputs: vec![0, Self::PROMPT - 1], kind: "prompt" },
-                ProbeStep { tokens: decode, start: Self::PROMPT, outputs: vec![0], kind: "decode" },
+                ProbeStep { tokens: prompt, start: 0, outputs, kind: "prompt" },
+                ProbeStep { tokens: decode, start: len, outputs: vec![0], kind: "decode" },
             ],
         }
     }
@@ -208,6 +218,19 @@ mod tests {
         let mut ids = p.steps[0].tokens.clone();
         ids.dedup();
         assert_eq!(ids.len(), Probe::PROMPT);
+    }
+
+    #[test]
+    fn a_probe_within_small_step_limits_fits_them() {
+        for (max_tokens, max_outputs, step, outputs) in
+            [(3, 9, 3, vec![0, 2]), (3, 1, 3, vec![2]), (1, 9, 1, vec![0]), (0, 0, 1, vec![0]), (64, 64, 7, vec![0, 6])]
+        {
+            let p = Probe::within(1000, max_tokens, max_outputs);
+            assert_eq!(p.steps[0].tokens.len(), step, "{max_tokens} / {max_outputs}");
+            assert_eq!(p.steps[0].outputs, outputs, "{max_tokens} / {max_outputs}");
+            assert_eq!((p.steps[1].start, p.len()), (step, step + 1));
+            assert_eq!(p.steps[0].tokens, Probe::standard(1000).steps[0].tokens[..step]);
+        }
     }
 
     #[test]

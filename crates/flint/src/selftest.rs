@@ -52,7 +52,8 @@ pub async fn run(
     clock: Clock,
 ) -> Result<SelfTestReport, EngineError> {
     let t0 = clock();
-    let probe = Probe::standard(cfg.n_vocab);
+    let limits = backend.limits();
+    let probe = Probe::within(cfg.n_vocab, limits.max_tokens, limits.max_outputs);
     let got = backend.probe(&probe).await?;
     let bound = backend.self_test_bound();
     let t1 = clock();

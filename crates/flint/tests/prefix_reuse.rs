@@ -61,8 +61,9 @@ fn gpu_second_turn_prefills_only_new_tokens() {
     second_turn_reuses_the_first(BackendKind::Gpu);
 }
 
-/// A step budget smaller than the sequences (`flint serve --max-batch-tokens 3 --parallel 8`):
-/// the warm-up's decode steps of up to 8 sequences keep to 3 tokens a step, and a prompt
+/// A step budget smaller than the sequences and the self-test's probe (`flint serve
+/// --max-batch-tokens 3 --parallel 8`): the self-test passes with a 3-token prompt step, the
+/// warm-up's decode steps of up to 8 sequences keep to 3 tokens a step, and a prompt
 /// prefilled 3 tokens a step gives the greedy ids of one prefilled in a single step (the exact
 /// mode: a token's bits do not depend on its step).
 #[test]
@@ -72,7 +73,9 @@ fn gpu_a_small_step_budget_warms_up_and_prefills_in_pieces() {
     }
     let path = common::shared().join("golden/families/qwen3/model.gguf");
     let whole = LoadOptions { n_ctx: 128, ..LoadOptions::exact() };
-    let small = Engine::load_path(&path, &LoadOptions { max_batch_tokens: 3, max_seqs: 8, ..whole.clone() }).unwrap();
+    let small = Engine::load_path(&path, &LoadOptions { max_batch_tokens: 3, max_seqs: 8, self_test: true, ..whole.clone() }).unwrap();
+    let report = small.info().self_test.as_ref().expect("the self-test ran");
+    assert!(report.summary().contains("passed"), "{}", report.summary());
     futures::executor::block_on(small.warm_up()).unwrap();
     let prompt = small.tokenize_raw("The quick brown fox jumps over the lazy dog").unwrap();
     assert!(prompt.len() > 3, "{prompt:?}");
