@@ -102,13 +102,7 @@ fn q8_stage(lid: u32, t0: u32, n_tok: u32, base: u32) {
         let c = base + s;
         var v: array<vec4<f32>, 8>;
         if (t0 + j < n_tok && c < p.n_in / CHUNK) {
-            let xb = x_index(t0 + j) * row_vec4s + c * 8u;
-            for (var k = 0u; k < 8u; k++) {
-                v[k] = x[xb + k];
-            }
-#ifdef NORM
-            v = norm_weighted(v, c);
-#endif
+            v = x_chunk(x_index(t0 + j) * row_vec4s, c);
         }
         let a = q8_quantize(v);
         for (var k = 0u; k < 8u; k++) {

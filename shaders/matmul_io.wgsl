@@ -94,6 +94,19 @@ fn norm_weighted(q: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
     return o;
 }
 #endif
+
+// Chunk c of the activations' row that starts at vec4 `row` (times the norm weight with NORM),
+// as the 8-bit kernels quantize it.
+fn x_chunk(row: u32, c: u32) -> array<vec4<f32>, 8> {
+    var v: array<vec4<f32>, 8>;
+    for (var k = 0u; k < 8u; k++) {
+        v[k] = x[row + c * 8u + k];
+    }
+#ifdef NORM
+    v = norm_weighted(v, c);
+#endif
+    return v;
+}
 #ifdef IDS
 // id_count: [n_expert] entries routed to each expert (all experts, not only the part's)
 @group(0) @binding(6) var<storage, read> id_count: array<u32>;

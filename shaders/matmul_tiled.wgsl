@@ -241,12 +241,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             var v: array<vec4<f32>, 8>;
             let xc = c0 + x_c;
             if (xc < n_chunks) {
-                for (var k = 0u; k < 8u; k++) {
-                    v[k] = x[xb + xc * 8u + k];
-                }
-#ifdef NORM
-                v = norm_weighted(v, xc);
-#endif
+                v = x_chunk(xb, xc);
             }
             let a = q8_quantize(v);
             for (var k = 0u; k < 8u; k++) {
