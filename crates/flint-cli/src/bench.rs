@@ -46,7 +46,8 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = BenchFormat::Text)]
     pub(crate) format: BenchFormat,
     /// Also time every kernel of the prompt's prefill (one step, up to --max-batch-tokens) and
-    /// of decode steps of 1, 8 and 9 sequences (at most --max-batch-tokens) (GPU timestamp queries) and print where the time goes.
+    /// of decode steps of 1, 8 and 9 sequences (at most --max-batch-tokens) with GPU timestamp
+    /// queries, and print where the time goes.
     #[arg(long)]
     pub(crate) profile: bool,
     /// Streams submitted at once, e.g. 1,4,8 (1 always runs): aggregate decode speed per level.
@@ -127,19 +128,14 @@ fn step_tokens(s: &str) -> Result<usize, String> {
 type Profile = Vec<(String, f64, usize)>;
 
 /// Times each op of the prompt's prefill as one step (at most `step` tokens, the engine's step
-/// budget), then of decode steps of each size.
-fn profile_steps(engine: &Engine, prompt: &[u32], step: usize) -> Result<(Profile, Vec<Profile>), Failure> {
+/// budget), then of decode steps of each size in [`PROFILE_DECODE_SIZES`] up to `step` (a step
+/// of n sequences is n tokens); each decode profile with its sequences.
+fn profile_steps(engine: &Engine, prompt: &[u32], step: usize) -> Result<(Profile, Vec<(usize, Profile)>), Failure> {
     let prompt = &prompt[..prompt.len().min(step)];
-    let (prefill, decodes) = futures::executor::block_on(engine.profile(prompt, &profile_decode_sizes(step))).map_err(Failure::runtime)?;
-    Ok((by_kind(prefill), decodes.into_iter().map(by_kind).collect()))
-}
-
-/// The decode step sizes `--profile` times under a step budget of `step` tokens (a step of n
-/// sequences is n tokens).
-fn profile_decode_sizes(step: usize) -> Vec<usize> {
     let mut sizes: Vec<usize> = PROFILE_DECODE_SIZES.iter().map(|&n| n.min(step)).collect();
     sizes.dedup();
-    sizes
+    let (prefill, decodes) = futures::executor::block_on(engine.profile(prompt, &sizes)).map_err(Failure::runtime)?;
+    Ok((by_kind(prefill), sizes.into_iter().zip(decodes.into_iter().map(by_kind)).collect()))
 }
 
 fn by_kind(ops: OpTimes) -> Profile {
@@ -401,11 +397,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
     }
     if let Some((prefill, decodes)) = &profile {
         report["prefill_profile_us"] = profile_json(prefill);
-        report["decode_profile_us"] = json!(profile_decode_sizes(args.max_batch_tokens)
-            .iter()
-            .zip(decodes)
-            .map(|(n, p)| json!({"sequences": n, "ops": profile_json(p)}))
-            .collect::<Vec<_>>());
+        report["decode_profile_us"] = json!(decodes.iter().map(|(n, p)| json!({"sequences": n, "ops": profile_json(p)})).collect::<Vec<_>>());
     }
     match args.format {
         BenchFormat::Json => println!("{report}"),
@@ -462,7 +454,7 @@ pub fn bench(args: BenchArgs) -> Result<(), Failure> {
             }
             if let Some((prefill, decodes)) = &profile {
                 print_profile(&format!("prefill ({} tokens)", args.prompt_tokens.min(args.max_batch_tokens)), prefill);
-                for (n, p) in profile_decode_sizes(args.max_batch_tokens).iter().zip(decodes) {
+                for (n, p) in decodes {
                     print_profile(&format!("decode step of {n} sequence{}", if *n == 1 { "" } else { "s" }), p);
                 }
             }
