@@ -303,6 +303,18 @@ pub fn gemm_f16(caps: &crate::Caps) -> bool {
     caps.shader_f16 && caps.tune.gemm_in == GemmIn::F16
 }
 
+/// What a GEMM variant of `shape` stages and multiplies on an adapter with `caps`: 8-bit
+/// integers where its shape says so ([`gemm_q8`]), else f16 where [`gemm_f16`], else f32.
+fn gemm_input(caps: &crate::Caps, shape: &Shape) -> GemmIn {
+    if shape.q8 > 0 {
+        GemmIn::Q8
+    } else if gemm_f16(caps) {
+        GemmIn::F16
+    } else {
+        GemmIn::F32
+    }
+}
+
 /// Workgroup memory of the tiled GEMM with tiles `side` lanes wide and `rows` weight rows a
 /// lane, staged as `input`: a 32-element chunk of the tile's rows and of its tokens (f32 or
 /// f16), or [`gemm_q8_chunks`] chunks of 8-bit weight rows and tokens with their scales (rows:
@@ -514,7 +526,10 @@ fn key(caps: &crate::Caps, ty: QuantType, shape: Shape, wrong: bool) -> Pipeline
     if shape.gemm {
         let side = shape.tokens / 4;
         let defs = ShaderDefs::new().quant(ty).u32("SIDE", side).u32("TM", shape.per / side).flag("NORM", shape.norm);
-        let defs = if shape.q8 > 0 { defs.u32("Q8_CHUNKS", shape.q8) } else { defs.flag("F16", gemm_f16(caps)) };
+        let defs = match gemm_input(caps, &shape) {
+            GemmIn::Q8 => defs.u32("Q8_CHUNKS", shape.q8),
+            input => defs.flag("F16", input == GemmIn::F16),
+        };
         return PipelineKey::new("matmul_tiled.wgsl", "main", glu(defs));
     }
     if shape.blocked {
@@ -771,15 +786,8 @@ impl Matmul {
             let norm = d.norm.is_some();
             for (side, rows) in gemm_tiles(ctx.caps.tune.gemm_side, ctx.caps.tune.gemm_rows) {
                 let shape = Shape { q8: gemm_q8(&ctx.caps, &ctx.limits, d, side, rows), ..Shape::gemm(side, rows, glu, norm) };
-                let input = if shape.q8 > 0 {
-                    GemmIn::Q8
-                } else if gemm_f16(&ctx.caps) {
-                    GemmIn::F16
-                } else {
-                    GemmIn::F32
-                };
                 // The base tiles fit (`takes_gemm`); the tall one only where the adapter grants it.
-                if ctx.limits.max_compute_workgroup_storage_size >= gemm_shared_bytes(side, rows, input, norm) {
+                if ctx.limits.max_compute_workgroup_storage_size >= gemm_shared_bytes(side, rows, gemm_input(&ctx.caps, &shape), norm) {
                     shapes.push(shape);
                 }
             }
