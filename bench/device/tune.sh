@@ -30,14 +30,17 @@ small=${SMALL:-}
 # not FLINT_TUNE: llama-bench's -ub is 512), how wide a grid is wide enough, the workgroup, the
 # lanes per row, the largest mat-vec token block (9-16 token steps in two 8-token tiles), the GEMM
 # in f16 or 8-bit integers, its tall 128 x 64 tile, the mat-vec on 8-bit activations, the GEMM's
-# tiles and where it starts. Attention settings: the decode splits and the query tiles.
+# tiles and where it starts; and wgpu's runtime checks in every kernel (bounds_checks=off drops
+# its index clamps; loop_bounding=on puts back its loop counters, on GPUs the default until
+# 2026-12-07).
+# Attention settings: the decode splits and the query tiles.
 # The likeliest to matter first: the later ones are benched only while time is left.
-matmul_tunes=("" "--max-batch-tokens 512" gemm_rows=8 gemm_in=f16 gemm_in=q8 q8_act=on gemm_rows=8,gemm_in=f16 max_block=8 gemm_min_groups=off gemm_side=8 lanes=32 max_wg=128 min_groups=1024 min_groups=128 max_wg=64 lanes=16 gemm_min_groups=16)
+matmul_tunes=("" bounds_checks=off "--max-batch-tokens 512" gemm_rows=8 loop_bounding=on gemm_in=f16 gemm_in=q8 q8_act=on gemm_rows=8,gemm_in=f16 max_block=8 gemm_min_groups=off gemm_side=8 lanes=32 max_wg=128 min_groups=1024 min_groups=128 max_wg=64 lanes=16 gemm_min_groups=16)
 attn_tunes=("" split_groups=256 split_groups=4096 split_min=256 tiles_from=64 tiles_from=off)
 shapes=("Q5_0 896 1152" "Q5_0 896 4864" "Q6_K 4864 896" "Q4_K 3584 18944" "Q6_K 18944 3584")
 steps=1,8,9,16,512 reps=20
 if [[ -n $small ]]; then
-  matmul_tunes=("" "--max-batch-tokens 16" gemm_rows=8 q8_act=on gemm_in=q8 gemm_min_groups=off) attn_tunes=("" tiles_from=off) shapes=("Q5_0 896 1152") steps=1,9,64 reps=2
+  matmul_tunes=("" bounds_checks=off "--max-batch-tokens 16" gemm_rows=8 q8_act=on gemm_in=q8 gemm_min_groups=off) attn_tunes=("" tiles_from=off) shapes=("Q5_0 896 1152") steps=1,9,64 reps=2
 fi
 label() { echo "${1:-default}"; }
 

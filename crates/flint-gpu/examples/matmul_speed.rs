@@ -26,7 +26,7 @@ fn main() {
     let (glu, norm, exact) = (fusion.contains("glu"), fusion.contains("norm"), fusion.contains("exact"));
     futures::executor::block_on(async {
         let ctx = GpuContext::new().await.expect("adapter");
-        let cache = PipelineCache::new();
+        let cache = PipelineCache::for_context(&ctx);
         let batch = Batch::new(&ctx, n_tok, 1, 1, 16).unwrap();
         let pos: Vec<u32> = (0..n_tok).collect();
         batch.write(&ctx, &vec![0; n_tok as usize], &pos, &vec![0; n_tok as usize], &[&[0]]);

@@ -50,6 +50,10 @@ pub struct GpuContext {
     sink: Arc<Mutex<ErrorSink>>,
 }
 
+fn runtime_checks(caps: &Caps, info: &wgpu::AdapterInfo) -> wgpu::ShaderRuntimeChecks {
+    caps.tune.runtime_checks(info.device_type == wgpu::DeviceType::Cpu)
+}
+
 /// The process's contexts (native), one per adapter choice and ordinal: see
 /// [`GpuContext::shared_nth`].
 #[cfg(not(target_arch = "wasm32"))]
@@ -250,8 +254,14 @@ impl GpuContext {
             }
         });
         let (wrong_kernel, fail_alloc) = (switch("FLINT_TEST_WRONG_KERNEL"), switch("FLINT_TEST_FAIL_ALLOC"));
-        let pipelines = PipelineCache::with_disk(disk_path.map(|p| crate::disk_cache::DiskCache::open(&device, p)));
+        let pipelines = PipelineCache::with_checks(disk_path.map(|p| crate::disk_cache::DiskCache::open(&device, p)), runtime_checks(&caps, &info));
         Ok(GpuContext { adapter, device, queue, limits, caps, info, pipelines, wrong_kernel, fail_alloc, sink })
+    }
+
+    /// What wgpu compiles into this device's kernels to guard them at run time: the tuning's
+    /// choice for a CPU-type adapter or a GPU (see [`crate::tune::Tuning::runtime_checks`]).
+    pub fn runtime_checks(&self) -> wgpu::ShaderRuntimeChecks {
+        runtime_checks(&self.caps, &self.info)
     }
 
     /// A short adapter description for reports: `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)`.

@@ -56,7 +56,7 @@ pub enum CompileEvent {
 pub type CompileObserver = Arc<dyn Fn(&CompileEvent) + Send + Sync>;
 
 /// Compiled pipelines by key; cloning shares the cache (and its observer).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct PipelineCache {
     map: Arc<Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>>,
     observer: Arc<Mutex<Option<CompileObserver>>>,
@@ -64,16 +64,21 @@ pub struct PipelineCache {
     first_use: Arc<std::sync::atomic::AtomicBool>,
     /// The driver's cache kept on disk, where the device has one (see [`crate::disk_cache`]).
     disk: Option<Arc<DiskCache>>,
+    /// What wgpu compiles into every kernel to guard it at run time (the tuning's
+    /// `loop_bounding` and `bounds_checks`).
+    checks: wgpu::ShaderRuntimeChecks,
 }
 
 impl PipelineCache {
-    pub fn new() -> Self {
-        Self::default()
+    /// A cache for `ctx`'s device, compiling with the runtime checks its tuning asks of it
+    /// ([`GpuContext::runtime_checks`]).
+    pub fn for_context(ctx: &GpuContext) -> Self {
+        Self::with_checks(None, ctx.runtime_checks())
     }
 
-    /// A cache whose compiles go through `disk` (and are saved to it).
-    pub fn with_disk(disk: Option<DiskCache>) -> Self {
-        PipelineCache { disk: disk.map(Arc::new), ..Self::default() }
+    /// A cache compiling with `checks`, through `disk` where given (and saved to it).
+    pub fn with_checks(disk: Option<DiskCache>, checks: wgpu::ShaderRuntimeChecks) -> Self {
+        PipelineCache { map: Default::default(), observer: Default::default(), first_use: Default::default(), disk: disk.map(Arc::new), checks }
     }
 
     /// The file the driver's cache is kept in, if any.
@@ -122,7 +127,7 @@ impl PipelineCache {
     /// Compiles `key` on `device`, telling the observer.
     fn compile(&self, device: &wgpu::Device, key: &PipelineKey) -> Result<wgpu::ComputePipeline> {
         self.notify(&CompileEvent::Start { label: key.label() });
-        let p = compile(device, key, self.disk.as_deref());
+        let p = compile(device, key, self.checks, self.disk.as_deref());
         let compiled = self.map.lock().map_err(poisoned)?.len() + 1;
         self.notify(&CompileEvent::Done { label: key.label(), compiled });
         p
@@ -193,10 +198,17 @@ impl PipelineCache {
     }
 }
 
-fn compile(device: &wgpu::Device, key: &PipelineKey, disk: Option<&DiskCache>) -> Result<wgpu::ComputePipeline> {
+fn compile(device: &wgpu::Device, key: &PipelineKey, checks: wgpu::ShaderRuntimeChecks, disk: Option<&DiskCache>) -> Result<wgpu::ComputePipeline> {
     let source = preprocess(key.shader, &key.defs)?;
     let label = key.label();
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(source.into()) });
+    let desc = wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(source.into()) };
+    // SAFETY: the kernels are Flint's own, never a user's. The checks a tuning may turn off
+    // guard against endless loops and out-of-range indices: every loop in `shaders/` ends by
+    // construction (its bound is a constant or a host-validated size, its step a nonzero
+    // constant or a count the loop tests first), and every index stays inside what the host
+    // sized; the GPU op tests check each kernel against the CPU reference, with sentinels
+    // around what it writes. wgpu still validates the module.
+    let module = unsafe { device.create_shader_module_trusted(desc, checks) };
     Ok(device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(&label),
         layout: None,

@@ -7,14 +7,14 @@
 use std::fmt::Debug;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{LazyLock, OnceLock};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use crate::context::GpuContext;
 use crate::pipeline::PipelineCache;
 
 static CONTEXT: OnceLock<Option<GpuContext>> = OnceLock::new();
-static PIPELINES: LazyLock<PipelineCache> = LazyLock::new(PipelineCache::new);
+static PIPELINES: OnceLock<PipelineCache> = OnceLock::new();
 static GPU_LIKE: [OnceLock<(GpuContext, PipelineCache)>; 2] = [OnceLock::new(), OnceLock::new()];
 
 /// The shared test context, or None (with a message) when there is no adapter and the
@@ -47,8 +47,9 @@ macro_rules! gpu_test {
 }
 
 /// The pipeline cache of the shared context, so that a test binary compiles each kernel once.
+/// Call it where [`context`] is Some.
 pub fn pipelines() -> &'static PipelineCache {
-    &PIPELINES
+    PIPELINES.get_or_init(|| PipelineCache::for_context(context().expect("pipelines() without a GPU context")))
 }
 
 /// A second context on the shared adapter, told it is not CPU-like, with its own pipeline
@@ -66,18 +67,21 @@ pub fn gpu_like(subgroups: bool) -> Option<&'static (GpuContext, PipelineCache)>
             ctx.caps.subgroup_min_size = 0;
         }
         eprintln!("{} as a GPU, subgroups {} (smallest {})", ctx.adapter_name(), ctx.caps.subgroups, ctx.caps.subgroup_min_size);
-        (ctx, PipelineCache::new())
+        let cache = PipelineCache::for_context(&ctx);
+        (ctx, cache)
     }))
 }
 
 /// A fresh context on the shared adapter told it is a GPU (as [`gpu_like`], with subgroups
 /// where the adapter has them) and given the shape knobs `tune` (`FLINT_TUNE`'s syntax), so
-/// that a test runs the variants a tuned run would. None without an adapter.
+/// that a test runs the variants a tuned run would (its own pipeline cache compiles with the
+/// runtime checks `tune` names). None without an adapter.
 pub fn gpu_tuned(tune: &str) -> Option<GpuContext> {
     context()?;
     let mut ctx = futures::executor::block_on(GpuContext::new()).expect("a second context on the shared adapter");
     ctx.caps.cpu_like = false;
     ctx.caps.tune = crate::tune::Tuning::parse(tune).expect("a valid tuning");
+    ctx.pipelines = PipelineCache::for_context(&ctx);
     Some(ctx)
 }
 

@@ -29,7 +29,8 @@ impl fmt::Display for GemmIn {
     }
 }
 
-/// Shape knobs of the GPU (lane-team) kernels; CPU-type adapters ignore them.
+/// Shape knobs of the GPU (lane-team) kernels, which CPU-type adapters ignore, and the checks
+/// wgpu compiles into every kernel, on any adapter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
     /// `min_groups`: the fewest workgroups a matmul's grid aims for: its workgroup shrinks
@@ -68,6 +69,18 @@ pub struct Tuning {
     /// `tiles_from`: steps of more than this many tokens take the query-tiled attention; None
     /// (`off`): never.
     pub tiles_from: Option<u32>,
+    /// `loop_bounding`: wgpu's guard against endless loops, a 64-bit counter and an exit
+    /// test compiled into every loop (`on`/`off`; None, `auto`: on for CPU-type adapters, off
+    /// on GPUs). Every loop of Flint's kernels ends by construction, and on a GPU the guard
+    /// costs each iteration and can keep the driver from unrolling a register tile's loops. On
+    /// a CPU-type adapter the guard is what keeps LLVM from unrolling the CPU kernels' loops
+    /// fully, which makes their compiles several times longer for no speed (see
+    /// [`Tuning::runtime_checks`]).
+    pub loop_bounding: Option<bool>,
+    /// `bounds_checks`: wgpu's clamp of every array and buffer index the driver does not
+    /// bound itself (`on`/`off`; on until a GPU's figures say dropping it pays; on Vulkan
+    /// with robust buffer access it is only the workgroup and register arrays' clamps).
+    pub bounds_checks: bool,
 }
 
 impl Default for Tuning {
@@ -85,11 +98,13 @@ impl Default for Tuning {
             split_groups: attention::SPLIT_TARGET_GROUPS,
             split_min: attention::SPLIT_MIN_POSITIONS,
             tiles_from: Some(attention::TILES_MIN_TOKENS),
+            loop_bounding: None,
+            bounds_checks: true,
         }
     }
 }
 
-const KEYS: &str = "min_groups, max_wg, lanes, max_block, gemm_min_groups, gemm_side, gemm_rows, gemm_in, q8_act, split_groups, split_min, tiles_from";
+const KEYS: &str = "min_groups, max_wg, lanes, max_block, gemm_min_groups, gemm_side, gemm_rows, gemm_in, q8_act, split_groups, split_min, tiles_from, loop_bounding, bounds_checks";
 
 /// Largest value a count knob takes: far past any grid or context that makes sense, and
 /// small enough that no product of it overflows.
@@ -140,10 +155,28 @@ impl Tuning {
                 "split_min" => t.split_min = count()? as u32,
                 "tiles_from" if off => t.tiles_from = None,
                 "tiles_from" => t.tiles_from = Some(count()? as u32),
+                "loop_bounding" if value == "auto" => t.loop_bounding = None,
+                "loop_bounding" => t.loop_bounding = Some(switch()?),
+                "bounds_checks" => t.bounds_checks = switch()?,
                 _ => return Err(format!("unknown key {key:?} (known: {KEYS})")),
             }
         }
         Ok(t)
+    }
+
+    /// What wgpu compiles into the kernels to guard them at run time on an adapter that is a
+    /// CPU (`cpu_adapter`: lavapipe, SwiftShader) or not: its checks but those `loop_bounding`
+    /// and `bounds_checks` turn off. Integer division stays guarded (a zero divisor gives a
+    /// defined result), as do the checks for features Flint does not use. On lavapipe the
+    /// loop guard costs the kernels nothing measurable (`flint bench -p 128 -n 32`, both test
+    /// models, within the runs' 8% noise), and without it the matmul tests' compiles take
+    /// 2.7 times as long (363 s against 134), so `auto` keeps it there.
+    pub fn runtime_checks(&self, cpu_adapter: bool) -> wgpu::ShaderRuntimeChecks {
+        wgpu::ShaderRuntimeChecks {
+            force_loop_bounding: self.loop_bounding.unwrap_or(cpu_adapter),
+            bounds_checks: self.bounds_checks,
+            ..wgpu::ShaderRuntimeChecks::checked()
+        }
     }
 
     /// `FLINT_TUNE` (native), or the defaults.
@@ -170,7 +203,7 @@ impl fmt::Display for Tuning {
         let opt = |v: Option<u64>, none: &str| v.map_or(none.to_string(), |n| n.to_string());
         write!(
             f,
-            "min_groups={},max_wg={},lanes={},max_block={},gemm_min_groups={},gemm_side={},gemm_rows={},gemm_in={},q8_act={},split_groups={},split_min={},tiles_from={}",
+            "min_groups={},max_wg={},lanes={},max_block={},gemm_min_groups={},gemm_side={},gemm_rows={},gemm_in={},q8_act={},split_groups={},split_min={},tiles_from={},loop_bounding={},bounds_checks={}",
             self.min_groups,
             self.max_wg,
             opt(self.lanes.map(u64::from), "auto"),
@@ -183,6 +216,8 @@ impl fmt::Display for Tuning {
             self.split_groups,
             self.split_min,
             opt(self.tiles_from.map(u64::from), "off"),
+            self.loop_bounding.map_or("auto", on_off),
+            on_off(self.bounds_checks),
         )
     }
 }
@@ -194,10 +229,21 @@ mod tests {
     #[test]
     fn parses_over_the_defaults_and_prints_what_it_parses() {
         assert_eq!(Tuning::parse("").unwrap(), Tuning::default());
-        let t = Tuning::parse(" lanes=16, gemm_min_groups=off,max_wg=64,split_min=128 ,max_block=8,gemm_in=q8,q8_act=on,gemm_rows=8").unwrap();
+        let t = Tuning::parse(
+            " lanes=16, gemm_min_groups=off,max_wg=64,split_min=128 ,max_block=8,gemm_in=q8,q8_act=on,gemm_rows=8,loop_bounding=on,bounds_checks=off",
+        )
+        .unwrap();
         assert_eq!((t.lanes, t.max_block, t.gemm_in, t.q8_act, t.gemm_rows), (Some(16), 8, GemmIn::Q8, true, 8));
         assert_eq!(Tuning::parse("gemm_in=f16").unwrap().gemm_in, GemmIn::F16);
         assert_eq!(t.gemm_min_groups, None);
+        assert_eq!((t.loop_bounding, t.bounds_checks), (Some(true), false));
+        let checks = t.runtime_checks(false);
+        assert!(checks.force_loop_bounding && !checks.bounds_checks && checks.int_div_checks);
+        let (gpu, cpu) = (Tuning::default().runtime_checks(false), Tuning::default().runtime_checks(true));
+        assert!(!gpu.force_loop_bounding && gpu.bounds_checks && gpu.int_div_checks);
+        assert!(cpu.force_loop_bounding && cpu.bounds_checks && cpu.int_div_checks);
+        assert!(!Tuning::parse("loop_bounding=off").unwrap().runtime_checks(true).force_loop_bounding);
+        assert_eq!(Tuning::parse("loop_bounding=on,loop_bounding=auto").unwrap(), Tuning::default());
         assert_eq!((t.max_wg, t.split_min), (64, 128));
         assert_eq!(t.min_groups, Tuning::default().min_groups);
         assert_eq!(Tuning::parse(&t.to_string()).unwrap(), t);
@@ -218,6 +264,7 @@ mod tests {
             ("gemm_in=1", "gemm_in=\"1\": expected f32, f16 or q8"),
             ("gemm_f16=on", "unknown key \"gemm_f16\""),
             ("q8_act=yes", "q8_act=\"yes\": expected on or off"),
+            ("loop_bounding=1", "loop_bounding=\"1\": expected on or off"),
             ("tiles=3", "unknown key \"tiles\""),
             ("lanes", "expected key=value"),
         ] {

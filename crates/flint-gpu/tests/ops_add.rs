@@ -53,7 +53,7 @@ flint_gpu::op_tests! { run;
 #[test]
 fn add_rejects_aliasing_and_short_buffers() {
     flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
+        let cache = PipelineCache::for_context(ctx);
         let batch = Batch::new(ctx, MAX_TOKENS, 1, 1, 16).unwrap();
         let xb = storage_init(ctx, "x", &vec![0u8; 16 * 64 * 4]).unwrap();
         let yb = storage_init(ctx, "y", &vec![0u8; 64 * 4]).unwrap();

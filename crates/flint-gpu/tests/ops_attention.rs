@@ -444,7 +444,7 @@ async fn policy_layer(ctx: &GpuContext) -> Attention {
     let (q, out) = (b(512 * 14 * 64 * 4), b(512 * 14 * 64 * 4));
     let (kc, vc) = (b(256 * 16 * 128 * 4), b(256 * 16 * 128 * 4));
     let scratch = b(Attention::scratch_bytes(&d, 512));
-    Attention::new(ctx, &PipelineCache::new(), &batch, &d, &q, &kc, &vc, &out, &scratch, Tiles::OnGpus).await.unwrap()
+    Attention::new(ctx, &PipelineCache::for_context(ctx), &batch, &d, &q, &kc, &vc, &out, &scratch, Tiles::OnGpus).await.unwrap()
 }
 
 #[test]
@@ -486,8 +486,17 @@ fn tuned_split_policy_and_tiles() {
 }
 
 /// Runs kv_write + attention for `toks` ((sequence, position); each sequence's K/V history
-/// seeded from `seed`) and returns the output rows of the tokens, in order.
-async fn outputs_for(ctx: &GpuContext, d: &AttentionDesc, force_split: bool, toks: &[(usize, usize)], seed: u64) -> Vec<Vec<f32>> {
+/// seeded from `seed`) with `cache`'s pipelines and returns the output rows of the tokens, in
+/// order.
+async fn outputs_for(
+    ctx: &GpuContext,
+    cache: &PipelineCache,
+    d: &AttentionDesc,
+    force_split: bool,
+    tiles: Tiles,
+    toks: &[(usize, usize)],
+    seed: u64,
+) -> Vec<Vec<f32>> {
     let (kv_dim, q_dim, out_dim) = (d.kv_dim() as usize, d.q_dim() as usize, d.out_dim() as usize);
     let bs = 16usize;
     let n_seq = toks.iter().map(|t| t.0).max().unwrap() + 1;
@@ -525,10 +534,9 @@ async fn outputs_for(ctx: &GpuContext, d: &AttentionDesc, force_split: bool, tok
     let buf = |label: &str, data: &[f32]| storage_init(ctx, label, bytemuck::cast_slice(data)).unwrap();
     let (q_buf, k_buf, kc_buf, vc_buf) = (buf("q", &q), buf("k", &rows), buf("kc", &kc), buf("vc", &kc));
     let out_buf = buf("out", &vec![SENTINEL; n_tok * out_dim]);
-    let cache = pipelines();
     let scratch = storage(ctx, "scratch", Attention::scratch_bytes(d, n_tok as u32)).unwrap();
     let write = KvWrite::new(ctx, cache, &batch, d, &k_buf, &k_buf, &kc_buf, &vc_buf).await.unwrap();
-    let mut attn = Attention::new(ctx, cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch, Tiles::Off).await.unwrap();
+    let mut attn = Attention::new(ctx, cache, &batch, d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch, tiles).await.unwrap();
     if force_split {
         attn.force_split(ctx);
     }
@@ -551,11 +559,11 @@ struct Neighbours {
 /// A decode at position 700 alone, then beside a 40-token prefill of another sequence (which
 /// widens the split grid and the step), then beside more decodes: the same bits.
 async fn same_bits_whatever_the_step(ctx: &GpuContext, Neighbours { desc: d, force_split }: Neighbours) {
-    let alone = outputs_for(ctx, &d, force_split, &[(0, 700)], 21).await;
+    let alone = outputs_for(ctx, pipelines(), &d, force_split, Tiles::Off, &[(0, 700)], 21).await;
     let mut with_prefill: Vec<(usize, usize)> = (0..40).map(|p| (1, 900 + p)).collect();
     with_prefill.insert(17, (0, 700));
-    let mixed = outputs_for(ctx, &d, force_split, &with_prefill, 21).await;
-    let busy = outputs_for(ctx, &d, force_split, &[(2, 30), (0, 700), (3, 1)], 21).await;
+    let mixed = outputs_for(ctx, pipelines(), &d, force_split, Tiles::Off, &with_prefill, 21).await;
+    let busy = outputs_for(ctx, pipelines(), &d, force_split, Tiles::Off, &[(2, 30), (0, 700), (3, 1)], 21).await;
     assert!(alone[0] == mixed[17], "{d:?} split {force_split}: a prefill beside it changed the output");
     assert!(alone[0] == busy[1], "{d:?} split {force_split}: other decodes beside it changed the output");
 }
@@ -566,13 +574,47 @@ flint_gpu::op_tests! { same_bits_whatever_the_step;
         .flat_map(|desc| [false, true].map(|force_split| Neighbours { desc: desc.clone(), force_split })),
 }
 
+/// wgpu's runtime checks (`FLINT_TUNE` `loop_bounding`, `bounds_checks`) guard a kernel
+/// against endless loops and out-of-range indices, and the attention kernels have neither, so
+/// they compute the same bits with every check, without loop bounding (the GPUs' default),
+/// and without bounds checks too: the CPU adapters' kernel (a token's head a lane), the GPUs' split
+/// kernel and its combine, and their query-tiled kernel, each for a 40-token prefill beside
+/// two decodes.
+#[test]
+fn attention_computes_the_same_bits_whatever_runtime_checks_wgpu_adds() {
+    if flint_gpu::testing::context().is_none() {
+        return;
+    }
+    let mut toks: Vec<(usize, usize)> = (0..40).map(|p| (1, 300 + p)).collect();
+    toks.extend([(0, 700), (2, 5)]);
+    let d = desc(14, 2, 64, None);
+    let mut first: Option<(&str, Vec<Vec<Vec<f32>>>)> = None;
+    for checks in ["loop_bounding=on", "loop_bounding=off", "loop_bounding=off,bounds_checks=off"] {
+        let mut ctx = flint_gpu::testing::gpu_tuned(checks).unwrap();
+        let mut runs = Vec::new();
+        for (cpu_like, force_split, tiles) in [(true, false, Tiles::Off), (false, true, Tiles::Off), (false, false, Tiles::OnGpus)] {
+            ctx.caps.cpu_like = cpu_like;
+            runs.push(futures::executor::block_on(outputs_for(&ctx, &ctx.pipelines, &d, force_split, tiles, &toks, 23)));
+        }
+        match &first {
+            None => first = Some((checks, runs)),
+            Some((was, want)) => {
+                for (k, (got, want)) in runs.iter().zip(want).enumerate() {
+                    let bits = |rows: &Vec<Vec<f32>>| rows.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert!(bits(got) == bits(want), "kernel set {k}: the outputs with checks {checks:?} differ from those with {was:?}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn bad_shapes_are_errors() {
     flint_gpu::gpu_test!(ctx => {
         let batch = Batch::new(ctx, 4, 1, 4, 16).unwrap();
         let b = |n: u64| flint_gpu::buffer::storage(ctx, "t", n).unwrap();
         let big = b(1 << 20);
-        let cache = PipelineCache::new();
+        let cache = PipelineCache::for_context(ctx);
         for d in [desc(14, 3, 64, None), desc(4, 1, 512, None), desc(4, 1, 66, None), desc(4, 1, 64, Some(0))] {
             assert!(Attention::new(ctx, &cache, &batch, &d, &big, &big, &big, &big, &big, Tiles::OnGpus).await.is_err(), "{d:?}");
             assert!(KvWrite::new(ctx, &cache, &batch, &d, &big, &big, &big, &big).await.is_err(), "{d:?}");
@@ -621,7 +663,7 @@ fn forked_sequences_share_prefix_blocks_with_copy_on_write() {
         let step: Vec<f32> = new_rows.concat();
         let (q_buf, k_buf, kc_buf, vc_buf) = (buf("q", &q), buf("k", &step), buf("k_cache", &k_cache), buf("v_cache", &k_cache));
         let out_buf = buf("out", &vec![SENTINEL; n_tok * out_dim]);
-        let cache = PipelineCache::new();
+        let cache = PipelineCache::for_context(ctx);
         let write = KvWrite::new(ctx, &cache, &batch, &d, &k_buf, &k_buf, &kc_buf, &vc_buf).await.unwrap();
         let scratch = flint_gpu::buffer::storage(ctx, "scratch", Attention::scratch_bytes(&d, n_tok as u32)).unwrap();
         let attn = Attention::new(ctx, &cache, &batch, &d, &q_buf, &kc_buf, &vc_buf, &out_buf, &scratch, Tiles::OnGpus).await.unwrap();

@@ -328,7 +328,7 @@ flint_gpu::op_tests! { combine;
 #[test]
 fn rejects_bad_routing_shapes() {
     flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
+        let cache = PipelineCache::for_context(ctx);
         let batch = Batch::new(ctx, 4, 1, 1, 16).unwrap();
         let ok = MoeDesc { n_expert: 8, n_used: 2 };
         let routes = sentinel_routes(ctx, ok, 4);

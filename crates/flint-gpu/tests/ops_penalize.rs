@@ -142,7 +142,7 @@ flint_gpu::op_tests! { run;
 #[test]
 fn hand_computed_edits() {
     flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
+        let cache = PipelineCache::for_context(ctx);
         let logits = [1.0f32, 2.0, -1.0, 3.0, 0.5, -2.0, 0.0, 4.0, 7.0];
         let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&logits)).unwrap();
         let mut pen = Penalize::new(ctx, &cache, 9, 1, &buf, None).await.unwrap();
@@ -168,7 +168,7 @@ fn hand_computed_edits() {
 #[test]
 fn prepare_rejects_what_does_not_fit() {
     flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
+        let cache = PipelineCache::for_context(ctx);
         let n = 100u32;
         let buf = storage_init(ctx, "logits", bytemuck::cast_slice(&vec![0f32; n as usize])).unwrap();
         let mut pen = Penalize::new(ctx, &cache, n, 1, &buf, None).await.unwrap();

@@ -82,7 +82,7 @@ flint_gpu::op_tests! { run;
 #[test]
 fn rope_rejects_bad_rope_dim() {
     flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
+        let cache = PipelineCache::for_context(ctx);
         let batch = Batch::new(ctx, MAX_TOKENS, 1, 1, 16).unwrap();
         let xb = storage_init(ctx, "x", &vec![0u8; 16 * 2 * 64 * 4]).unwrap();
         assert!(Rope::new(ctx, &cache, &batch, desc(RopeStyle::Neox, 2, 64, 33, 1e4, 1.0), &xb).await.is_err());

@@ -361,7 +361,7 @@ flint_gpu::op_tests! { survivors;
 #[test]
 fn seeded_draws_are_reproducible() {
     flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
+        let cache = PipelineCache::for_context(ctx);
         let mut rng = TestRng::new(11);
         let logits: Vec<f32> = rng.vec(5000).iter().map(|v| v * 2.0).collect();
         let r = rig(ctx, &cache, logits.len(), 16).await;
@@ -554,7 +554,7 @@ flint_gpu::op_tests! { penalized;
 #[test]
 fn seeded_penalized_draws_are_reproducible() {
     flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
+        let cache = PipelineCache::for_context(ctx);
         let mut r = rig(ctx, &cache, 300, 32).await;
         let mut rng = TestRng::new(123);
         let (logits, cpu) = penalized_case(&mut rng, SamplingParams { n_logprobs: 4, ..params(1.0, 0, 0.95, 0.0, 99) });
@@ -641,7 +641,7 @@ flint_gpu::op_tests! { own_distributions;
 #[test]
 fn rows_greedy_and_logprobs_mixed_in_one_step() {
     flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
+        let cache = PipelineCache::for_context(ctx);
         let n = 151_936;
         let mut r = rig_rows(ctx, &cache, n, 3, 1).await;
         let logits: Vec<Vec<f32>> = (0..3).map(|s| row_logits(900 + s, n)).collect();

@@ -54,7 +54,7 @@ flint_gpu::op_tests! { run;
 #[test]
 fn soft_cap_refuses_bad_caps_and_short_buffers() {
     flint_gpu::gpu_test!(ctx => {
-        let cache = PipelineCache::new();
+        let cache = PipelineCache::for_context(ctx);
         let batch = Batch::new(ctx, MAX_TOKENS, 1, 1, 16).unwrap();
         let xb = storage_init(ctx, "x", bytemuck::cast_slice(&vec![0f32; MAX_TOKENS as usize * 100])).unwrap();
         for cap in [0.0, -1.0, f32::NAN, f32::INFINITY] {

@@ -24,12 +24,14 @@ fn validate(label: &str, source: &str, caps: &Caps) {
 }
 
 /// Writes `module` as Metal Shading Language 2.4 and as HLSL for shader model 6.2 (the
-/// versions that have subgroup operations and 16-bit floats), failing on what either refuses.
+/// versions that have subgroup operations and 16-bit floats), with wgpu's loop counters where
+/// the default tuning has them on a GPU (`loop_bounding`), failing on what either refuses.
 fn translate(label: &str, module: &naga::Module, info: &naga::valid::ModuleInfo) {
-    let msl = naga::back::msl::Options { lang_version: (2, 4), ..Default::default() };
+    let force_loop_bounding = flint_gpu::tune::Tuning::default().runtime_checks(false).force_loop_bounding;
+    let msl = naga::back::msl::Options { lang_version: (2, 4), force_loop_bounding, ..Default::default() };
     let (text, _) = naga::back::msl::write_string(module, info, &msl, &Default::default()).unwrap_or_else(|e| panic!("{label}: to MSL: {e}"));
     assert!(text.contains("kernel void"), "{label}: MSL without a compute entry point");
-    let hlsl = naga::back::hlsl::Options { shader_model: naga::back::hlsl::ShaderModel::V6_2, ..Default::default() };
+    let hlsl = naga::back::hlsl::Options { shader_model: naga::back::hlsl::ShaderModel::V6_2, force_loop_bounding, ..Default::default() };
     let mut text = String::new();
     naga::back::hlsl::Writer::new(&mut text, &hlsl, &Default::default()).write(module, info, None).unwrap_or_else(|e| panic!("{label}: to HLSL: {e}"));
     assert!(text.contains("[numthreads("), "{label}: HLSL without a compute entry point");
