@@ -408,6 +408,10 @@ var<workgroup> row_m: array<f32, TQ>;
 var<workgroup> row_l: array<f32, TQ>;
 var<workgroup> row_a: array<f32, TQ>;
 var<workgroup> tslot: array<u32, TK>;
+// A lane's output: vec4 kj of each 64-wide chunk of the head. Its loops run to this constant
+// and break at the head's chunks, so that a GPU's compiler unrolls them and acc keeps
+// constant indices (a runtime index would put it in local memory).
+const ACC_CHUNKS: u32 = MAX_HEAD_DIM / 64u;
 
 @compute @workgroup_size(256)
 fn tiles(
@@ -434,8 +438,8 @@ fn tiles(
         row_m[tid] = NEG_BIG;
         row_l[tid] = 0.0;
     }
-    var acc: array<vec4<f32>, MAX_HEAD_DIM / 64u>;
-    for (var c = 0u; c < MAX_HEAD_DIM / 64u; c++) {
+    var acc: array<vec4<f32>, ACC_CHUNKS>;
+    for (var c = 0u; c < ACC_CHUNKS; c++) {
         acc[c] = vec4<f32>(0.0);
     }
     var run = t0;
@@ -514,7 +518,12 @@ fn tiles(
             }
             workgroupBarrier();
             let a = row_a[qi];
-            for (var c = 0u; c < n_vc; c++) {
+            // Constant bounds (see ACC_CHUNKS) and a uniform test inside: every lane reaches
+            // the barriers.
+            for (var c = 0u; c < ACC_CHUNKS; c++) {
+                if (c >= n_vc) {
+                    break;
+                }
                 let r = tid / 16u;
                 let d = c * 64u + (tid % 16u) * 4u;
                 var v = vec4<f32>(0.0);
@@ -536,7 +545,10 @@ fn tiles(
     }
     if (t < t_end) {
         let l = row_l[qi];
-        for (var c = 0u; c < n_vc; c++) {
+        for (var c = 0u; c < ACC_CHUNKS; c++) {
+            if (c >= n_vc) {
+                break;
+            }
             let o = acc[c] / l;
             let at = (t * params.n_head + h) * params.head_dim_v + c * 64u + kj * 4u;
             out[at] = o.x;

@@ -287,9 +287,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
 #endif
 
-    // Lane l of the team writes tokens t0 + l, t0 + l + TPR, ...
-    for (var j = lane; j < TOK; j += TPR) {
-        if (live && t0 + j < n_tok) {
+    // Lane l of the team writes tokens t0 + l, t0 + l + TPR, ... The loop runs over every
+    // token with constant bounds, so that a GPU's compiler unrolls it and acc keeps constant
+    // indices: an index that depends on the lane would put acc in local memory, and every sum
+    // above with it.
+    for (var j = 0u; j < TOK; j++) {
+        if (j % TPR == lane && live && t0 + j < n_tok) {
 #ifdef GLU
             put(t0 + j, r, glu_act(acc[j]) * acc[TOK + j]);
 #else
