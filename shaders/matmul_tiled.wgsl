@@ -12,7 +12,10 @@
 // TM = 8), where the lane-team kernel (matmul.wgsl) re-reads each token's activations from
 // memory for every row team.
 // Lane (tx, ty) takes rows ty, ty + SIDE, ... and tokens tx, tx + SIDE, ...: a subgroup's
-// lanes read SIDE consecutive tokens (no bank conflicts) and a few rows (broadcasts). The two
+// lanes read SIDE consecutive tokens (no bank conflicts) and a few rows (broadcasts). Token
+// t's k4-th vec4 is kept at xs[k4 BN + (t ^ k4)]: eight consecutive lanes stage one token's
+// eight vec4 (consecutive in x), and unswizzled they would all land in the same banks, BN
+// vec4 apart (an 8-way conflict on every store); the swizzle spreads them over all 32. The two
 // tiles of a 64 × 64 workgroup take 8 KB each: WebGPU's default 16 KB of workgroup memory.
 //
 // The sums run in another order than the lane-team kernels' and the step's size decides
@@ -295,7 +298,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             v *= tok_scale[tok];
 #endif
 #endif
-            xs[k4 * BN + tok] = Stage(v);
+            xs[k4 * BN + (tok ^ k4)] = Stage(v);
         }
         workgroupBarrier();
 #ifdef F16
@@ -309,7 +312,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 a[i] = ws[k * BM + ty + SIDE * i];
             }
             for (var j = 0u; j < TN; j++) {
-                b[j] = xs[k * BN + tx + SIDE * j];
+                // Token tx + SIDE j, swizzled as staged: k < 8 <= SIDE flips only tx's bits.
+                b[j] = xs[k * BN + (tx ^ k) + SIDE * j];
             }
             for (var i = 0u; i < TM; i++) {
                 for (var j = 0u; j < TN; j++) {
