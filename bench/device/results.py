@@ -8,7 +8,9 @@
 
 Rows (issue 35): pp512 and tg128 of each model, c32 of qwen2.5-coder-0.5b (llama-batched-bench
 S_TG against `flint bench --concurrency 32`'s steady decode), pp4096 and tg128@d8192 of
-qwen2.5-coder-0.5b; the exact mode's and the no-subgroup rows carry `mode`. The pp512 and tg128
+qwen2.5-coder-0.5b; the exact mode's and the no-subgroup rows carry `mode`. Flint's tg128 is
+tag MODEL-tg (or MODE-tg): decode from a one-token prompt, as llama-bench's tg128 decodes from
+an empty context. The pp512 and tg128
 rows also carry llama.cpp with matrix cores (`matrix_peer_tok_s`, reported, not gated) where
 the run measured it (tags MODEL-matrix).
 """
@@ -86,7 +88,7 @@ def assemble(out, commit):
 
     for m in MODELS:
         row(m, "pp512", flint_value(m, prefill), llama_value(m, 512, 0), matrix=llama_value(f"{m}-matrix", 512, 0))
-        row(m, "tg128", flint_value(m, decode), llama_value(m, 0, 128), matrix=llama_value(f"{m}-matrix", 0, 128))
+        row(m, "tg128", flint_value(f"{m}-tg", decode), llama_value(m, 0, 128), matrix=llama_value(f"{m}-matrix", 0, 128))
     q = "qwen2.5-coder-0.5b"
     for level in (8, 32):
         s_tg = None, None
@@ -98,7 +100,7 @@ def assemble(out, commit):
     row(q, "tg128@d8192", flint_value("d8192", decode), llama_value("d8192", 0, 128))
     for mode in ("exact", "no-subgroups"):
         row(q, "pp512", flint_value(mode, prefill), llama_value(q, 512, 0), mode)
-        row(q, "tg128", flint_value(mode, decode), llama_value(q, 0, 128), mode)
+        row(q, "tg128", flint_value(f"{mode}-tg", decode), llama_value(q, 0, 128), mode)
     devices = open(f"{out}/devices.txt").read() if _exists(f"{out}/devices.txt") else ""
     adapter = next((r["report"].get("adapter") for r in flint if r["report"].get("adapter")), None)
     driver = next((line.split(",")[1].strip() for line in devices.splitlines() if line.count(",") >= 4 and "driver" not in line), None)

@@ -71,9 +71,16 @@ log matmul_speed
 } > "$out/matmul.txt"
 cat "$out/matmul.txt"
 
+pp_tg() { # TAG TIMEOUT ARGS...: flint bench's pp512 (tag TAG) and tg128 (tag TAG-tg). llama-bench
+  # times tg128 from an empty context, so Flint's starts from a one-token prompt, not after
+  # the 512-token one (whose attention spans 512 to 640 positions).
+  local tag=$1 t=$2; shift 2
+  fb "$tag" "$t" "$@" -p 512 -n 16
+  fb "$tag-tg" "$t" "$@" -p 1 -n 128
+}
 # Required rows (llama-bench's defaults, -r 3), then the reported ones.
 for m in gemma-3-270m qwen2.5-coder-0.5b qwen2.5-7b-q4km; do
-  fb $m 75 -m $M/$m.gguf -p 512 -n 128 --reps 3
+  pp_tg $m 60 -m $M/$m.gguf --reps 3
   lb $m 60 -m $M/$m.gguf -p 512 -n 128 -r 3
 done
 q=$M/qwen2.5-coder-0.5b.gguf
@@ -85,8 +92,8 @@ left 200 && fb pp4096 40 -m $q -p 4096 -n 1 --reps 1
 left 200 && lb pp4096 30 -m $q -p 4096 -n 0 -r 1
 left 220 && fb d8192 45 -m $q -d 8192 -p 1 -n 128 --reps 1
 left 220 && lb d8192 30 -m $q -p 0 -n 128 -d 8192 -r 1
-left 250 && fb exact 30 -m $q -p 512 -n 128 --reps 2 --exact
-left 260 && FLINT_NO_SUBGROUPS=1 fb no-subgroups 30 -m $q -p 512 -n 128 --reps 2
+left 250 && pp_tg exact 20 -m $q --reps 2 --exact
+left 260 && FLINT_NO_SUBGROUPS=1 pp_tg no-subgroups 20 -m $q --reps 2
 # n-gram speculation on a code-editing prompt (a verify step costs about a decode step here).
 left 265 && fb ngram 25 -m $q --spec-type ngram -f $root/bench/prompts/edit-code.txt -n 128 --reps 2
 if left 270; then
