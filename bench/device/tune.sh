@@ -36,7 +36,7 @@ small=${SMALL:-}
 # Attention settings: the decode splits and the query tiles.
 # The likeliest to matter first: the later ones are benched only while time is left.
 matmul_tunes=("" bounds_checks=off "--max-batch-tokens 512" gemm_rows=8 loop_bounding=on gemm_in=f16 gemm_in=q8 q8_act=on gemm_rows=8,gemm_in=f16 max_block=8 gemm_min_groups=off gemm_side=8 lanes=32 max_wg=128 min_groups=1024 min_groups=128 max_wg=64 lanes=16 gemm_min_groups=16)
-attn_tunes=("" split_groups=256 split_groups=4096 split_min=256 tiles_from=64 tiles_from=off)
+attn_tunes=("" split_min=64 split_min=1024 split_groups=256 split_groups=4096 tiles_from=64 tiles_from=off)
 shapes=("Q5_0 896 1152" "Q5_0 896 4864" "Q6_K 4864 896" "Q4_K 3584 18944" "Q6_K 18944 3584")
 steps=1,8,9,16,512 reps=20
 if [[ -n $small ]]; then
@@ -68,7 +68,7 @@ fb() { # SETTING TIMEOUT ARGS...: flint bench with FLINT_TUNE=SETTING (or SETTIN
 q=$M/qwen2.5-coder-0.5b.gguf big=$M/qwen2.5-7b-q4km.gguf
 # Each setting's benches, "BY TIMEOUT ARGS...": run while the run is younger than BY seconds.
 matmul_benches=("200 30 -m $q -p 512 -n 64 --reps 2" "220 40 -m $big -p 512 -n 32 --reps 1")
-attn_benches=("270 30 -m $q -p 4096 -n 1 --reps 1" "280 30 -m $q -d 8192 -p 1 -n 64 --reps 1")
+attn_benches=("265 20 -m $q -p 1 -n 128 --reps 2" "275 30 -m $q -p 4096 -n 1 --reps 1" "285 30 -m $q -d 8192 -p 1 -n 64 --reps 1")
 if [[ -n $small ]]; then
   matmul_benches=("900 300 -m $q -p 32 -n 8 --reps 1") attn_benches=("900 300 -m $q -p 48 -n 4 --reps 1")
 fi

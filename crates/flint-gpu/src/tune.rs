@@ -96,7 +96,7 @@ impl Default for Tuning {
             gemm_in: GemmIn::F32,
             q8_act: false,
             split_groups: attention::SPLIT_TARGET_GROUPS,
-            split_min: attention::SPLIT_MIN_POSITIONS,
+            split_min: attention::GPU_SPLIT_MIN_POSITIONS,
             tiles_from: Some(attention::TILES_MIN_TOKENS),
             loop_bounding: None,
             bounds_checks: true,

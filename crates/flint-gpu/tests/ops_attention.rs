@@ -6,7 +6,9 @@ use flint_core::arch::RopeStyle;
 use flint_core::kv::KvType;
 use flint_core::reference::ops::rope_scaled;
 use flint_gpu::buffer::{read_f32, read_u32, storage, storage_init};
-use flint_gpu::ops::attention::{tiles_fit, Attention, AttentionDesc, Tiles, MAX_SPLITS, ROWS_TARGET_INVOCATIONS, SPLIT_MIN_POSITIONS, SPLIT_TARGET_GROUPS};
+use flint_gpu::ops::attention::{
+    tiles_fit, Attention, AttentionDesc, Tiles, GPU_SPLIT_MIN_POSITIONS, MAX_SPLITS, ROWS_TARGET_INVOCATIONS, SPLIT_MIN_POSITIONS, SPLIT_TARGET_GROUPS,
+};
 use flint_gpu::ops::kv_write::{decode_rows, encode_block_copy, encode_rows, KvWrite};
 use flint_gpu::ops::rope::RopeSpec;
 use flint_gpu::ops::Batch;
@@ -451,16 +453,17 @@ async fn policy_layer(ctx: &GpuContext) -> Attention {
 fn split_count_policy() {
     flint_gpu::gpu_test!(ctx => {
         let attn = policy_layer(ctx).await;
-        let target = if attn.serial() { ROWS_TARGET_INVOCATIONS } else { SPLIT_TARGET_GROUPS };
+        let (target, min) = if attn.serial() { (ROWS_TARGET_INVOCATIONS, SPLIT_MIN_POSITIONS) } else { (SPLIT_TARGET_GROUPS, GPU_SPLIT_MIN_POSITIONS) };
         let p = attn.policy();
-        // A token's count depends on its own visible length only: a split per 64 positions,
-        // up to the decode target's share per head.
+        // A token's count depends on its own visible length only: a split per 64 positions
+        // (CPU-type adapters) or 256 (GPUs), up to the decode target's share per head.
         let most = (target / 14).min(MAX_SPLITS);
+        assert_eq!(p.split_len, min);
         assert_eq!(p.splits(8192), most);
-        assert_eq!(p.splits(100), 2);
+        assert_eq!(p.splits(min + min / 2), 2.min(most));
         assert_eq!(p.splits(1), 1);
-        assert_eq!(p.splits(SPLIT_MIN_POSITIONS), 1);
-        assert_eq!(p.splits(SPLIT_MIN_POSITIONS + 1), 2.min(most));
+        assert_eq!(p.splits(min), 1);
+        assert_eq!(p.splits(min + 1), 2.min(most));
     });
 }
 
@@ -469,7 +472,7 @@ fn split_count_policy() {
 #[test]
 fn tuned_split_policy_and_tiles() {
     for (tune, split_len, most, tiles_at) in
-        [("split_groups=64,split_min=32,tiles_from=4", 32, 64 / 14, Some(5)), ("split_groups=100000,tiles_from=off", 64, MAX_SPLITS, None)]
+        [("split_groups=64,split_min=32,tiles_from=4", 32, 64 / 14, Some(5)), ("split_groups=100000,tiles_from=off", GPU_SPLIT_MIN_POSITIONS, MAX_SPLITS, None)]
     {
         let Some(ctx) = flint_gpu::testing::gpu_tuned(tune) else { return };
         futures::executor::block_on(async {

@@ -22,10 +22,17 @@ pub const COMBINE_WG: u32 = 64;
 pub const MAX_HEAD_DIM: u32 = 256;
 /// A token's visible positions are split until about this many `split` workgroups would run
 /// for one decode token (enough to fill a large discrete GPU), in splits of at least
-/// [`SPLIT_MIN_POSITIONS`] and at most [`MAX_SPLITS`].
+/// [`GPU_SPLIT_MIN_POSITIONS`] and at most [`MAX_SPLITS`].
 pub const SPLIT_TARGET_GROUPS: u32 = 1024;
-/// A split takes at least this many positions before the next split gets any.
+/// On CPU-type adapters (the serial kernel) a split takes at least this many positions before
+/// the next split gets any.
 pub const SPLIT_MIN_POSITIONS: u32 = 64;
+/// On GPUs (`split`, `FLINT_TUNE` `split_min`) a split takes at least this many positions
+/// before the next split gets any. A second split saves a workgroup a pass over some of the
+/// positions (at 256 about a microsecond: 64 dependent V loads a lane) and costs the combine
+/// pass, one more dispatch a layer behind a barrier, which on a GPU costs more; so a decode
+/// splits from 257 positions, not 65 (at 8,192 either is [`MAX_SPLITS`] splits).
+pub const GPU_SPLIT_MIN_POSITIONS: u32 = 256;
 /// Most splits of one token; bounds the shared split scratch.
 pub const MAX_SPLITS: u32 = 16;
 /// Invocations of one `rows` workgroup (the serial kernel for CPU-type adapters): one 8-lane
@@ -446,7 +453,7 @@ impl Attention {
     }
 
     /// The serial kernel's policy, or `split`'s from the tuning (`tune.rs`; by default
-    /// [`SPLIT_TARGET_GROUPS`] and [`SPLIT_MIN_POSITIONS`]).
+    /// [`SPLIT_TARGET_GROUPS`] and [`GPU_SPLIT_MIN_POSITIONS`]).
     fn policy_for(serial: bool, n_head: u32, tune: &crate::tune::Tuning) -> SplitPolicy {
         let (target, split_len) = if serial { (ROWS_TARGET_INVOCATIONS, SPLIT_MIN_POSITIONS) } else { (tune.split_groups, tune.split_min) };
         let max_split = (target / n_head.max(1)).clamp(1, MAX_SPLITS);
