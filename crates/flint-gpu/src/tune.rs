@@ -166,7 +166,7 @@ impl Tuning {
 
     /// What wgpu compiles into the kernels to guard them at run time on an adapter that is a
     /// CPU (`cpu_adapter`: lavapipe, SwiftShader) or not: its checks but those `loop_bounding`
-    /// and `bounds_checks` turn off. Integer division stays guarded (a zero divisor gives a
+    /// and `bounds_checks` turn off (natively: in a browser its WebGPU decides). Integer division stays guarded (a zero divisor gives a
     /// defined result), as do the checks for features Flint does not use. On lavapipe the
     /// loop guard costs the kernels nothing measurable (`flint bench -p 128 -n 32`, both test
     /// models, within the runs' 8% noise), and without it the matmul tests' compiles take
