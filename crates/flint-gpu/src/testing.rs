@@ -85,6 +85,29 @@ pub fn gpu_tuned(tune: &str) -> Option<GpuContext> {
     Some(ctx)
 }
 
+/// Runs `run` on a fresh [`gpu_tuned`] context (tuned `tune`) for each setting of wgpu's runtime
+/// checks (`FLINT_TUNE` `loop_bounding`, `bounds_checks`): every check, no loop counters (the
+/// GPUs' default), and no bounds checks either. A kernel with no endless loop and no index out
+/// of range computes the same bits under all three, so each run's labelled results must equal
+/// the first setting's; a clamp that changed what a kernel read would show. Returns at once
+/// without an adapter.
+pub fn assert_same_whatever_the_checks<T: PartialEq>(tune: &str, run: impl Fn(&mut GpuContext) -> Vec<(String, T)>) {
+    let mut first: Option<(&str, Vec<(String, T)>)> = None;
+    for checks in ["loop_bounding=on", "loop_bounding=off", "loop_bounding=off,bounds_checks=off"] {
+        let Some(mut ctx) = gpu_tuned(&format!("{checks},{tune}")) else { return };
+        let got = run(&mut ctx);
+        match &first {
+            None => first = Some((checks, got)),
+            Some((was, want)) => {
+                assert_eq!(got.len(), want.len(), "results with checks {checks:?} and {was:?}");
+                for ((label, g), (_, w)) in got.iter().zip(want) {
+                    assert!(g == w, "{label}: the result with checks {checks:?} differs from that with {was:?}");
+                }
+            }
+        }
+    }
+}
+
 /// Records one compute pass with `f` and submits it: one encoder, one pass, one submit.
 pub fn submit(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::ComputePass<'_>)) {
     let mut enc = ctx.device.create_command_encoder(&Default::default());

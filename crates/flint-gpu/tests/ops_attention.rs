@@ -577,38 +577,28 @@ flint_gpu::op_tests! { same_bits_whatever_the_step;
         .flat_map(|desc| [false, true].map(|force_split| Neighbours { desc: desc.clone(), force_split })),
 }
 
-/// wgpu's runtime checks (`FLINT_TUNE` `loop_bounding`, `bounds_checks`) guard a kernel
-/// against endless loops and out-of-range indices, and the attention kernels have neither, so
-/// they compute the same bits with every check, without loop bounding (the GPUs' default),
-/// and without bounds checks too: the CPU adapters' kernel (a token's head a lane), the GPUs' split
-/// kernel and its combine, and their query-tiled kernel, each for a 40-token prefill beside
-/// two decodes.
+/// The attention kernels compute the same bits whatever runtime checks wgpu compiles into them
+/// (`testing::assert_same_whatever_the_checks`): the CPU adapters' kernel (a token's head a
+/// lane), the GPUs' split kernel and its combine, and their query-tiled kernel, each for a
+/// 40-token prefill beside two decodes.
 #[test]
 fn attention_computes_the_same_bits_whatever_runtime_checks_wgpu_adds() {
-    if flint_gpu::testing::context().is_none() {
-        return;
-    }
     let mut toks: Vec<(usize, usize)> = (0..40).map(|p| (1, 300 + p)).collect();
     toks.extend([(0, 700), (2, 5)]);
     let d = desc(14, 2, 64, None);
-    let mut first: Option<(&str, Vec<Vec<Vec<f32>>>)> = None;
-    for checks in ["loop_bounding=on", "loop_bounding=off", "loop_bounding=off,bounds_checks=off"] {
-        let mut ctx = flint_gpu::testing::gpu_tuned(checks).unwrap();
-        let mut runs = Vec::new();
-        for (cpu_like, force_split, tiles) in [(true, false, Tiles::Off), (false, true, Tiles::Off), (false, false, Tiles::OnGpus)] {
+    flint_gpu::testing::assert_same_whatever_the_checks("", |ctx| {
+        let mut results = Vec::new();
+        for (kernels, cpu_like, force_split, tiles) in [
+            ("the CPU adapters' kernel", true, false, Tiles::Off),
+            ("split and combine", false, true, Tiles::Off),
+            ("the query tiles", false, false, Tiles::OnGpus),
+        ] {
             ctx.caps.cpu_like = cpu_like;
-            runs.push(futures::executor::block_on(outputs_for(&ctx, &ctx.pipelines, &d, force_split, tiles, &toks, 23)));
+            let rows = futures::executor::block_on(outputs_for(ctx, &ctx.pipelines, &d, force_split, tiles, &toks, 23));
+            results.push((kernels.to_string(), rows.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>()));
         }
-        match &first {
-            None => first = Some((checks, runs)),
-            Some((was, want)) => {
-                for (k, (got, want)) in runs.iter().zip(want).enumerate() {
-                    let bits = |rows: &Vec<Vec<f32>>| rows.iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    assert!(bits(got) == bits(want), "kernel set {k}: the outputs with checks {checks:?} differ from those with {was:?}");
-                }
-            }
-        }
-    }
+        results
+    });
 }
 
 #[test]

@@ -333,11 +333,11 @@ fn tuned_variants_compute_the_same_products() {
         [("lanes=8,max_wg=64,min_groups=100000,gemm_min_groups=1,gemm_side=8", Some((32, 32))), ("lanes=32,max_wg=128,gemm_min_groups=off,max_block=8", None)];
     for (tune, gemm) in tunings {
         let Some(ctx) = flint_gpu::testing::gpu_tuned(tune) else { return };
-        let cache = PipelineCache::for_context(&ctx);
+        let cache = &ctx.pipelines;
         for (ty, n_in) in [(QuantType::Q8_0, 41 * 32), (QuantType::Q4K, 2048)] {
             for (n_tok, n_rows) in [(1, 43), (13, 43), (37, 130)] {
                 let case = Case { n_in, bias: true, gemm: gemm.filter(|_| n_tok > 16), ..Case::new(ty, n_rows, n_tok, 80 + n_tok as u64) };
-                let e = futures::executor::block_on(run_in(&ctx, &cache, case));
+                let e = futures::executor::block_on(run_in(&ctx, cache, case));
                 eprintln!("{tune}: {case:?}: nmse {e:.2e}");
             }
         }
@@ -357,7 +357,7 @@ fn gemm_in_f16_stays_within_the_quantized_bound() {
         return;
     }
     assert!(flint_gpu::ops::matmul::gemm_f16(&ctx.caps));
-    let cache = PipelineCache::for_context(&ctx);
+    let cache = &ctx.pipelines;
     let cases = [(QuantType::Q8_0, 41 * 32, 1030, 37, 32), (QuantType::Q4K, 512, 4100, 260, 64), (QuantType::Q6K, 512, 2100, 130, 32)].map(
         |(ty, n_in, n_rows, n_tok, tile)| Case {
             n_in,
@@ -370,14 +370,14 @@ fn gemm_in_f16_stays_within_the_quantized_bound() {
         },
     );
     for case in cases {
-        let e = futures::executor::block_on(run_in(&ctx, &cache, case));
+        let e = futures::executor::block_on(run_in(&ctx, cache, case));
         eprintln!("f16: {case:?}: nmse {e:.2e}");
         // f16 rounding shows (about 4e-7 here; the f32 GEMM's is about 1e-13): the kernel
         // that ran is the f16 one.
         assert!(e > 1e-9, "{case:?}: nmse {e:e}, as if summed in f32");
     }
     for case in fused_cases(true).into_iter().filter(|c| c.n_tok > 16 && !c.exact) {
-        futures::executor::block_on(run_fused(&ctx, &cache, case));
+        futures::executor::block_on(run_fused(&ctx, cache, case));
     }
 }
 
@@ -393,7 +393,7 @@ fn gemm_in_f16_stays_within_the_quantized_bound() {
 fn matmul_on_8_bit_activations_stays_within_the_quantized_bound() {
     use flint_gpu::ops::matmul::Q8_FORMATS;
     let Some(ctx) = flint_gpu::testing::gpu_tuned("q8_act=on") else { return };
-    let cache = PipelineCache::for_context(&ctx);
+    let cache = &ctx.pipelines;
     let rounded = |e: f64, what: &dyn std::fmt::Debug| assert!(e > 1e-9, "{what:?}: nmse {e:e}, as if the activations were f32");
     for ty in Q8_FORMATS {
         let long = if ty.block_elems() == 256 { 14 * 256 } else { 41 * 32 };
@@ -408,22 +408,22 @@ fn matmul_on_8_bit_activations_stays_within_the_quantized_bound() {
                 accumulate: n_tok > 1,
                 ..Case::new(ty, n_rows, n_tok, 100 + n_tok as u64)
             };
-            let e = futures::executor::block_on(run_in(&ctx, &cache, case));
+            let e = futures::executor::block_on(run_in(&ctx, cache, case));
             eprintln!("q8: {case:?}: nmse {e:.2e}");
             rounded(e, &case);
         }
     }
     let exact = Case { exact: true, ..Case::new(QuantType::Q4K, 43, 1, 110) };
-    let e = futures::executor::block_on(run_in(&ctx, &cache, exact));
+    let e = futures::executor::block_on(run_in(&ctx, cache, exact));
     assert!(e < 1e-9, "{exact:?}: nmse {e:e}: the exact mode took the 8-bit activations");
     for case in fused_cases(true).into_iter().filter(|c| c.n_tok <= *TOKEN_BLOCKS.last().unwrap() && !c.exact) {
-        rounded(futures::executor::block_on(run_fused(&ctx, &cache, case)), &case);
+        rounded(futures::executor::block_on(run_fused(&ctx, cache, case)), &case);
     }
     // Every token block quantizes a token's activations alike and sums its chunks in one
     // order: a token's row is the same bits in steps of 1, 3, 8, 9 and 16 tokens.
     let sizes = [1u32, 3, 8, 9, 16];
     for case in INVARIANCE.into_iter().chain([INVARIANCE_FUSED]) {
-        let by_step = futures::executor::block_on(rows_by_step(&ctx, &cache, case, &sizes, false));
+        let by_step = futures::executor::block_on(rows_by_step(&ctx, cache, case, &sizes, false));
         for (k, rows) in by_step.iter().enumerate() {
             for (t, row) in rows.iter().enumerate() {
                 assert!(row == &by_step[sizes.len() - 1][t], "{case:?}: token {t} differs in a step of {} tokens", sizes[k]);
@@ -444,7 +444,7 @@ fn gemm_on_8_bit_integers_stays_within_the_quantized_bound() {
     use flint_gpu::ops::matmul::Q8_FORMATS;
     // min_groups=16: the 64-token tile takes grids small enough for the CPU reference.
     let Some(ctx) = flint_gpu::testing::gpu_tuned("gemm_in=q8,min_groups=16") else { return };
-    let cache = PipelineCache::for_context(&ctx);
+    let cache = &ctx.pipelines;
     let rounded = |e: f64, what: &dyn std::fmt::Debug| assert!(e > 1e-9, "{what:?}: nmse {e:e}, as if the GEMM were f32");
     for ty in Q8_FORMATS.into_iter().chain([QuantType::Q3K]) {
         let n_in = if ty.block_elems() == 256 { 3 * 256 } else { 41 * 32 };
@@ -459,7 +459,7 @@ fn gemm_on_8_bit_integers_stays_within_the_quantized_bound() {
                 gemm: Some((tile, tile)),
                 ..Case::new(ty, n_rows, n_tok, 120 + n_tok as u64)
             };
-            let e = futures::executor::block_on(run_in(&ctx, &cache, case));
+            let e = futures::executor::block_on(run_in(&ctx, cache, case));
             eprintln!("q8 gemm: {case:?}: nmse {e:.2e}");
             if Q8_FORMATS.contains(&ty) {
                 rounded(e, &case);
@@ -469,7 +469,7 @@ fn gemm_on_8_bit_integers_stays_within_the_quantized_bound() {
         }
     }
     for case in fused_cases(true).into_iter().filter(|c| c.n_tok > 16 && !c.exact) {
-        rounded(futures::executor::block_on(run_fused(&ctx, &cache, case)), &case);
+        rounded(futures::executor::block_on(run_fused(&ctx, cache, case)), &case);
     }
     // The mat-vec kernels on 8-bit activations (16-token tiles: the GEMM off; 64-lane
     // workgroups, whose sums leave room to stage a slice here) quantize and scale alike: the
@@ -477,12 +477,12 @@ fn gemm_on_8_bit_integers_stays_within_the_quantized_bound() {
     // quantization's own error (about 1e-5 here).
     let mat_vec = flint_gpu::testing::gpu_tuned("q8_act=on,gemm_min_groups=off,max_wg=64").unwrap();
     // Its own pipeline cache: pipelines belong to their device.
-    let mat_vec_cache = PipelineCache::for_context(&mat_vec);
+    let mat_vec_cache = &mat_vec.pipelines;
     for ty in [QuantType::Q4_1, QuantType::Q5_0, QuantType::Q4K, QuantType::Q6K] {
         let n_in = if ty.block_elems() == 256 { 4 * 256 } else { 41 * 32 };
         let case = Case { n_in, max_tokens: Some(40), ..Case::new(ty, 500, 40, 130) };
-        let (e, gemm) = futures::executor::block_on(run_products(&ctx, &cache, Case { gemm: Some((32, 32)), ..case }));
-        let (_, lanes) = futures::executor::block_on(run_products(&mat_vec, &mat_vec_cache, case));
+        let (e, gemm) = futures::executor::block_on(run_products(&ctx, cache, Case { gemm: Some((32, 32)), ..case }));
+        let (_, lanes) = futures::executor::block_on(run_products(&mat_vec, mat_vec_cache, case));
         let apart = nmse(&gemm, &lanes);
         eprintln!("q8 {ty}: the GEMM's products against the mat-vec kernels': nmse {apart:.2e} (against the reference {e:.2e})");
         rounded(e, &case);
@@ -526,18 +526,13 @@ fn tall_gemm_tiles_compute_the_square_tiles_bits() {
     }
 }
 
-/// wgpu's runtime checks (`FLINT_TUNE` `loop_bounding`, `bounds_checks`) guard a kernel
-/// against endless loops and out-of-range indices, and the matmul kernels have neither, so
-/// they compute the same bits with every check, without loop bounding (the GPUs' default),
-/// and without bounds checks too: a kernel whose loop or index ran out of range would differ
-/// where a clamp changed what it read. The one-token and 16-token mat-vec kernels, the tiled
-/// GEMM (both tiles: the 128-row one where its grid has 8 workgroups), and the fusions with a folded norm at 1 and 37 tokens (their NMSE
-/// against the reference must be the same number).
+/// The matmul kernels compute the same bits whatever runtime checks wgpu compiles into them
+/// (`testing::assert_same_whatever_the_checks`): the one-token and 16-token mat-vec kernels,
+/// the tiled GEMM (both tiles: the 128-row one where its grid has 8 workgroups), and the
+/// fusions with a folded norm at 1 and 37 tokens (their NMSE against the reference must be
+/// the same number).
 #[test]
 fn matmul_kernels_compute_the_same_bits_whatever_runtime_checks_wgpu_adds() {
-    if flint_gpu::testing::context().is_none() {
-        return;
-    }
     let cases = [
         Case { bias: true, ..Case::new(QuantType::Q4K, 43, 1, 150) },
         Case { accumulate: true, row_offset: 1, y_stride: 44, ..Case::new(QuantType::Q6K, 43, 13, 151) },
@@ -545,30 +540,19 @@ fn matmul_kernels_compute_the_same_bits_whatever_runtime_checks_wgpu_adds() {
         Case { n_in: 3 * 256, gemm: Some((128, 64)), ..Case::new(QuantType::Q4K, 700, 70, 153) },
     ];
     let fused: Vec<FusedCase> = fused_cases(true).into_iter().filter(|c| c.norm && !c.exact && (c.n_tok == 1 || c.n_tok == 37)).collect();
-    let mut first: Option<(String, Vec<Vec<u32>>, Vec<u64>)> = None;
-    for checks in ["loop_bounding=on", "loop_bounding=off", "loop_bounding=off,bounds_checks=off"] {
-        let ctx = flint_gpu::testing::gpu_tuned(&format!("{checks},gemm_rows=8,min_groups=8")).unwrap();
-        let rows: Vec<Vec<u32>> = cases
-            .iter()
-            .map(|&case| {
-                let (e, rows) = futures::executor::block_on(run_products(&ctx, &ctx.pipelines, case));
-                eprintln!("checks {checks:?}: {case:?}: nmse {e:.2e}");
-                rows.iter().map(|v| v.to_bits()).collect()
-            })
-            .collect();
-        let errors: Vec<u64> = fused.iter().map(|&case| futures::executor::block_on(run_fused(&ctx, &ctx.pipelines, case)).to_bits()).collect();
-        match &first {
-            None => first = Some((checks.to_string(), rows, errors)),
-            Some((was, want_rows, want_errors)) => {
-                for (case, (got, want)) in cases.iter().zip(rows.iter().zip(want_rows)) {
-                    assert!(got == want, "{case:?}: the products with checks {checks:?} differ from those with {was:?}");
-                }
-                for (case, (got, want)) in fused.iter().zip(errors.iter().zip(want_errors)) {
-                    assert_eq!(got, want, "{case:?}: the NMSE with checks {checks:?} differs from that with {was:?}");
-                }
-            }
+    flint_gpu::testing::assert_same_whatever_the_checks("gemm_rows=8,min_groups=8", |ctx| {
+        let mut results = Vec::new();
+        for &case in &cases {
+            let (e, rows) = futures::executor::block_on(run_products(ctx, &ctx.pipelines, case));
+            eprintln!("{}: {case:?}: nmse {e:.2e}", ctx.caps.tune);
+            results.push((format!("{case:?}: the products"), rows.iter().map(|v| v.to_bits() as u64).collect()));
         }
-    }
+        for &case in &fused {
+            let e = futures::executor::block_on(run_fused(ctx, &ctx.pipelines, case));
+            results.push((format!("{case:?}: the NMSE"), vec![e.to_bits()]));
+        }
+        results
+    });
 }
 
 #[test]
